@@ -1,0 +1,57 @@
+// Package broker holds the NATS plumbing shared by the services, the demo and
+// the tests: an embedded JetStream server and the streams of the contract.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Embedded starts a NATS server with JetStream inside this process, listening
+// on host:port (port -1 picks a free one) and storing streams under storeDir.
+func Embedded(host string, port int, storeDir string) (*server.Server, error) {
+	s, err := server.NewServer(&server.Options{
+		Host:      host,
+		Port:      port,
+		JetStream: true,
+		StoreDir:  storeDir,
+		NoSigs:    true,
+		NoLog:     true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("embedded nats: not ready after 10s")
+	}
+	return s, nil
+}
+
+// DuplicateWindow is how long JetStream remembers a Nats-Msg-Id and drops a
+// second copy. The relay republishes an event it could not mark published
+// well within it; consumers' inboxes absorb copies that arrive later.
+const DuplicateWindow = 10 * time.Minute
+
+// EnsureStream creates the stream of one producing service, or updates it to
+// this configuration: file storage, limits retention (messages stay after
+// they are consumed, so any consumer can replay) and the duplicate window.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, subjects ...string) (jetstream.Stream, error) {
+	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       name,
+		Subjects:   subjects,
+		Storage:    jetstream.FileStorage,
+		Retention:  jetstream.LimitsPolicy,
+		Duplicates: DuplicateWindow,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ensure stream %s: %w", name, err)
+	}
+	return st, nil
+}

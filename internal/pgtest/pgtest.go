@@ -1,0 +1,104 @@
+// Package pgtest gives each test its own freshly migrated Postgres schema, so
+// tests run in parallel against the real database and leave nothing behind.
+//
+// The database comes from TEST_DATABASE_URL, else DATABASE_URL, else
+// DefaultURL; the database named there is created if it is missing.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/migrations"
+)
+
+// DefaultURL is the database tests use when no environment variable names one.
+const DefaultURL = "postgres://postgres:postgres@127.0.0.1:5432/shop_test?sslmode=disable"
+
+// URL returns the connection string of the test database.
+func URL() string {
+	for _, k := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return DefaultURL
+}
+
+var (
+	ensureOnce sync.Once
+	ensureErr  error
+)
+
+// Schema is one test's schema.
+type Schema struct {
+	Name string
+	// URL connects with search_path set to the schema.
+	URL  string
+	Pool *pgxpool.Pool
+}
+
+// New creates a schema holding the eventing tables and the migrations of
+// service ("" for the eventing tables alone), returns a pool whose connections
+// use it, and drops the schema when the test ends.
+func New(t testing.TB, service string) *Schema {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	ensureOnce.Do(func() { ensureErr = database.EnsureExists(ctx, URL()) })
+	if ensureErr != nil {
+		t.Fatalf("test database (set TEST_DATABASE_URL to use another): %v", ensureErr)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "t_" + hex.EncodeToString(b[:])
+
+	if err := migrations.Apply(ctx, URL(), service, name, nil); err != nil {
+		t.Fatalf("migrate %s: %v", name, err)
+	}
+	url, err := database.WithSchema(URL(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := database.NewPool(ctx, URL(), name, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, URL())
+		if err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+		}
+	})
+	return &Schema{Name: name, URL: url, Pool: pool}
+}
+
+// NewPool opens another pool on the same schema (another "process"), closed
+// when the test ends.
+func (s *Schema) NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	pool, err := database.NewPool(context.Background(), URL(), s.Name, maxConns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
