@@ -1,0 +1,208 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Event is one fact to publish. The zero values of ID, SchemaVersion and
+// OccurredAt are filled in by Add.
+type Event struct {
+	ID            uuid.UUID         // stable forever; it becomes Nats-Msg-Id. Zero: a new UUIDv7.
+	AggregateType string            // e.g. "order"
+	AggregateID   string            // the order id; events of one aggregate are published in order
+	Type          string            // e.g. "OrderCreated"
+	SchemaVersion int               // payload schema version; zero means 1
+	Subject       string            // e.g. "orders.<id>.OrderCreated"
+	Payload       any               // JSON snapshot; json.RawMessage and []byte are used as they are
+	Headers       map[string]string // extra message headers, e.g. traceparent
+	OccurredAt    time.Time         // zero means now
+}
+
+// DB is what the read and operator functions need: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Writer adds events to the outbox. The zero value is ready to use and wakes
+// relays on every commit; NotifyInterval coalesces the wake-ups.
+type Writer struct {
+	// NotifyInterval is the least time between two NOTIFYs sent by this
+	// process. NOTIFY takes a database-wide lock at commit, so under heavy
+	// load one hint per interval is enough: a relay that wakes drains
+	// everything committed so far, and polling covers the rest.
+	NotifyInterval time.Duration
+
+	lastNotify atomic.Int64 // unix nanoseconds
+}
+
+// Add writes events into the outbox inside tx, the caller's transaction, so
+// that they commit or roll back with the business change they describe: a
+// committed change has its events, a rolled-back one has none. Nothing is
+// published before tx commits.
+//
+// Each event gets the next sequence number of its aggregate. Numbers are
+// taken under a row lock on the aggregate's counter, so two transactions on
+// one aggregate take turns and a rollback leaves no gap. Events of several
+// aggregates are numbered in a fixed aggregate order to avoid deadlocks.
+func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	groups, err := groupByAggregate(events)
+	if err != nil {
+		return err
+	}
+	batch := &pgx.Batch{}
+	for _, g := range groups {
+		batch.Queue(insertSQL, g.aggType, g.aggID, len(g.ids), g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
+	}
+	if w.shouldNotify() {
+		// Delivered by Postgres only when tx commits: a wake-up for exactly
+		// the moment the events become visible.
+		batch.Queue(notifySQL)
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return fmt.Errorf("add events to outbox: %w", err)
+	}
+	return nil
+}
+
+func (w *Writer) shouldNotify() bool {
+	if w.NotifyInterval <= 0 {
+		return true
+	}
+	now := time.Now().UnixNano()
+	last := w.lastNotify.Load()
+	return now-last >= int64(w.NotifyInterval) && w.lastNotify.CompareAndSwap(last, now)
+}
+
+const insertSQL = `
+WITH seq AS (
+	INSERT INTO outbox_sequences (aggregate_type, aggregate_id, last_seq)
+	VALUES ($1, $2, $3)
+	ON CONFLICT (aggregate_type, aggregate_id)
+	DO UPDATE SET last_seq = outbox_sequences.last_seq + EXCLUDED.last_seq
+	RETURNING last_seq
+)
+INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+                    schema_version, subject, payload, headers, occurred_at)
+SELECT e.id, $1, $2, seq.last_seq - $3 + e.n, e.typ, e.ver, e.subj, e.payload::jsonb, e.headers::jsonb, e.at
+FROM seq, unnest($4::uuid[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::timestamptz[])
+     WITH ORDINALITY AS e(id, typ, ver, subj, payload, headers, at, n)`
+
+// The channel is per schema, so relays of one service wake only for it.
+const notifySQL = `SELECT pg_notify('outbox.' || current_schema(), '')`
+
+type group struct {
+	aggType, aggID    string
+	ids               []uuid.UUID
+	types, subjects   []string
+	payloads, headers []string
+	versions          []int32
+	occurred          []time.Time
+}
+
+func groupByAggregate(events []Event) ([]*group, error) {
+	byKey := map[[2]string]*group{}
+	var groups []*group
+	now := time.Now()
+	for i, e := range events {
+		if err := e.validate(); err != nil {
+			return nil, fmt.Errorf("event %d: %w", i, err)
+		}
+		payload, err := encodePayload(e.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("event %d (%s): %w", i, e.Type, err)
+		}
+		hs := e.Headers
+		if hs == nil {
+			hs = map[string]string{}
+		}
+		headers, err := json.Marshal(hs)
+		if err != nil {
+			return nil, fmt.Errorf("event %d (%s) headers: %w", i, e.Type, err)
+		}
+		id := e.ID
+		if id == uuid.Nil {
+			if id, err = uuid.NewV7(); err != nil {
+				return nil, fmt.Errorf("new event id: %w", err)
+			}
+		}
+		occurred := e.OccurredAt
+		if occurred.IsZero() {
+			occurred = now
+		}
+		key := [2]string{e.AggregateType, e.AggregateID}
+		g := byKey[key]
+		if g == nil {
+			g = &group{aggType: e.AggregateType, aggID: e.AggregateID}
+			byKey[key] = g
+			groups = append(groups, g)
+		}
+		g.ids = append(g.ids, id)
+		g.types = append(g.types, e.Type)
+		g.versions = append(g.versions, int32(max(e.SchemaVersion, 1)))
+		g.subjects = append(g.subjects, e.Subject)
+		g.payloads = append(g.payloads, string(payload))
+		g.headers = append(g.headers, string(headers))
+		g.occurred = append(g.occurred, occurred)
+	}
+	slices.SortFunc(groups, func(a, b *group) int {
+		return cmp.Or(cmp.Compare(a.aggType, b.aggType), cmp.Compare(a.aggID, b.aggID))
+	})
+	return groups, nil
+}
+
+// ErrInvalidEvent is returned by Add for an event that cannot be stored.
+var ErrInvalidEvent = errors.New("invalid event")
+
+func (e Event) validate() error {
+	switch {
+	case e.AggregateType == "":
+		return fmt.Errorf("%w: no aggregate type", ErrInvalidEvent)
+	case e.AggregateID == "":
+		return fmt.Errorf("%w: no aggregate id", ErrInvalidEvent)
+	case e.Type == "":
+		return fmt.Errorf("%w: no event type", ErrInvalidEvent)
+	case e.Subject == "":
+		return fmt.Errorf("%w: no subject", ErrInvalidEvent)
+	case e.SchemaVersion < 0:
+		return fmt.Errorf("%w: negative schema version", ErrInvalidEvent)
+	}
+	return nil
+}
+
+func encodePayload(p any) ([]byte, error) {
+	var b []byte
+	switch v := p.(type) {
+	case nil:
+		return nil, fmt.Errorf("%w: no payload", ErrInvalidEvent)
+	case json.RawMessage:
+		b = v
+	case []byte:
+		b = v
+	default:
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			return nil, fmt.Errorf("encode payload: %w", err)
+		}
+	}
+	if !json.Valid(b) {
+		return nil, fmt.Errorf("%w: payload is not JSON", ErrInvalidEvent)
+	}
+	return b, nil
+}

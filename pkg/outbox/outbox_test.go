@@ -1,0 +1,548 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+)
+
+type env struct {
+	db     *pgtest.Schema
+	nats   *natstest.Server
+	js     jetstream.JetStream
+	stream jetstream.Stream
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	t.Parallel()
+	e := &env{db: pgtest.New(t, ""), nats: natstest.New(t)}
+	_, e.js = e.nats.Connect(t)
+	e.stream = e.nats.Stream(t, e.js, "EV", "ev.>")
+	return e
+}
+
+func event(agg, typ string) Event {
+	return Event{
+		AggregateType: "order", AggregateID: agg, Type: typ,
+		Subject: "ev." + agg + "." + typ,
+		Payload: map[string]string{"order_id": agg},
+		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+	}
+}
+
+// add commits events in one transaction.
+func add(t testing.TB, pool *pgxpool.Pool, w *Writer, events ...Event) {
+	t.Helper()
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		return w.Add(context.Background(), tx, events...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) relay(t testing.TB, cfg Config) *Relay {
+	t.Helper()
+	cfg.Logger = cmpLogger(cfg.Logger)
+	r, err := NewRelay(e.db.Pool, e.js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func cmpLogger(l *slog.Logger) *slog.Logger {
+	if l != nil {
+		return l
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// start runs r until the test ends.
+func start(t testing.TB, r *Relay) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+}
+
+// eventually waits for cond, failing the test after timeout.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func count(t testing.TB, db DB, where string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE "+where, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func streamMsgs(t testing.TB, st jetstream.Stream) uint64 {
+	t.Helper()
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func TestAdd(t *testing.T) {
+	t.Run("commit leaves exactly one intent per event, numbered per aggregate", func(t *testing.T) {
+		e := setup(t)
+		var w Writer
+		add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"))
+		add(t, e.db.Pool, &w, event("o-1", "OrderPaid"), event("o-1", "OrderCompleted"))
+
+		rows, err := e.db.Pool.Query(context.Background(),
+			`SELECT aggregate_id, aggregate_seq, event_type FROM outbox ORDER BY aggregate_id, aggregate_seq`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for rows.Next() {
+			var agg, typ string
+			var seq int64
+			if err := rows.Scan(&agg, &seq, &typ); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, fmt.Sprintf("%s/%d/%s", agg, seq, typ))
+		}
+		want := "o-1/1/OrderCreated o-1/2/OrderPaid o-1/3/OrderCompleted o-2/1/OrderCreated"
+		if strings.Join(got, " ") != want {
+			t.Fatalf("outbox = %v, want %s", got, want)
+		}
+	})
+
+	t.Run("rollback leaves no intent and no gap", func(t *testing.T) {
+		e := setup(t)
+		var w Writer
+		ctx := context.Background()
+		tx, err := e.db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Add(ctx, tx, event("o-1", "OrderCreated")); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := count(t, e.db.Pool, "true"); n != 0 {
+			t.Fatalf("%d intents after rollback, want 0", n)
+		}
+		add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
+		if n := count(t, e.db.Pool, "aggregate_seq = 1"); n != 1 {
+			t.Fatal("the first committed event after a rollback is not seq 1")
+		}
+	})
+
+	t.Run("invalid events are refused before anything is written", func(t *testing.T) {
+		e := setup(t)
+		var w Writer
+		bad := event("o-1", "OrderCreated")
+		bad.Payload = []byte("{not json")
+		err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+			return w.Add(context.Background(), tx, event("o-1", "X"), bad)
+		})
+		if !errors.Is(err, ErrInvalidEvent) {
+			t.Fatalf("err = %v, want ErrInvalidEvent", err)
+		}
+		if n := count(t, e.db.Pool, "true"); n != 0 {
+			t.Fatalf("%d rows written for a refused batch", n)
+		}
+	})
+
+	t.Run("concurrent transactions on one aggregate get gap-free unique sequences", func(t *testing.T) {
+		e := setup(t)
+		w := Writer{NotifyInterval: time.Second}
+		var wg sync.WaitGroup
+		const writers, each = 8, 25
+		var committed sync.Map
+		for i := range writers {
+			wg.Go(func() {
+				for j := range each {
+					ctx := context.Background()
+					tx, err := e.db.Pool.Begin(ctx)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if err := w.Add(ctx, tx, event("hot", "Touched")); err != nil {
+						t.Error(err)
+						return
+					}
+					if (i+j)%3 == 0 { // every third one changes its mind
+						_ = tx.Rollback(ctx)
+						continue
+					}
+					if err := tx.Commit(ctx); err != nil {
+						t.Error(err)
+						return
+					}
+					committed.Store(fmt.Sprint(i, j), true)
+				}
+			})
+		}
+		wg.Wait()
+		n := 0
+		committed.Range(func(_, _ any) bool { n++; return true })
+		var rows, maxSeq, distinct int
+		err := e.db.Pool.QueryRow(context.Background(),
+			`SELECT count(*), max(aggregate_seq), count(DISTINCT aggregate_seq) FROM outbox`).Scan(&rows, &maxSeq, &distinct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rows != n || maxSeq != n || distinct != n {
+			t.Fatalf("committed %d: rows %d, max seq %d, distinct %d", n, rows, maxSeq, distinct)
+		}
+	})
+}
+
+func TestRelayPublishesWithContractHeaders(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	ev := event("o-1", "OrderCreated")
+	ev.ID = uuid.Must(uuid.NewV7())
+	ev.SchemaVersion = 2
+	add(t, e.db.Pool, &w, ev)
+	start(t, e.relay(t, Config{PollInterval: time.Hour})) // only NOTIFY can wake it in time
+
+	eventually(t, 10*time.Second, "event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 1, nil
+	})
+	msg, err := e.stream.GetLastMsgForSubject(context.Background(), "ev.o-1.OrderCreated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"Nats-Msg-Id": ev.ID.String(), "Event-Type": "OrderCreated", "Aggregate-Id": "o-1",
+		"Aggregate-Seq": "1", "Schema-Version": "2", "traceparent": ev.Headers["traceparent"],
+	}
+	for k, v := range want {
+		if got := msg.Header.Get(k); got != v {
+			t.Errorf("header %s = %q, want %q", k, got, v)
+		}
+	}
+	if _, err := time.Parse(time.RFC3339, msg.Header.Get("Occurred-At")); err != nil {
+		t.Errorf("Occurred-At: %v", err)
+	}
+	if string(msg.Data) != `{"order_id": "o-1"}` {
+		t.Errorf("payload = %s", msg.Data)
+	}
+}
+
+func TestRelayCrashAfterClaim(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"))
+
+	crashed := e.relay(t, Config{Name: "crashed", LeaseDuration: 300 * time.Millisecond, PublishTimeout: 100 * time.Millisecond})
+	claimed, err := crashed.claim(context.Background(), uuid.New())
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d rows, %v", len(claimed), err)
+	}
+	// The relay dies here. Its lease is committed, so nobody else takes the
+	// rows until it expires; then the survivor does.
+	survivor := e.relay(t, Config{Name: "survivor", PollInterval: 50 * time.Millisecond})
+	start(t, survivor)
+	eventually(t, 10*time.Second, "survivor publishes after the lease expires", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2, nil
+	})
+	if got := streamMsgs(t, e.stream); got != 2 {
+		t.Fatalf("stream holds %d messages, want 2", got)
+	}
+}
+
+func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
+
+	crashed := e.relay(t, Config{Name: "crashed", LeaseDuration: 300 * time.Millisecond, PublishTimeout: 100 * time.Millisecond})
+	batch, err := crashed.claim(context.Background(), uuid.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range crashed.publish(context.Background(), batch) {
+		if res.err != nil {
+			t.Fatal(res.err)
+		}
+	}
+	// Acked by the broker, never marked: the relay died in between.
+	survivor := e.relay(t, Config{Name: "survivor", PollInterval: 50 * time.Millisecond})
+	start(t, survivor)
+	eventually(t, 10*time.Second, "event marked by the survivor", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 1, nil
+	})
+	if got := survivor.Counters().Duplicates; got != 1 {
+		t.Fatalf("survivor saw %d duplicate acks, want 1", got)
+	}
+	if got := streamMsgs(t, e.stream); got != 1 {
+		t.Fatalf("stream holds %d messages; the duplicate window should have dropped the copy", got)
+	}
+}
+
+func TestStaleRelayIsFencedOff(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
+	ctx := context.Background()
+
+	stale := e.relay(t, Config{Name: "stale", LeaseDuration: 200 * time.Millisecond, PublishTimeout: 50 * time.Millisecond})
+	staleToken := uuid.New()
+	batch, err := stale.claim(ctx, staleToken)
+	if err != nil || len(batch) != 1 {
+		t.Fatalf("claim: %v %d", err, len(batch))
+	}
+	time.Sleep(250 * time.Millisecond) // the stale relay pauses past its lease (a GC pause, a hung host)
+
+	fresh := e.relay(t, Config{Name: "fresh"})
+	freshToken := uuid.New()
+	if again, err := fresh.claim(ctx, freshToken); err != nil || len(again) != 1 {
+		t.Fatalf("fresh relay could not take over the expired lease: %v %d", err, len(again))
+	}
+
+	// The stale relay wakes and tries to mark and to fail the row.
+	if err := stale.settle(ctx, staleToken, batch, []result{{}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stale.settle(ctx, staleToken, batch, []result{{err: errors.New("boom"), permanent: true}}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := Get(ctx, e.db.Pool, batch[0].id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.PublishedAt != nil || rec.DeadAt != nil || rec.Attempts != 0 || rec.ClaimedBy == nil || *rec.ClaimedBy != "fresh" {
+		t.Fatalf("stale relay changed a row it no longer owns: %+v", rec)
+	}
+	if got := stale.Counters().LostLeases; got != 2 {
+		t.Fatalf("stale relay counted %d lost leases, want 2", got)
+	}
+	if err := fresh.settle(ctx, freshToken, batch, []result{{}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, e.db.Pool, "published_at IS NOT NULL"); n != 1 {
+		t.Fatal("the owner could not mark its row")
+	}
+}
+
+func TestBrokerOutage(t *testing.T) {
+	e := setup(t)
+	r := e.relay(t, Config{PollInterval: 50 * time.Millisecond})
+	start(t, r)
+	e.nats.Stop()
+
+	var w Writer
+	for i := range 200 {
+		add(t, e.db.Pool, &w, event(fmt.Sprintf("o-%d", i%20), "Step"))
+	}
+	time.Sleep(300 * time.Millisecond) // the relay tries during the outage
+	stats, err := ReadStats(context.Background(), e.db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Pending != 200 || stats.OldestPending <= 0 {
+		t.Fatalf("during the outage: %+v, want 200 pending with an age", stats)
+	}
+
+	e.nats.Start()
+	eventually(t, 30*time.Second, "backlog drained after the broker returns", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 200, nil
+	})
+	if got := streamMsgs(t, e.stream); got != 200 {
+		t.Fatalf("stream holds %d messages, want 200", got)
+	}
+	if n := count(t, e.db.Pool, "dead_at IS NOT NULL"); n != 0 {
+		t.Fatalf("%d events died of a broker outage", n)
+	}
+}
+
+func TestFailingHeadBlocksOnlyItsAggregate(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	broken := event("o-1", "OrderCreated")
+	broken.Subject = "nostream.o-1.OrderCreated" // no stream takes it: a deterministic error
+	add(t, e.db.Pool, &w, broken)
+	add(t, e.db.Pool, &w, event("o-1", "OrderPaid"))
+	add(t, e.db.Pool, &w, event("o-2", "OrderCreated"), event("o-2", "OrderPaid"))
+	r := e.relay(t, Config{PollInterval: 50 * time.Millisecond})
+	start(t, r)
+
+	eventually(t, 10*time.Second, "o-1 head dead and o-2 published", func() (bool, error) {
+		return count(t, e.db.Pool, "aggregate_id = 'o-1' AND aggregate_seq = 1 AND dead_at IS NOT NULL") == 1 &&
+			count(t, e.db.Pool, "aggregate_id = 'o-2' AND published_at IS NOT NULL") == 2, nil
+	})
+	time.Sleep(200 * time.Millisecond) // a few more relay rounds
+	if n := count(t, e.db.Pool, "aggregate_id = 'o-1' AND aggregate_seq = 2 AND published_at IS NULL"); n != 1 {
+		t.Fatal("o-1 seq 2 was published before its dead seq 1")
+	}
+	dead, err := ListDead(context.Background(), e.db.Pool, 10)
+	if err != nil || len(dead) != 1 || dead[0].LastError == nil || !strings.Contains(*dead[0].LastError, "no stream") {
+		t.Fatalf("dead list = %+v, %v", dead, err)
+	}
+
+	// The operator adds the missing stream and requeues: the aggregate
+	// continues, in order.
+	e.nats.Stream(t, e.js, "NOSTREAM", "nostream.>")
+	if err := Requeue(context.Background(), e.db.Pool, dead[0].EventID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "o-1 published after requeue", func() (bool, error) {
+		return count(t, e.db.Pool, "aggregate_id = 'o-1' AND published_at IS NOT NULL") == 2, nil
+	})
+	first, _ := Get(context.Background(), e.db.Pool, dead[0].EventID)
+	var secondAt time.Time
+	if err := e.db.Pool.QueryRow(context.Background(),
+		`SELECT published_at FROM outbox WHERE aggregate_id = 'o-1' AND aggregate_seq = 2`).Scan(&secondAt); err != nil {
+		t.Fatal(err)
+	}
+	if first.PublishedAt == nil || secondAt.Before(*first.PublishedAt) {
+		t.Fatalf("o-1 seq 2 published at %v, before seq 1 at %v", secondAt, first.PublishedAt)
+	}
+}
+
+func TestDeterministicErrorsMakeEventsDead(t *testing.T) {
+	e := setup(t)
+	if _, err := e.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
+		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var w Writer
+	big := event("o-1", "Big")
+	big.Subject = "small.o-1.Big"
+	big.Payload = map[string]string{"blob": strings.Repeat("x", 2048)}
+	badHeader := event("o-2", "BadHeader")
+	badHeader.Headers = map[string]string{"traceparent": "a\r\nInjected: yes"}
+	add(t, e.db.Pool, &w, big, badHeader)
+	start(t, e.relay(t, Config{PollInterval: 50 * time.Millisecond}))
+
+	eventually(t, 10*time.Second, "both events dead", func() (bool, error) {
+		return count(t, e.db.Pool, "dead_at IS NOT NULL") == 2, nil
+	})
+	if n := count(t, e.db.Pool, "attempts = 1"); n != 2 {
+		t.Fatalf("%d of 2 dead events died on their first attempt", n)
+	}
+}
+
+func TestTransientFailuresBackOffThenDie(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
+	ctx := context.Background()
+	r := e.relay(t, Config{MaxAttempts: 3, BackoffBase: time.Second, BackoffMax: time.Minute})
+
+	for attempt := 1; attempt <= 3; attempt++ {
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE outbox SET available_at = now()`); err != nil {
+			t.Fatal(err) // skip the wait of the previous backoff
+		}
+		token := uuid.New()
+		batch, err := r.claim(ctx, token)
+		if err != nil || len(batch) != 1 {
+			t.Fatalf("attempt %d: claim %d rows, %v", attempt, len(batch), err)
+		}
+		if err := r.settle(ctx, token, batch, []result{{err: errAckTimeout}}); err != nil {
+			t.Fatal(err)
+		}
+		rec, _ := Get(ctx, e.db.Pool, batch[0].id)
+		if rec.Attempts != attempt || rec.LastError == nil || *rec.LastError != errAckTimeout.Error() {
+			t.Fatalf("attempt %d recorded as %+v", attempt, rec)
+		}
+		if dead := rec.DeadAt != nil; dead != (attempt == 3) {
+			t.Fatalf("attempt %d: dead = %v", attempt, dead)
+		}
+		if attempt < 3 {
+			if again, _ := r.claim(ctx, uuid.New()); len(again) != 0 {
+				t.Fatalf("attempt %d: claimable again before its backoff ended", attempt)
+			}
+		}
+	}
+}
+
+func TestBackoffIsCappedFullJitter(t *testing.T) {
+	for attempt := 1; attempt < 80; attempt++ {
+		ceiling := min(time.Second, 10*time.Millisecond<<(min(attempt, 31)-1))
+		for range 20 {
+			d := backoff(10*time.Millisecond, time.Second, attempt)
+			if d <= 0 || d > ceiling {
+				t.Fatalf("attempt %d: backoff %v outside (0, %v]", attempt, d, ceiling)
+			}
+		}
+	}
+}
+
+func TestRetentionDeletesOnlyOldPublishedEvents(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("old-published", "A"), event("new-published", "A"),
+		event("old-pending", "A"), event("old-dead", "A"))
+	ctx := context.Background()
+	_, err := e.db.Pool.Exec(ctx, `
+		UPDATE outbox SET published_at = CASE aggregate_id
+			WHEN 'old-published' THEN now() - interval '10 days'
+			WHEN 'new-published' THEN now() END,
+		    dead_at = CASE WHEN aggregate_id = 'old-dead' THEN now() - interval '10 days' END,
+		    occurred_at = now() - interval '10 days'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := DeleteExpired(ctx, e.db.Pool, 72*time.Hour, 1)
+	if err != nil || n != 1 {
+		t.Fatalf("deleted %d, %v; want 1", n, err)
+	}
+	if count(t, e.db.Pool, "aggregate_id = 'old-published'") != 0 || count(t, e.db.Pool, "true") != 3 {
+		t.Fatal("retention deleted the wrong rows")
+	}
+	// Sequence counters survive, so the next event continues the numbering.
+	add(t, e.db.Pool, &w, event("old-published", "B"))
+	if count(t, e.db.Pool, "aggregate_id = 'old-published' AND aggregate_seq = 2") != 1 {
+		t.Fatal("sequence restarted after retention")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	_, err := NewRelay(nil, nil, Config{LeaseDuration: time.Second, PublishTimeout: 900 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "PublishTimeout") {
+		t.Fatalf("err = %v, want a PublishTimeout/LeaseDuration complaint", err)
+	}
+	if h := (Config{}).RetryHorizon(); h < 25*time.Minute {
+		t.Fatalf("default retry horizon %v is implausibly short", h)
+	}
+}

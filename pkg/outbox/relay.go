@@ -1,0 +1,515 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+)
+
+// Config configures a Relay. Zero fields take the defaults named beside them.
+type Config struct {
+	Name           string        // relay id stored in claimed_by; default host-pid-random
+	BatchSize      int           // events claimed per batch; default 500
+	Workers        int           // claim-publish-mark loops per relay, overlapping their round trips; default 2
+	PollInterval   time.Duration // fallback when no NOTIFY arrives; default 1s
+	LeaseDuration  time.Duration // how long a claim lasts; default 30s
+	PublishTimeout time.Duration // wait for a batch's acks; default 10s, less than half the lease
+	BackoffBase    time.Duration // first retry delay after a transient failure; default 250ms
+	BackoffMax     time.Duration // cap of the exponential backoff; default 1m
+	MaxAttempts    int           // transient failures before an event is dead; default 25
+
+	Retention         time.Duration // published rows older than this are deleted; default 72h
+	RetentionInterval time.Duration // how often to delete; default 1m
+	RetentionBatch    int           // rows per delete statement; default 1000
+
+	Logger *slog.Logger // default slog.Default()
+}
+
+func (c *Config) setDefaults() {
+	if c.Name == "" {
+		host, _ := os.Hostname()
+		c.Name = fmt.Sprintf("%s-%d-%04x", cmp.Or(host, "relay"), os.Getpid(), rand.Uint32()&0xffff)
+	}
+	c.BatchSize = cmp.Or(c.BatchSize, 500)
+	c.Workers = cmp.Or(c.Workers, 2)
+	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, 30*time.Second)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(10*time.Second, c.LeaseDuration/3))
+	c.BackoffBase = cmp.Or(c.BackoffBase, 250*time.Millisecond)
+	c.BackoffMax = cmp.Or(c.BackoffMax, time.Minute)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 25)
+	c.Retention = cmp.Or(c.Retention, 72*time.Hour)
+	c.RetentionInterval = cmp.Or(c.RetentionInterval, time.Minute)
+	c.RetentionBatch = cmp.Or(c.RetentionBatch, 1000)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.BatchSize < 1 || c.Workers < 1 || c.MaxAttempts < 1 || c.RetentionBatch < 1:
+		return errors.New("outbox relay: BatchSize, Workers, MaxAttempts and RetentionBatch must be positive")
+	case c.PublishTimeout*2 > c.LeaseDuration:
+		// A batch must be marked while its lease still holds, or another
+		// relay publishes it again on every round.
+		return fmt.Errorf("outbox relay: PublishTimeout %v must be at most half of LeaseDuration %v", c.PublishTimeout, c.LeaseDuration)
+	case c.BackoffBase > c.BackoffMax:
+		return fmt.Errorf("outbox relay: BackoffBase %v exceeds BackoffMax %v", c.BackoffBase, c.BackoffMax)
+	}
+	return nil
+}
+
+// RetryHorizon bounds how long after an event's first publish the relay may
+// publish another copy of it: every attempt may wait out a lease, a publish
+// timeout and a full backoff. Consumers must remember event ids longer than
+// this (see pkg/inbox).
+func (c Config) RetryHorizon() time.Duration {
+	c.setDefaults()
+	return time.Duration(c.MaxAttempts) * (c.LeaseDuration + c.PublishTimeout + c.BackoffMax)
+}
+
+// Relay publishes committed outbox events to JetStream. Several relays, in
+// one process or many, may run against one schema: claims keep them apart.
+type Relay struct {
+	pool   *pgxpool.Pool
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	cfg    Config
+	log    *slog.Logger
+	schema string
+	kicks  []chan struct{}
+	stats  counters
+}
+
+type counters struct{ published, duplicates, retried, dead, lostLeases atomic.Int64 }
+
+// Counters are running totals of one relay, for metrics and tests.
+type Counters struct {
+	Published  int64 // events acked by the broker and marked published
+	Duplicates int64 // acks the broker flagged as duplicates (an earlier copy was stored)
+	Retried    int64 // transient failures scheduled for another attempt
+	Dead       int64 // events made dead
+	LostLeases int64 // acked events whose lease had passed to another relay before marking
+}
+
+// NewRelay returns a relay for the outbox in the schema that pool's
+// connections use (their search_path).
+func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Relay, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	// A JetStream context of our own, so that the relay's ack timeout and
+	// in-flight limit do not depend on how the caller configured theirs.
+	ownJS, err := jetstream.New(js.Conn(),
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout),
+		jetstream.WithPublishAsyncMaxPending(cfg.BatchSize*cfg.Workers))
+	if err != nil {
+		return nil, fmt.Errorf("relay jetstream context: %w", err)
+	}
+	r := &Relay{pool: pool, nc: js.Conn(), js: ownJS, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name)}
+	for range cfg.Workers {
+		r.kicks = append(r.kicks, make(chan struct{}, 1))
+	}
+	return r, nil
+}
+
+// Counters returns the relay's running totals.
+func (r *Relay) Counters() Counters {
+	return Counters{
+		Published: r.stats.published.Load(), Duplicates: r.stats.duplicates.Load(),
+		Retried: r.stats.retried.Load(), Dead: r.stats.dead.Load(), LostLeases: r.stats.lostLeases.Load(),
+	}
+}
+
+// Kick wakes the relay to look for new events now. It never blocks.
+func (r *Relay) Kick() {
+	for _, k := range r.kicks {
+		select {
+		case k <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Run relays events until ctx ends, then finishes the batches in flight and
+// returns. It returns an error only when it cannot start.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := r.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&r.schema); err != nil {
+		return fmt.Errorf("outbox relay: read schema: %w", err)
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { r.listen(ctx); return nil })
+	g.Go(func() error { r.retain(ctx); return nil })
+	for _, kick := range r.kicks {
+		g.Go(func() error { r.work(ctx, kick); return nil })
+	}
+	return g.Wait()
+}
+
+func (r *Relay) work(ctx context.Context, kick <-chan struct{}) {
+	failures := 0
+	for ctx.Err() == nil {
+		n, err := r.relayBatch(ctx)
+		if err != nil && ctx.Err() == nil {
+			failures++
+			r.log.Warn("outbox relay batch failed", "err", err, "failures", failures)
+		} else {
+			failures = 0
+		}
+		if n == r.cfg.BatchSize && failures == 0 {
+			continue // a full batch: more are probably waiting
+		}
+		wait := r.cfg.PollInterval
+		if failures > 0 {
+			wait = backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, failures)
+		}
+		select {
+		case <-ctx.Done():
+		case <-kick:
+		case <-time.After(wait):
+		}
+	}
+}
+
+// relayBatch claims, publishes and marks one batch; it returns how many
+// events it claimed.
+func (r *Relay) relayBatch(ctx context.Context) (int, error) {
+	if r.nc.Status() != nats.CONNECTED {
+		// While the broker is unreachable every publish would fail and use
+		// up an attempt; the events wait, unclaimed, in the outbox instead.
+		return 0, nil
+	}
+	token := uuid.New()
+	batch, err := r.claim(ctx, token)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	// The claim is committed. From here the batch is finished even if ctx
+	// ends, so a shutdown leaves no claimed-but-unmarked rows behind.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+r.cfg.LeaseDuration/2)
+	defer cancel()
+	results := r.publish(ctx, batch)
+	return len(batch), r.settle(ctx, token, batch, results)
+}
+
+// row is one claimed event.
+type row struct {
+	id       uuid.UUID
+	aggType  string
+	aggID    string
+	seq      int64
+	typ      string
+	version  int
+	subject  string
+	payload  []byte
+	headers  map[string]string
+	occurred time.Time
+	attempts int
+}
+
+// claim takes a batch in one short transaction: each row is the oldest
+// unpublished event of its aggregate (so k+1 is never claimed before k is
+// published), available, and not leased to anyone else. SKIP LOCKED lets
+// relays claim side by side; the committed lease, not a held lock, keeps
+// other relays off while this one publishes.
+func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
+	rows, err := r.pool.Query(ctx, claimSQL, r.cfg.BatchSize, r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(rs pgx.CollectableRow) (row, error) {
+		var x row
+		err := rs.Scan(&x.id, &x.aggType, &x.aggID, &x.seq, &x.typ, &x.version, &x.subject, &x.payload, &x.headers, &x.occurred, &x.attempts)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	return batch, nil
+}
+
+const claimSQL = `
+WITH claimable AS (
+	SELECT o.event_id FROM outbox o
+	WHERE o.published_at IS NULL AND o.dead_at IS NULL
+	  AND o.available_at <= now()
+	  AND (o.claim_until IS NULL OR o.claim_until < now())
+	  AND NOT EXISTS (
+	      SELECT 1 FROM outbox earlier
+	      WHERE earlier.aggregate_type = o.aggregate_type
+	        AND earlier.aggregate_id = o.aggregate_id
+	        AND earlier.aggregate_seq < o.aggregate_seq
+	        AND earlier.published_at IS NULL)
+	ORDER BY o.event_id
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 microsecond'
+FROM claimable c
+WHERE o.event_id = c.event_id
+RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_type,
+          o.schema_version, o.subject, o.payload, o.headers, o.occurred_at, o.attempts`
+
+// result is the outcome of publishing one event.
+type result struct {
+	err       error // nil: acked
+	permanent bool  // err will not go away by retrying
+	duplicate bool
+}
+
+// publish sends the whole batch without waiting in between, then collects
+// the acks: one round trip's latency per batch, not per event.
+func (r *Relay) publish(ctx context.Context, batch []row) []result {
+	results := make([]result, len(batch))
+	futures := make([]jetstream.PubAckFuture, len(batch))
+	for i, ev := range batch {
+		msg, err := ev.message()
+		if err != nil {
+			results[i] = result{err: err, permanent: true}
+			continue
+		}
+		// Nats-Msg-Id is the event id on every attempt, so the stream drops a
+		// copy it already stored within its duplicate window.
+		f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.id.String()))
+		if err != nil {
+			results[i] = r.classify(ctx, ev, err)
+			continue
+		}
+		futures[i] = f
+	}
+	timeout := time.NewTimer(r.cfg.PublishTimeout)
+	defer timeout.Stop()
+	expired := false
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		if expired {
+			select {
+			case ack := <-f.Ok():
+				results[i] = result{duplicate: ack.Duplicate}
+			case err := <-f.Err():
+				results[i] = r.classify(ctx, batch[i], err)
+			default:
+				results[i] = result{err: errAckTimeout}
+			}
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			results[i] = result{duplicate: ack.Duplicate}
+		case err := <-f.Err():
+			results[i] = r.classify(ctx, batch[i], err)
+		case <-timeout.C:
+			// The broker may have stored it: the result is unknown, so the
+			// event is retried with the same id rather than given up.
+			expired = true
+			results[i] = result{err: errAckTimeout}
+		case <-ctx.Done():
+			expired = true
+			results[i] = result{err: ctx.Err()}
+		}
+	}
+	return results
+}
+
+var errAckTimeout = errors.New("no ack from the broker in time (result unknown)")
+
+// classify tells a failure that retrying may cure from one it cannot.
+func (r *Relay) classify(ctx context.Context, ev row, err error) result {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload):
+		return result{err: err, permanent: true}
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		return result{err: err, permanent: true}
+	case errors.Is(err, jetstream.ErrNoStreamResponse):
+		// No responder: either no stream takes this subject (a
+		// configuration error) or JetStream is briefly unavailable. Ask.
+		if _, lookupErr := r.js.StreamNameBySubject(ctx, ev.subject); errors.Is(lookupErr, jetstream.ErrStreamNotFound) {
+			return result{err: fmt.Errorf("no stream for subject %q: %w", ev.subject, err), permanent: true}
+		}
+	}
+	return result{err: err}
+}
+
+// message builds the NATS message with the contract's headers.
+func (ev row) message() (*nats.Msg, error) {
+	h := nats.Header{}
+	for k, v := range ev.headers {
+		h.Set(k, v)
+	}
+	h.Set("Event-Type", ev.typ)
+	h.Set("Aggregate-Type", ev.aggType)
+	h.Set("Aggregate-Id", ev.aggID)
+	h.Set("Aggregate-Seq", strconv.FormatInt(ev.seq, 10))
+	h.Set("Schema-Version", strconv.Itoa(ev.version))
+	h.Set("Occurred-At", ev.occurred.UTC().Format(time.RFC3339Nano))
+	for k, vs := range h {
+		if k == "" || strings.ContainsAny(k, ": \t\r\n") {
+			return nil, fmt.Errorf("invalid header name %q", k)
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n") {
+				return nil, fmt.Errorf("invalid value of header %q", k)
+			}
+		}
+	}
+	return &nats.Msg{Subject: ev.subject, Header: h, Data: ev.payload}, nil
+}
+
+// settle records the outcome of a batch. Every update is fenced by the
+// claim token: a relay whose lease expired and was taken over matches no
+// rows, so it can neither mark nor fail an event it no longer owns.
+func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, results []result) error {
+	var acked []uuid.UUID
+	failed := &pgx.Batch{}
+	for i, res := range results {
+		ev := batch[i]
+		if res.err == nil {
+			acked = append(acked, ev.id)
+			if res.duplicate {
+				r.stats.duplicates.Add(1)
+			}
+			continue
+		}
+		dead := res.permanent || ev.attempts+1 >= r.cfg.MaxAttempts
+		delay := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, ev.attempts+1)
+		failed.Queue(failSQL, ev.id, token, res.err.Error(), delay.Microseconds(), dead).Exec(func(tag pgconnTag) error {
+			switch {
+			case tag.RowsAffected() == 0:
+				r.stats.lostLeases.Add(1)
+			case dead:
+				r.stats.dead.Add(1)
+				r.log.Error("outbox event dead", "event_id", ev.id, "event_type", ev.typ,
+					"aggregate_id", ev.aggID, "seq", ev.seq, "attempts", ev.attempts+1, "err", res.err)
+			default:
+				r.stats.retried.Add(1)
+				r.log.Warn("outbox event publish failed, will retry", "event_id", ev.id,
+					"aggregate_id", ev.aggID, "seq", ev.seq, "attempts", ev.attempts+1, "retry_in", delay, "err", res.err)
+			}
+			return nil
+		})
+	}
+	if len(acked) > 0 {
+		// Marked only now, after the ack: a crash before this line leaves the
+		// events claimed; the lease expires and they are published again.
+		tag, err := r.pool.Exec(ctx, markSQL, acked, token)
+		if err != nil {
+			return fmt.Errorf("mark %d events published: %w", len(acked), err)
+		}
+		r.stats.published.Add(tag.RowsAffected())
+		if lost := int64(len(acked)) - tag.RowsAffected(); lost > 0 {
+			r.stats.lostLeases.Add(lost)
+			r.log.Warn("outbox lease lost before marking; another relay publishes these again", "events", lost)
+		}
+	}
+	if failed.Len() > 0 {
+		if err := r.pool.SendBatch(ctx, failed).Close(); err != nil {
+			return fmt.Errorf("record %d publish failures: %w", failed.Len(), err)
+		}
+	}
+	return nil
+}
+
+const markSQL = `
+UPDATE outbox
+SET published_at = now(), claimed_by = NULL, claim_token = NULL, claim_until = NULL
+WHERE event_id = ANY($1) AND claim_token = $2`
+
+const failSQL = `
+UPDATE outbox
+SET attempts = attempts + 1,
+    last_error = $3,
+    available_at = now() + $4 * interval '1 microsecond',
+    dead_at = CASE WHEN $5 THEN now() END,
+    claimed_by = NULL, claim_token = NULL, claim_until = NULL
+WHERE event_id = $1 AND claim_token = $2`
+
+// backoff is exponential with full jitter: a random delay up to
+// base·2^(attempt-1), capped, so relays retrying together spread out.
+func backoff(base, ceiling time.Duration, attempt int) time.Duration {
+	d := ceiling
+	if attempt < 31 {
+		d = min(ceiling, base<<(attempt-1))
+	}
+	return time.Duration(rand.Int64N(int64(d)) + 1)
+}
+
+// listen turns NOTIFYs on the schema's channel into kicks. It holds one
+// connection of its own; if that fails, polling carries on until it is back.
+func (r *Relay) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("outbox listen failed; polling until it is back", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(r.cfg.PollInterval):
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{"outbox." + r.schema}.Sanitize()); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+		r.Kick()
+		// Writers coalesce their NOTIFYs; a transaction that skipped its own
+		// may commit just after the one that woke us. Look once more.
+		time.AfterFunc(notifyFollowUp, r.Kick)
+	}
+}
+
+// notifyFollowUp is how long after a wake-up the relay looks again. Writer
+// NotifyIntervals at or below it add no latency beyond it.
+const notifyFollowUp = 25 * time.Millisecond
+
+// retain deletes published rows past the retention window, in small batches
+// so that no statement holds many locks or runs long.
+func (r *Relay) retain(ctx context.Context) {
+	t := time.NewTicker(r.cfg.RetentionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := DeleteExpired(ctx, r.pool, r.cfg.Retention, r.cfg.RetentionBatch)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("outbox retention failed", "err", err)
+		} else if n > 0 {
+			r.log.Debug("outbox retention deleted published events", "events", n)
+		}
+	}
+}
