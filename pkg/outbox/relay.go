@@ -93,7 +93,7 @@ type Relay struct {
 	cfg    Config
 	log    *slog.Logger
 	schema string
-	kicks  []chan struct{}
+	kick   chan struct{} // one idle worker takes each wake-up
 	stats  counters
 }
 
@@ -124,9 +124,7 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Relay, e
 		return nil, fmt.Errorf("relay jetstream context: %w", err)
 	}
 	r := &Relay{pool: pool, nc: js.Conn(), js: ownJS, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name)}
-	for range cfg.Workers {
-		r.kicks = append(r.kicks, make(chan struct{}, 1))
-	}
+	r.kick = make(chan struct{}, 1)
 	return r, nil
 }
 
@@ -138,13 +136,13 @@ func (r *Relay) Counters() Counters {
 	}
 }
 
-// Kick wakes the relay to look for new events now. It never blocks.
+// Kick wakes the relay to look for new events now. It never blocks. One
+// waiting worker wakes; busy workers look again anyway when they finish a
+// full batch.
 func (r *Relay) Kick() {
-	for _, k := range r.kicks {
-		select {
-		case k <- struct{}{}:
-		default:
-		}
+	select {
+	case r.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -157,13 +155,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { r.listen(ctx); return nil })
 	g.Go(func() error { r.retain(ctx); return nil })
-	for _, kick := range r.kicks {
-		g.Go(func() error { r.work(ctx, kick); return nil })
+	for range r.cfg.Workers {
+		g.Go(func() error { r.work(ctx); return nil })
 	}
 	return g.Wait()
 }
 
-func (r *Relay) work(ctx context.Context, kick <-chan struct{}) {
+func (r *Relay) work(ctx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
 		n, err := r.relayBatch(ctx)
@@ -182,7 +180,7 @@ func (r *Relay) work(ctx context.Context, kick <-chan struct{}) {
 		}
 		select {
 		case <-ctx.Done():
-		case <-kick:
+		case <-r.kick:
 		case <-time.After(wait):
 		}
 	}
@@ -380,7 +378,7 @@ func (ev row) message() (*nats.Msg, error) {
 // claim token: a relay whose lease expired and was taken over matches no
 // rows, so it can neither mark nor fail an event it no longer owns.
 func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, results []result) error {
-	var acked []uuid.UUID
+	var acked [][16]byte // plain arrays: pgx encodes them without the driver.Valuer detour
 	failed := &pgx.Batch{}
 	for i, res := range results {
 		ev := batch[i]
