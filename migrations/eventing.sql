@@ -15,7 +15,7 @@ CREATE TABLE outbox (
     event_type     text        NOT NULL,
     schema_version integer     NOT NULL,
     subject        text        NOT NULL,
-    payload        jsonb       NOT NULL,             -- immutable snapshot of the fact
+    payload        json        NOT NULL,             -- immutable snapshot, kept byte for byte (json, not jsonb)
     headers        jsonb       NOT NULL DEFAULT '{}',-- trace context and other metadata
     occurred_at    timestamptz NOT NULL DEFAULT now(),
     available_at   timestamptz NOT NULL DEFAULT now(),-- not before: backoff after a failure
@@ -65,12 +65,13 @@ CREATE INDEX processed_events_age ON processed_events (processed_at);
 -- The last sequence each consumer applied per producer and aggregate: an
 -- older sequence is a duplicate, a later one than next is a gap to wait out.
 CREATE TABLE inbox_sequences (
-    consumer_name text        NOT NULL,
-    source        text        NOT NULL,   -- the producer: first token of the subject
-    aggregate_id  text        NOT NULL,
-    last_seq      bigint      NOT NULL,
-    updated_at    timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (consumer_name, source, aggregate_id)
+    consumer_name  text        NOT NULL,
+    source         text        NOT NULL,   -- the producer: first token of the subject
+    aggregate_type text        NOT NULL,   -- '' when the producer does not send Aggregate-Type
+    aggregate_id   text        NOT NULL,
+    last_seq       bigint      NOT NULL,
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_name, source, aggregate_type, aggregate_id)
 );
 
 -- Failures of a handler so far, so a dead letter can tell when it first failed.

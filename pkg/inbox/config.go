@@ -1,0 +1,118 @@
+package inbox
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// Config configures a [Consumer]. Zero fields take the default named in
+// their comment.
+type Config struct {
+	// Name is the durable JetStream consumer and the consumer_name in the
+	// inbox tables. Instances that share a Name share the work and the
+	// idempotency records. Required; no whitespace, '.', '*', '>' or '/'.
+	Name string
+	// Stream is the JetStream stream to consume. Required.
+	Stream string
+	// FilterSubjects narrows the stream; default: all of it. With the
+	// sequence check on, a filter must keep every event of an aggregate
+	// (filter by producer, never by event type), or the first skipped
+	// sequence would hold the aggregate back for ever.
+	FilterSubjects []string
+	// Handler applies one event. Required.
+	Handler HandlerFunc
+	// Workers is how many events are handled at once; events of one
+	// aggregate go to the same worker, one at a time. Default 8. The pool
+	// needs at least Workers+2 connections.
+	Workers int
+	// MaxDeliver is how many times a handler may fail on an event before it
+	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
+	MaxDeliver int
+	// BackoffBase and BackoffMax shape the redelivery delay after a handler
+	// failure: exponential from BackoffBase, capped at BackoffMax, with full
+	// jitter. Defaults 200ms and 30s.
+	BackoffBase, BackoffMax time.Duration
+	// GapDelay is the first redelivery delay of an event that arrived
+	// before an earlier event of its aggregate; it doubles with each
+	// delivery up to BackoffMax. Default 500ms.
+	GapDelay time.Duration
+	// AckWait is how long JetStream waits for an ack before redelivering,
+	// and the time limit of one handler transaction. Default 30s.
+	AckWait time.Duration
+	// Retention is how long processed_events rows are kept. It must exceed
+	// PublishHorizon, DuplicateWindow and ReplayWindow (see the package
+	// documentation). Default 14 days.
+	Retention time.Duration
+	// PublishHorizon is how long after an event first went out its producer
+	// may still publish a copy (relay retries, operator requeues). Default 7
+	// days.
+	PublishHorizon time.Duration
+	// DuplicateWindow is the stream's JetStream duplicate window. Default 2
+	// minutes, JetStream's own default; Run also checks the live stream.
+	DuplicateWindow time.Duration
+	// ReplayWindow is how far back an operator may replay the stream into
+	// this consumer. Default 7 days.
+	ReplayWindow time.Duration
+	// SkipSequenceCheck turns off per-aggregate ordering: events are then
+	// deduplicated by id only and applied in whatever order they arrive.
+	SkipSequenceCheck bool
+	// Logger receives the consumer's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+const day = 24 * time.Hour
+
+func (c *Config) setDefaults() {
+	c.Workers = cmp.Or(c.Workers, 8)
+	c.MaxDeliver = cmp.Or(c.MaxDeliver, 10)
+	c.BackoffBase = cmp.Or(c.BackoffBase, 200*time.Millisecond)
+	c.BackoffMax = cmp.Or(c.BackoffMax, 30*time.Second)
+	c.GapDelay = cmp.Or(c.GapDelay, 500*time.Millisecond)
+	c.AckWait = cmp.Or(c.AckWait, 30*time.Second)
+	c.Retention = cmp.Or(c.Retention, 14*day)
+	c.PublishHorizon = cmp.Or(c.PublishHorizon, 7*day)
+	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, 2*time.Minute)
+	c.ReplayWindow = cmp.Or(c.ReplayWindow, 7*day)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Name == "":
+		return errors.New("inbox: Config.Name is required")
+	case strings.ContainsAny(c.Name, " \t\r\n.*>/\\"):
+		return fmt.Errorf("inbox: Config.Name %q is not a valid durable name", c.Name)
+	case c.Stream == "":
+		return errors.New("inbox: Config.Stream is required")
+	case c.Handler == nil:
+		return errors.New("inbox: Config.Handler is required")
+	case c.Workers < 1 || c.MaxDeliver < 1:
+		return fmt.Errorf("inbox: Workers (%d) and MaxDeliver (%d) must be positive", c.Workers, c.MaxDeliver)
+	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.GapDelay <= 0 || c.AckWait <= 0 || c.Retention <= 0:
+		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive GapDelay (%s), AckWait (%s), Retention (%s)",
+			c.BackoffBase, c.BackoffMax, c.GapDelay, c.AckWait, c.Retention)
+	}
+	// The windows rule: an event id must stay in processed_events for as
+	// long as any copy of the event can still arrive, or that copy would be
+	// applied a second time.
+	for _, w := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"PublishHorizon", c.PublishHorizon},
+		{"DuplicateWindow", c.DuplicateWindow},
+		{"ReplayWindow", c.ReplayWindow},
+	} {
+		if c.Retention <= w.d {
+			return fmt.Errorf("inbox: Retention (%s) must be longer than %s (%s): "+
+				"a copy arriving after its processed_events row is deleted would be applied again", c.Retention, w.name, w.d)
+		}
+	}
+	return nil
+}

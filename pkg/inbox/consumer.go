@@ -1,0 +1,468 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Consumer feeds the events of one durable JetStream consumer to a handler,
+// each in a Postgres transaction that also records the event as processed,
+// so that every event takes effect once however often it is delivered.
+//
+// Several Consumers, in one process or many, may run with the same
+// Config.Name: they share the durable consumer, the idempotency records and
+// the per-aggregate cursors, and the row lock on a cursor makes them take
+// the events of one aggregate one at a time.
+type Consumer struct {
+	pool *pgxpool.Pool
+	js   jetstream.JetStream
+	cfg  Config
+	log  *slog.Logger
+
+	requeueEvery time.Duration // how often requeued dead letters are looked for
+	cleanupEvery time.Duration // how often old processed_events rows are deleted
+	queueDepth   int           // events waiting per worker
+
+	// crash, set by tests only, is asked at each crashPoint whether the
+	// process "dies" there: the transaction is rolled back, as a lost
+	// connection would roll it back, and the message is neither acked nor
+	// nak'ed, so JetStream redelivers it after AckWait.
+	crash func(crashPoint, Message) bool
+}
+
+type crashPoint int
+
+const (
+	beforeCommit crashPoint = iota
+	afterCommit
+)
+
+// NewConsumer checks cfg and returns a Consumer; it does no I/O. The pool
+// needs at least cfg.Workers+2 connections.
+func NewConsumer(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, error) {
+	if pool == nil || js == nil {
+		return nil, errors.New("inbox: NewConsumer needs a pool and a JetStream context")
+	}
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		pool:         pool,
+		js:           js,
+		cfg:          cfg,
+		log:          cfg.Logger.With("consumer", cfg.Name),
+		requeueEvery: time.Second,
+		cleanupEvery: time.Hour,
+		queueDepth:   4,
+	}, nil
+}
+
+// delivery is a message from JetStream with its headers decoded.
+type delivery struct {
+	msg jetstream.Msg
+	m   Message
+	err error // the message breaks the contract: poison
+}
+
+// Run creates or updates the durable consumer and handles its messages until
+// ctx ends. It then stops fetching, hands prefetched messages back to
+// JetStream, lets in-flight transactions finish and returns nil. It returns an
+// error if the consumer cannot be set up or JetStream ends the subscription.
+func (c *Consumer) Run(ctx context.Context) error {
+	err := c.run(ctx)
+	if ctx.Err() != nil {
+		return nil // stopped while setting up; not a failure
+	}
+	return err
+}
+
+func (c *Consumer) run(ctx context.Context) error {
+	st, err := c.js.Stream(ctx, c.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("look up stream %s: %w", c.cfg.Stream, err)
+	}
+	if d := st.CachedInfo().Config.Duplicates; d >= c.cfg.Retention {
+		return fmt.Errorf("inbox %s: Retention (%s) must be longer than the duplicate window (%s) of stream %s",
+			c.cfg.Name, c.cfg.Retention, d, c.cfg.Stream)
+	}
+	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
+		Durable:        c.cfg.Name,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.cfg.AckWait,
+		FilterSubjects: c.cfg.FilterSubjects,
+		// Unlimited: a message waiting for an earlier event of its aggregate
+		// must never be dropped by the server. Handler failures are counted
+		// in inbox_failures and end in a dead letter instead.
+		MaxDeliver: -1,
+	})
+	if err != nil {
+		return fmt.Errorf("create consumer %s on %s: %w", c.cfg.Name, c.cfg.Stream, err)
+	}
+	// Prefetch little: a fetched message's AckWait is already running while
+	// it waits for a worker.
+	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.Workers * c.queueDepth))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", c.cfg.Name, err)
+	}
+	defer it.Stop()
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	// In-flight transactions finish on shutdown instead of being cut off
+	// half way; each is bounded by AckWait.
+	work := context.WithoutCancel(ctx)
+
+	var wg sync.WaitGroup
+	queues := make([]chan delivery, c.cfg.Workers)
+	for i := range queues {
+		q := make(chan delivery, c.queueDepth)
+		queues[i] = q
+		wg.Go(func() {
+			for d := range q {
+				if runCtx.Err() != nil {
+					_ = d.msg.Nak() // not started: let another instance have it now
+					continue
+				}
+				c.handle(work, d)
+			}
+		})
+	}
+	wg.Go(func() { c.maintain(runCtx, work) })
+
+	var runErr error
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() == nil {
+				runErr = fmt.Errorf("consume %s: %w", c.cfg.Name, err)
+			}
+			break
+		}
+		d := delivery{msg: msg}
+		d.m, d.err = decode(msg.Subject(), msg.Headers(), msg.Data())
+		// One aggregate, one worker: its events are handled in order and one
+		// at a time here, while other aggregates proceed in parallel.
+		key := d.m.Subject
+		if d.err == nil {
+			key = source(d.m.Subject) + "\x00" + d.m.AggregateID
+		}
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		select {
+		case queues[h.Sum32()%uint32(len(queues))] <- d:
+		case <-ctx.Done():
+			_ = msg.Nak()
+		}
+	}
+
+	// Shutdown: hand back what was prefetched so that another instance gets
+	// it now rather than after AckWait.
+	stop()
+	it.Drain()
+	for {
+		msg, err := it.Next(jetstream.NextMaxWait(time.Second))
+		if err != nil {
+			break
+		}
+		_ = msg.Nak()
+	}
+	for _, q := range queues {
+		close(q)
+	}
+	wg.Wait()
+	return runErr
+}
+
+// outcome is how far the inbox steps got with one event.
+type outcome int
+
+const (
+	applied   outcome = iota // the handler ran; commit
+	duplicate                // this consumer already processed the event; commit, nothing changed
+	stale                    // a new id but an old sequence: a replay older than Retention; commit, nothing changed
+	gap                      // an earlier event of the aggregate has not been applied yet; roll back and wait
+)
+
+// apply runs the inbox steps for m inside tx. It is the one path every event
+// takes, whether it came from JetStream or from a requeued dead letter.
+// An error means the handler (or the database) failed and tx must be rolled
+// back. retried says the event failed before, so its failure record goes.
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m Message, retried bool) (outcome, error) {
+	// The inbox row. A copy of an event that was committed finds it and
+	// changes nothing: the window "crashed after commit, before ack", the
+	// relay publishing again, a replay within Retention. Two copies in
+	// flight at once queue on the row's unique key; the second sees the
+	// first one's row once it commits.
+	tag, err := tx.Exec(ctx,
+		`INSERT INTO processed_events (consumer_name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		c.cfg.Name, m.EventID)
+	if err != nil {
+		return 0, fmt.Errorf("insert processed event: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return duplicate, nil
+	}
+
+	src := source(m.Subject)
+	if !c.cfg.SkipSequenceCheck {
+		last, err := lockCursor(ctx, tx, c.cfg.Name, src, m.AggregateType, m.AggregateID)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case m.Seq <= last:
+			return stale, nil
+		case m.Seq > last+1:
+			return gap, nil
+		}
+	}
+
+	if err := c.callHandler(ctx, tx, m); err != nil {
+		return 0, attemptError{err}
+	}
+
+	if !c.cfg.SkipSequenceCheck {
+		if _, err := tx.Exec(ctx,
+			`UPDATE inbox_sequences SET last_seq = $5, updated_at = now()
+			 WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4`,
+			c.cfg.Name, src, m.AggregateType, m.AggregateID, m.Seq); err != nil {
+			return 0, fmt.Errorf("advance inbox sequence: %w", err)
+		}
+	}
+	if retried {
+		if _, err := tx.Exec(ctx,
+			`DELETE FROM inbox_failures WHERE consumer_name = $1 AND event_id = $2`,
+			c.cfg.Name, m.EventID); err != nil {
+			return 0, fmt.Errorf("clear inbox failures: %w", err)
+		}
+	}
+	return applied, nil
+}
+
+// lockCursor returns the last sequence the consumer applied for one
+// aggregate of one producer (0 if none) and holds the cursor row's lock until
+// tx ends. That lock is what takes the events of an aggregate one at a time
+// across consumer instances and the dead-letter replay: a second transaction
+// waits here and then reads the sequence the first one committed.
+func lockCursor(ctx context.Context, tx pgx.Tx, consumer, src, aggregateType, aggregateID string) (int64, error) {
+	const sel = `SELECT last_seq FROM inbox_sequences
+		WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 FOR UPDATE`
+	var last int64
+	err := tx.QueryRow(ctx, sel, consumer, src, aggregateType, aggregateID).Scan(&last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The aggregate's first event here. Two transactions may both get
+		// here; ON CONFLICT DO NOTHING makes the second wait for the first
+		// to end, and the SELECT again (a new snapshot under READ COMMITTED)
+		// then locks whichever row exists.
+		if _, err := tx.Exec(ctx,
+			`INSERT INTO inbox_sequences (consumer_name, source, aggregate_type, aggregate_id, last_seq)
+			 VALUES ($1, $2, $3, $4, 0) ON CONFLICT DO NOTHING`, consumer, src, aggregateType, aggregateID); err != nil {
+			return 0, fmt.Errorf("create inbox sequence: %w", err)
+		}
+		err = tx.QueryRow(ctx, sel, consumer, src, aggregateType, aggregateID).Scan(&last)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("lock inbox sequence: %w", err)
+	}
+	return last, nil
+}
+
+// callHandler runs the handler and turns a panic into an error, so that one
+// bad event is retried and dead-lettered instead of crashing the process
+// again on every redelivery.
+func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, m Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	if err := c.cfg.Handler(ctx, tx, m); err != nil {
+		return fmt.Errorf("handle %s %s: %w", m.Type, m.EventID, err)
+	}
+	return nil
+}
+
+// handle processes one message from JetStream and settles it: ack only
+// after commit, so a crash anywhere before leaves the message to be
+// redelivered and the inbox row absorbs a redelivery after commit.
+func (c *Consumer) handle(ctx context.Context, d delivery) {
+	meta, err := d.msg.Metadata()
+	if err != nil { // not a JetStream message; cannot happen on a pull consumer
+		c.log.Error("inbox message without metadata", "subject", d.msg.Subject(), "err", err)
+		_ = d.msg.Term()
+		return
+	}
+	if d.err != nil {
+		c.failed(ctx, d, meta, d.err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckWait)
+	defer cancel()
+	log := c.log.With("event_id", d.m.EventID, "type", d.m.Type, "aggregate_id", d.m.AggregateID, "seq", d.m.Seq)
+
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		c.failed(ctx, d, meta, fmt.Errorf("begin inbox tx: %w", err))
+		return
+	}
+	defer tx.Rollback(ctx) // no-op after commit; undoes everything on an early return
+
+	out, err := c.apply(ctx, tx, d.m, meta.NumDelivered > 1)
+	if err != nil {
+		_ = tx.Rollback(ctx) // release locks and connection before recording the failure
+		c.failed(ctx, d, meta, err)
+		return
+	}
+	if out == gap {
+		_ = tx.Rollback(ctx)
+		// Never dead-lettered: the missing event is on its way (relay retry)
+		// or waiting as a dead letter, and this one must not overtake it.
+		delay := c.gapDelay(meta.NumDelivered)
+		if meta.NumDelivered%20 == 0 {
+			log.Warn("inbox event still waiting for an earlier event of its aggregate", "deliveries", meta.NumDelivered)
+		} else {
+			log.Debug("inbox event waits for an earlier event of its aggregate", "delay", delay)
+		}
+		_ = d.msg.NakWithDelay(delay)
+		return
+	}
+	if c.crash != nil && c.crash(beforeCommit, d.m) {
+		return
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// The commit is part of the attempt: it is the handler's work that fails to commit.
+		c.failed(ctx, d, meta, attemptError{fmt.Errorf("commit inbox tx: %w", err)})
+		return
+	}
+	if c.crash != nil && c.crash(afterCommit, d.m) {
+		return
+	}
+	switch out {
+	case duplicate:
+		log.Debug("inbox event already processed")
+	case stale:
+		log.Info("inbox event older than the aggregate's cursor skipped")
+	}
+	// A lost ack only means one more delivery, which the inbox row absorbs.
+	if err := d.msg.Ack(); err != nil {
+		log.Warn("inbox ack failed; the event will be redelivered and skipped", "err", err)
+	}
+}
+
+// failed records a failed attempt and settles the message: redeliver after
+// a backoff, or dead-letter and terminate when the failure is poison or
+// attempts reached MaxDeliver.
+func (c *Consumer) failed(ctx context.Context, d delivery, meta *jetstream.MsgMetadata, cause error) {
+	log := c.log.With("subject", d.msg.Subject(), "event_id", d.m.EventID, "stream_seq", meta.Sequence.Stream)
+	if !counts(cause) {
+		// The inbox steps before the handler failed: the database is down
+		// or overloaded. Retry, but do not count it: an outage must not turn
+		// every event in flight into a dead letter.
+		delay := c.backoff(int(min(meta.NumDelivered, 64)))
+		log.Error("inbox transaction failed before the handler; will retry", "err", cause, "delay", delay)
+		_ = d.msg.NakWithDelay(delay)
+		return
+	}
+	attempts, dead, err := c.recordFailure(ctx, d, meta, cause)
+	if err != nil {
+		// Cannot even write down the failure: the database is likely down.
+		// Retry later; this delivery does not count as an attempt.
+		delay := c.backoff(int(min(meta.NumDelivered, 64)))
+		log.Error("inbox failure not recorded; will retry", "err", err, "cause", cause, "delay", delay)
+		_ = d.msg.NakWithDelay(delay)
+		return
+	}
+	if dead {
+		log.Error("inbox event dead-lettered", "attempts", attempts, "err", cause)
+		// Should the Term be lost, the redelivered copy fails again and
+		// updates the same dead letter (unique per stream sequence).
+		_ = d.msg.Term()
+		return
+	}
+	delay := c.backoff(attempts)
+	log.Warn("inbox handler failed; will retry", "attempts", attempts, "delay", delay, "err", cause)
+	_ = d.msg.NakWithDelay(delay)
+}
+
+// attemptError is a failure of the handler's part of the transaction (its
+// error, a panic, the commit): it counts towards MaxDeliver.
+type attemptError struct{ err error }
+
+func (e attemptError) Error() string { return e.err.Error() }
+func (e attemptError) Unwrap() error { return e.err }
+
+// counts reports whether a failure is the handler's (an attempt) or poison,
+// as opposed to the database failing around it.
+func counts(err error) bool {
+	var a attemptError
+	return errors.Is(err, ErrPoison) || errors.As(err, &a)
+}
+
+// backoff is the delay before attempt+1: exponential, capped, with full
+// jitter so that many failing events do not return in lockstep.
+func (c *Consumer) backoff(attempt int) time.Duration {
+	return rand.N(grow(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt)) + 1
+}
+
+// gapDelay is the delay before an event waiting for a gap is offered again:
+// growing with its deliveries, so a long wait (a dead letter awaiting an
+// operator) costs little, and jittered by up to half.
+func (c *Consumer) gapDelay(delivered uint64) time.Duration {
+	d := grow(c.cfg.GapDelay, c.cfg.BackoffMax, int(min(delivered, 64)))
+	return d/2 + rand.N(d/2+1)
+}
+
+// grow doubles base for each step after the first, up to limit.
+func grow(base, limit time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// maintain replays requeued dead letters and deletes old inbox rows until
+// ctx ends; work outlives ctx so that a started replay transaction finishes.
+func (c *Consumer) maintain(ctx, work context.Context) {
+	requeue := time.NewTicker(c.requeueEvery)
+	defer requeue.Stop()
+	cleanup := time.NewTicker(c.cleanupEvery)
+	defer cleanup.Stop()
+	c.cleanup(ctx) // at start too: a process that restarts often would never reach the first tick
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-requeue.C:
+			c.replayRequeued(ctx, work)
+		case <-cleanup.C:
+			c.cleanup(ctx)
+		}
+	}
+}
+
+// cleanup may be cut off by shutdown: each batch is its own statement.
+func (c *Consumer) cleanup(ctx context.Context) {
+	n, err := Cleanup(ctx, c.pool, c.cfg.Name, c.cfg.Retention, 1000)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Error("inbox cleanup failed", "err", err)
+		}
+		return
+	}
+	if n > 0 {
+		c.log.Info("inbox cleanup deleted old processed events", "deleted", n)
+	}
+}

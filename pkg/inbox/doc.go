@@ -1,0 +1,87 @@
+// Package inbox consumes events from NATS JetStream so that each one takes
+// effect exactly once, in order per aggregate: the consuming half of the
+// transactional outbox (pkg/outbox is the producing half).
+//
+// # The pattern
+//
+// JetStream delivers at least once: a message is redelivered until it is
+// acked. A [Consumer] turns that into "effectively once" with one Postgres
+// transaction per event that does three things together:
+//
+//  1. inserts (consumer, event id) into processed_events — the inbox;
+//  2. locks the consumer's cursor for the event's aggregate in
+//     inbox_sequences and checks the event's Aggregate-Seq against it;
+//  3. calls the [HandlerFunc] with that same transaction, so the business
+//     effect (and any events it emits through its own outbox) commits
+//     together with steps 1 and 2, or not at all.
+//
+// Only after the commit is the message acked. Messages are fetched from a
+// durable pull consumer and spread over Config.Workers goroutines by a hash
+// of (producer, aggregate id): one aggregate's events are handled one at a
+// time, different aggregates in parallel.
+//
+// # The failure windows it closes
+//
+//   - Crash before commit: the transaction rolls back with the connection;
+//     the message was not acked, so JetStream redelivers it after AckWait and
+//     it is applied then.
+//   - Crash after commit, before the ack (or a lost ack): the redelivered copy
+//     finds its processed_events row and is acked without effect.
+//   - Duplicates: the relay may publish an event twice (after a lost PubAck,
+//     beyond the stream's duplicate window), an operator may replay a stream.
+//     Every copy carries the same event id (Nats-Msg-Id) and meets the same
+//     processed_events row.
+//   - Reordering and gaps: a redelivery, or a relay retry of an earlier event,
+//     can bring Aggregate-Seq 3 before 2. An event beyond cursor+1 is rolled
+//     back and offered again later (NakWithDelay, growing with deliveries); it
+//     is never dead-lettered for waiting. An event at or below the cursor is a
+//     duplicate, even one whose processed_events row has been cleaned up.
+//   - Transient errors: a failed handler (an error, a panic, a failed
+//     commit) is rolled back, counted in inbox_failures and redelivered with
+//     exponential backoff and full jitter; after Config.MaxDeliver failures
+//     the message becomes a dead letter. When the database fails before the
+//     handler runs (down, out of connections), the message is retried the
+//     same way without counting, so an outage creates no dead letters.
+//   - Poison: a message that breaks the header contract, or whose handler
+//     returns [Poison], is a dead letter at once and terminated in JetStream.
+//     Dead letters keep subject, headers and payload; [RequeueDeadLetter]
+//     sends one back through the very same steps, with its original event id
+//     and nothing republished to NATS.
+//
+// With the sequence check on, a dead-lettered event stops its aggregate:
+// later events of the aggregate wait at the gap until the dead letter is
+// requeued and succeeds, and then follow in order. Events of other aggregates
+// are not held up. Waiting messages stay unacknowledged in JetStream (its
+// MaxDeliver is unlimited for that reason) and count towards the consumer's
+// MaxAckPending (1000 by default): many stopped aggregates at once can stall
+// the consumer, so watch dead letters.
+//
+// Several processes may run a Consumer with the same Config.Name. They share
+// the durable JetStream consumer, and the row lock on the aggregate's cursor
+// makes them take one aggregate's events one at a time: the second waits for
+// the first to commit and then sees the advanced cursor.
+//
+// # What the sequence check needs
+//
+// Aggregate-Seq counts the events of an aggregate per producer with no gaps,
+// so the consumer must see every one of them: Config.FilterSubjects may
+// select producers but must never drop event types. A handler ignores the
+// types it does not need by returning nil. The cursor is keyed by producer
+// (the first subject token), aggregate type and aggregate id, as the outbox
+// numbers them. Config.SkipSequenceCheck turns the check off
+// for consumers that need neither order nor gap detection.
+//
+// # The windows rule
+//
+// processed_events rows must be kept longer than any copy of an event can
+// still arrive:
+//
+//	Retention > PublishHorizon   how long the producer may still publish a copy
+//	Retention > DuplicateWindow  the stream's JetStream dedupe window
+//	Retention > ReplayWindow     how far back an operator may replay the stream
+//
+// [NewConsumer] refuses a Config that breaks it, and Run also checks the live
+// stream's duplicate window. A running Consumer deletes older rows every hour
+// ([Cleanup]). The inbox_sequences cursors are never deleted: one row per
+// aggregate, and with them even a replay older than Retention is skipped.
+package inbox

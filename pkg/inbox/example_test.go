@@ -1,0 +1,98 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+)
+
+// The payment service opens a payment once inventory has reserved an order.
+// The handler works in the inbox transaction: the effect commits together
+// with the record that this event was processed.
+func ExampleNewConsumer() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, "postgres://postgres:postgres@127.0.0.1:5432/shop?search_path=payment")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	c, err := inbox.NewConsumer(pool, js, inbox.Config{
+		Name:   "payment",
+		Stream: "INVENTORY",
+		Handler: func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+			switch m.Type {
+			case "InventoryReserved":
+				var ev struct {
+					OrderID string `json:"order_id"`
+					Total   int64  `json:"total"`
+				}
+				if err := json.Unmarshal(m.Data, &ev); err != nil {
+					return inbox.Poison(err) // retrying will not make it parse
+				}
+				_, err := tx.Exec(ctx,
+					`INSERT INTO payments (order_id, amount, status) VALUES ($1, $2, 'PENDING')`,
+					ev.OrderID, ev.Total)
+				return err // a transient error is retried with backoff
+			default:
+				return nil // every type must pass through for the sequence check
+			}
+		},
+		Logger: slog.Default(),
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.Run(ctx); err != nil { // until Ctrl-C, then drains
+		fmt.Println(err)
+	}
+}
+
+// An operator looks at what failed and, after fixing the cause, sends it
+// through the consumer again.
+func ExampleRequeueDeadLetter() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://postgres:postgres@127.0.0.1:5432/shop?search_path=payment")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+
+	dead, err := inbox.ListDeadLetters(ctx, pool, "payment", 20)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, dl := range dead {
+		fmt.Printf("%d %s %s after %d attempts: %s\n", dl.ID, dl.Subject, dl.EventID, dl.Attempts, dl.Error)
+		if err := inbox.RequeueDeadLetter(ctx, pool, dl.ID); err != nil {
+			fmt.Println(err)
+		}
+	}
+}

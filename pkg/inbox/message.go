@@ -1,0 +1,104 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The headers the outbox relay puts on every event.
+const (
+	hdrEventID       = jetstream.MsgIDHeader // "Nats-Msg-Id": the event id, stable across retries
+	hdrEventType     = "Event-Type"
+	hdrAggregateType = "Aggregate-Type" // optional
+	hdrAggregateID   = "Aggregate-Id"
+	hdrAggregateSeq  = "Aggregate-Seq"
+	hdrSchemaVersion = "Schema-Version"
+	hdrOccurredAt    = "Occurred-At"
+)
+
+// Message is one decoded event as a handler sees it.
+type Message struct {
+	EventID       uuid.UUID
+	Type          string // Event-Type, e.g. "OrderCreated"
+	AggregateType string // empty when the producer does not send it
+	AggregateID   string
+	Seq           int64 // 1, 2, 3 … per aggregate and producer
+	SchemaVersion int
+	OccurredAt    time.Time
+	Subject       string // <source>.<aggregate id>.<type>
+	Header        nats.Header
+	Data          []byte // the JSON payload
+}
+
+// HandlerFunc applies one event inside tx, the transaction that also
+// records the event as processed: the effect and the record commit together
+// or not at all. It must not commit or roll back tx.
+//
+// Return nil when the event is handled, including when the business outcome
+// is a refusal (record that outcome, for example an outbox event, in tx).
+// Return [Poison](err) when retrying cannot help; any other error is retried
+// with backoff, up to Config.MaxDeliver times. Ignore, with nil, event types
+// you do not need: the sequence check needs to see every event.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, m Message) error
+
+// decode reads the event headers. A message that breaks the contract is
+// poison: it would fail the same way on every delivery. The returned
+// Message carries whatever could be read (the event id above all), for the
+// dead letter.
+func decode(subject string, h nats.Header, data []byte) (Message, error) {
+	m := Message{
+		Subject:       subject,
+		Header:        h,
+		Data:          data,
+		Type:          h.Get(hdrEventType),
+		AggregateType: h.Get(hdrAggregateType),
+		AggregateID:   h.Get(hdrAggregateID),
+	}
+	var errs []error
+	bad := func(name string, err error) {
+		errs = append(errs, fmt.Errorf("header %s %q: %w", name, h.Get(name), err))
+	}
+	var err error
+	if m.EventID, err = uuid.Parse(h.Get(hdrEventID)); err != nil {
+		bad(hdrEventID, err)
+	}
+	if m.Type == "" {
+		bad(hdrEventType, errors.New("missing"))
+	}
+	if m.AggregateID == "" {
+		bad(hdrAggregateID, errors.New("missing"))
+	}
+	if m.Seq, err = strconv.ParseInt(h.Get(hdrAggregateSeq), 10, 64); err != nil {
+		bad(hdrAggregateSeq, err)
+	} else if m.Seq < 1 {
+		bad(hdrAggregateSeq, errors.New("must be at least 1"))
+	}
+	if m.SchemaVersion, err = strconv.Atoi(h.Get(hdrSchemaVersion)); err != nil {
+		bad(hdrSchemaVersion, err)
+	}
+	if m.OccurredAt, err = time.Parse(time.RFC3339, h.Get(hdrOccurredAt)); err != nil {
+		bad(hdrOccurredAt, err)
+	}
+	if source(subject) == "" {
+		errs = append(errs, fmt.Errorf("subject %q has no source token", subject))
+	}
+	if len(errs) > 0 {
+		return m, Poison(fmt.Errorf("decode message on %s: %w", subject, errors.Join(errs...)))
+	}
+	return m, nil
+}
+
+// source is the producer of an event: the first token of its subject.
+func source(subject string) string {
+	s, _, _ := strings.Cut(subject, ".")
+	return s
+}
