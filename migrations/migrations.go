@@ -15,12 +15,14 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -55,7 +57,11 @@ func Apply(ctx context.Context, connString, service, schema string, log *slog.Lo
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
 
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+	// IF NOT EXISTS does not cover two creators in flight at once: the
+	// loser fails on pg_namespace's unique index, and the schema exists.
+	_, err = db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "23505") { // unique_violation
 		return fmt.Errorf("create schema %s: %w", schema, err)
 	}
 

@@ -37,7 +37,10 @@ func EnsureExists(ctx context.Context, connString string) error {
 	}
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database: another process won the race
+	// Another process won the race: duplicate_database when its CREATE had
+	// committed before ours began, or a unique violation on pg_database
+	// when both were in flight at once.
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") {
 		return nil
 	}
 	if err != nil {

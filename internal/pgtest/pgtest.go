@@ -70,7 +70,7 @@ func New(t testing.TB, service string) *Schema {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := database.NewPool(ctx, URL(), name, 20)
+	pool, err := database.NewPool(ctx, URL(), name, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
