@@ -1,0 +1,32 @@
+# make demo  — Postgres up, build, run every service in one process
+# make test  — Postgres up, every test with the race detector
+.PHONY: build test lint bench demo clean
+
+# Benchmarks size their own work (a backlog of N events per run), so one
+# iteration each is a measurement; raise it for steadier figures.
+BENCHTIME ?= 1x
+
+build:
+	go build -o bin/shop ./cmd/shop
+
+# Tests use TEST_DATABASE_URL, else DATABASE_URL, else the local default;
+# each test makes (and drops) its own schema or database there.
+test:
+	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
+	go test -race -count=1 -timeout 20m ./...
+
+lint:
+	@unformatted=$$(gofmt -l .); \
+	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
+	go vet ./...
+
+bench:
+	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
+	go test -run '^$$' -bench . -benchtime=$(BENCHTIME) -timeout 30m ./...
+
+demo: build
+	@scripts/ensure-postgres.sh
+	bin/shop all
+
+clean:
+	rm -rf bin data

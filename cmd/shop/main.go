@@ -1,0 +1,134 @@
+// Command shop is the one binary of the shop: every service, alone or all in
+// one process, and the operator commands. Run `shop -h` for the list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"syscall"
+
+	"github.com/shop-ref/shop/internal/app"
+)
+
+const usage = `shop: a teaching-reference e-commerce system (order, inventory, payment,
+fulfillment) built on a transactional outbox, idempotent consumers and JetStream.
+
+Usage:
+  shop all                 every service and its outbox relay in one process (the demo)
+  shop order | inventory | payment | fulfillment
+                           one service: HTTP and its outbox relay
+  shop migrate [service…]  apply the migrations of each service's schema (default: all), then exit
+  shop verify              not yet implemented
+  shop outbox …            not yet implemented
+  shop loadgen             not yet implemented
+
+Configuration comes from the environment: DATABASE_URL, ORDER_DATABASE_URL (and
+INVENTORY_, PAYMENT_, FULFILLMENT_), NATS_URL, ORDER_ADDR (and the others).
+Flags override it; "shop <command> -h" lists them.
+`
+
+// errUsage marks a command line shop does not understand.
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "shop:", err)
+		os.Exit(1)
+	}
+}
+
+// run executes one command line. The environment comes in through getenv so
+// that tests need not change the process's.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	cmd, args := args[0], args[1:]
+	switch {
+	case cmd == "-h" || cmd == "-help" || cmd == "--help" || cmd == "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	case cmd == "verify" || cmd == "outbox" || cmd == "loadgen":
+		fmt.Fprintf(stderr, "shop %s: not yet implemented\n", cmd)
+		return errUsage
+	case cmd != "all" && cmd != "migrate" && !slices.Contains(app.Names, cmd):
+		fmt.Fprintf(stderr, "shop: unknown command %q\n\n%s", cmd, usage)
+		return errUsage
+	}
+
+	cfg := app.LoadConfig(getenv)
+	fs := flag.NewFlagSet("shop "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		operands := ""
+		if cmd == "migrate" {
+			operands = " [service…]"
+		}
+		fmt.Fprintf(stderr, "Usage: shop %s [flags]%s\n\nFlags (each overrides the environment variable named beside it):\n", cmd, operands)
+		fs.PrintDefaults()
+	}
+	cfg.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage // the flag package has said what was wrong
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	switch cmd {
+	case "migrate":
+		return migrate(ctx, cfg, fs.Args(), log)
+	case "all":
+		if fs.NArg() > 0 {
+			fmt.Fprintf(stderr, "shop all: unexpected arguments %q\n", fs.Args())
+			return errUsage
+		}
+		log.Info("starting", "services", app.Names, "config", cfg)
+		return app.Run(ctx, cfg, app.Names, log)
+	default:
+		if fs.NArg() > 0 {
+			fmt.Fprintf(stderr, "shop %s: unexpected arguments %q\n", cmd, fs.Args())
+			return errUsage
+		}
+		if cfg.NATSURL == "" { // only `shop all` embeds a server
+			cfg.NATSURL = app.DefaultNATSURL
+		}
+		log.Info("starting", "services", []string{cmd}, "config", cfg)
+		return app.Run(ctx, cfg, []string{cmd}, log)
+	}
+}
+
+// migrate applies the migrations of the named services (all when none is
+// named), one after the other, and returns.
+func migrate(ctx context.Context, cfg app.Config, names []string, log *slog.Logger) error {
+	if len(names) == 0 {
+		names = app.Names
+	}
+	for _, name := range names {
+		if !slices.Contains(app.Names, name) {
+			return fmt.Errorf("migrate: unknown service %q (want one of %v)", name, app.Names)
+		}
+	}
+	for _, name := range names {
+		if err := app.Migrate(ctx, cfg.DatabaseURLOf(name), name, log.With("service", name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,301 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+// newDatabase returns the URL of a database that does not exist yet, on the
+// test server (pgtest.URL), and drops it when the test ends. `shop` must
+// create it: that is part of what these tests check.
+func newDatabase(t *testing.T) string {
+	t.Helper()
+	u, err := url.Parse(pgtest.URL())
+	if err != nil || u.Scheme == "" {
+		t.Fatalf("test database URL must be a postgres:// URL: %v", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "shop_cmd_" + hex.EncodeToString(b[:])
+	admin := *u
+	admin.Path = "/postgres"
+	u.Path = "/" + name
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin.String())
+		if err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		// FORCE: a pool of a stopped service may still hold a connection.
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	return u.String()
+}
+
+// env is a process environment for run.
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+// versionTables lists the schemas of the database at dbURL that hold a goose
+// version table, with the highest version applied in each.
+func versionTables(t *testing.T, dbURL string) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT table_schema FROM information_schema.tables WHERE table_name = 'goose_db_version'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, s := range schemas {
+		var v int64
+		q := "SELECT max(version_id) FROM " + pgx.Identifier{s, "goose_db_version"}.Sanitize()
+		if err := conn.QueryRow(ctx, q).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		got[s] = v
+	}
+	return got
+}
+
+var allSchemas = []string{"fulfillment", "inventory", "orders", "payment"}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	checkSchemas := func(t *testing.T, dbURL string) {
+		t.Helper()
+		got := versionTables(t, dbURL)
+		schemas := make([]string, 0, len(got))
+		for s, v := range got {
+			schemas = append(schemas, s)
+			if v < 1 {
+				t.Errorf("schema %s: goose version %d, want at least 1 (the eventing tables)", s, v)
+			}
+		}
+		slices.Sort(schemas)
+		if !slices.Equal(schemas, allSchemas) {
+			t.Errorf("goose_db_version tables in schemas %v, want one in each of %v", schemas, allSchemas)
+		}
+	}
+
+	t.Run("creates the database and applies every schema, twice without error", func(t *testing.T) {
+		t.Parallel()
+		dbURL := newDatabase(t)
+		for i := range 2 {
+			if err := run(ctx, []string{"migrate"}, env(map[string]string{"DATABASE_URL": dbURL}), io.Discard, io.Discard); err != nil {
+				t.Fatalf("migrate, run %d: %v", i+1, err)
+			}
+		}
+		checkSchemas(t, dbURL)
+	})
+
+	t.Run("two processes at once on a fresh database", func(t *testing.T) {
+		t.Parallel()
+		dbURL := newDatabase(t)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range errs {
+			wg.Go(func() {
+				// The flag rather than the environment: both must work.
+				errs[i] = run(ctx, []string{"migrate", "-database-url", dbURL}, env(nil), io.Discard, io.Discard)
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		checkSchemas(t, dbURL)
+	})
+
+	t.Run("named services only", func(t *testing.T) {
+		t.Parallel()
+		dbURL := newDatabase(t)
+		if err := run(ctx, []string{"migrate", "-database-url", dbURL, "order", "payment"}, env(nil), io.Discard, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		got := versionTables(t, dbURL)
+		if len(got) != 2 || got["orders"] == 0 || got["payment"] == 0 {
+			t.Errorf("version tables %v, want orders and payment only", got)
+		}
+	})
+
+	t.Run("unknown service is refused before anything is applied", func(t *testing.T) {
+		t.Parallel()
+		err := run(ctx, []string{"migrate", "order", "shipping"}, env(nil), io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), `"shipping"`) {
+			t.Fatalf("err = %v, want an unknown-service error naming shipping", err)
+		}
+	})
+}
+
+func TestUsage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args    []string
+		wantErr error
+	}{
+		{nil, errUsage},
+		{[]string{"shipping"}, errUsage},
+		{[]string{"verify"}, errUsage}, // not yet implemented, and says so
+		{[]string{"loadgen"}, errUsage},
+		{[]string{"-h"}, nil},
+		{[]string{"order", "-h"}, flag.ErrHelp}, // main exits 0 on it
+		{[]string{"order", "-no-such-flag"}, errUsage},
+		{[]string{"all", "extra"}, errUsage},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Parallel()
+			var out strings.Builder
+			err := run(context.Background(), tc.args, env(nil), &out, &out)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			}
+			if out.Len() == 0 {
+				t.Error("printed nothing; want usage or an explanation")
+			}
+		})
+	}
+}
+
+// freeAddr returns a loopback address with a port nobody listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestAll(t *testing.T) {
+	t.Parallel()
+	dbURL := newDatabase(t)
+	ns := natstest.New(t)
+	vars := map[string]string{"DATABASE_URL": dbURL, "NATS_URL": ns.URL()}
+	addrs := map[string]string{}
+	for _, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
+		addrs[name] = freeAddr(t)
+		vars[name+"_ADDR"] = addrs[name]
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"all"}, env(vars), io.Discard, io.Discard) }()
+
+	for name, addr := range addrs {
+		waitFor(t, name+" ready", 30*time.Second, func() bool {
+			select {
+			case err := <-done:
+				t.Fatalf("shop all returned before it was ready: %v", err)
+			default:
+			}
+			resp, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
+	}
+
+	_, js := ns.Connect(t)
+	for _, stream := range []string{"ORDERS", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
+		waitFor(t, "stream "+stream, 10*time.Second, func() bool {
+			_, err := js.Stream(ctx, stream)
+			return err == nil
+		})
+	}
+
+	t.Run("the order relay publishes a committed event", func(t *testing.T) {
+		pool, err := database.NewPool(ctx, dbURL, "orders", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		var w outbox.Writer
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return w.Add(ctx, tx, outbox.Event{
+				AggregateType: "order", AggregateID: "o-1", Type: "OrderCreated",
+				Subject: "orders.o-1.OrderCreated", Payload: map[string]string{"order_id": "o-1"},
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream, err := js.Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the event on ORDERS", 15*time.Second, func() bool {
+			msg, err := stream.GetLastMsgForSubject(ctx, "orders.o-1.OrderCreated")
+			return err == nil && msg.Header.Get("Event-Type") == "OrderCreated"
+		})
+	})
+
+	t.Run("stops cleanly when the context ends", func(t *testing.T) {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("run returned %v, want nil after a clean shutdown", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("run did not return within 20s of cancel")
+		}
+		for name, addr := range addrs {
+			if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+				resp.Body.Close()
+				t.Errorf("%s still answers on %s after shutdown", name, addr)
+			}
+		}
+	})
+}

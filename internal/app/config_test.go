@@ -1,0 +1,101 @@
+package app
+
+import (
+	"flag"
+	"strings"
+	"testing"
+)
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+
+	t.Run("defaults are the contract's", func(t *testing.T) {
+		t.Parallel()
+		cfg := LoadConfig(func(string) string { return "" })
+		if cfg.DatabaseURL != DefaultDatabaseURL || cfg.NATSURL != "" {
+			t.Errorf("DatabaseURL %q, NATSURL %q", cfg.DatabaseURL, cfg.NATSURL)
+		}
+		for name, want := range map[string]string{"order": ":8081", "inventory": ":8082", "payment": ":8083", "fulfillment": ":8084"} {
+			if got := cfg.Services[name].Addr; got != want {
+				t.Errorf("%s addr %q, want %q", name, got, want)
+			}
+			if got := cfg.DatabaseURLOf(name); got != DefaultDatabaseURL {
+				t.Errorf("%s database %q, want the shared default", name, got)
+			}
+		}
+	})
+
+	t.Run("a service's own database overrides the shared one", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{
+			"DATABASE_URL":         "postgres://a@h/shared",
+			"PAYMENT_DATABASE_URL": "postgres://a@h/payments",
+			"PAYMENT_ADDR":         ":9000",
+		}
+		cfg := LoadConfig(func(k string) string { return env[k] })
+		if got := cfg.DatabaseURLOf("payment"); got != "postgres://a@h/payments" {
+			t.Errorf("payment database %q", got)
+		}
+		if got := cfg.DatabaseURLOf("order"); got != "postgres://a@h/shared" {
+			t.Errorf("order database %q", got)
+		}
+		if got := cfg.Services["payment"].Addr; got != ":9000" {
+			t.Errorf("payment addr %q", got)
+		}
+	})
+
+	t.Run("flags override the environment", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{"DATABASE_URL": "postgres://env@h/db", "ORDER_ADDR": ":7000", "NATS_URL": "nats://env:4222"}
+		cfg := LoadConfig(func(k string) string { return env[k] })
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		cfg.RegisterFlags(fs)
+		if err := fs.Parse([]string{"-database-url", "postgres://flag@h/db", "-order-addr", ":7001"}); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.DatabaseURL != "postgres://flag@h/db" || cfg.Services["order"].Addr != ":7001" || cfg.NATSURL != "nats://env:4222" {
+			t.Errorf("after flags: %+v, order addr %q", cfg, cfg.Services["order"].Addr)
+		}
+	})
+
+	t.Run("help and logs never show a password", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{
+			"DATABASE_URL":       "postgres://shop:s3cret@db:5432/shop",
+			"ORDER_DATABASE_URL": "host=db user=shop password=s3cret dbname=orders",
+			"NATS_URL":           "nats://relay:s3cret@nats:4222",
+		}
+		cfg := LoadConfig(func(k string) string { return env[k] })
+		var help strings.Builder
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		fs.SetOutput(&help)
+		cfg.RegisterFlags(fs)
+		fs.PrintDefaults()
+		logged := cfg.LogValue().String()
+		for what, s := range map[string]string{"help": help.String(), "log": logged} {
+			if strings.Contains(s, "s3cret") {
+				t.Errorf("%s shows the password: %s", what, s)
+			}
+		}
+		if !strings.Contains(logged, "db:5432") {
+			t.Errorf("log hides more than the password: %s", logged)
+		}
+	})
+}
+
+func TestMaskURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://postgres:postgres@127.0.0.1:5432/shop?sslmode=disable": "postgres://postgres:xxxxx@127.0.0.1:5432/shop?sslmode=disable",
+		"postgres://u@h/db?password=s3cret":                                "postgres://u@h/db?password=xxxxx",
+		"postgres://u@h/db":                                                "postgres://u@h/db",
+		"host=h password='a b' dbname=x":                                   "host=h password=xxxxx dbname=x",
+		"host=h password=s3cret":                                           "host=h password=xxxxx",
+		"nats://127.0.0.1:4222":                                            "nats://127.0.0.1:4222",
+		"":                                                                 "",
+	} {
+		if got := MaskURL(in); got != want {
+			t.Errorf("MaskURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

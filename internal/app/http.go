@@ -1,0 +1,70 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/nats-io/nats.go"
+)
+
+// pinger is the one method of a pool that readiness needs.
+type pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// newRouter returns the routes every service has: /healthz and /readyz.
+func newRouter(db pinger, nc *nats.Conn) chi.Router {
+	r := chi.NewRouter()
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/readyz", readyz(db, nc))
+	return r
+}
+
+// dependency is one line of the /readyz report.
+type dependency struct {
+	Status string `json:"status"`          // "up" or "down"
+	Error  string `json:"error,omitempty"` // why it is down
+}
+
+type readiness struct {
+	Status       string                `json:"status"` // "ok" or "unavailable"
+	Dependencies map[string]dependency `json:"dependencies"`
+}
+
+// readyz answers 200 when the service can do its job, which means its
+// database answers. NATS is reported but does not decide: while the broker is
+// away, business transactions still commit their events to the outbox and
+// the relay publishes them when it is back.
+func readyz(db pinger, nc *nats.Conn) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		body := readiness{Status: "ok", Dependencies: map[string]dependency{}}
+		code := http.StatusOK
+
+		if err := db.Ping(ctx); err != nil {
+			body.Dependencies["database"] = dependency{Status: "down", Error: err.Error()}
+			body.Status, code = "unavailable", http.StatusServiceUnavailable
+		} else {
+			body.Dependencies["database"] = dependency{Status: "up"}
+		}
+
+		if st := nc.Status(); st == nats.CONNECTED {
+			body.Dependencies["nats"] = dependency{Status: "up"}
+		} else {
+			body.Dependencies["nats"] = dependency{Status: "down", Error: "connection " + st.String()}
+		}
+		writeJSON(w, code, body)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v) // the client went away; nothing to do
+}
