@@ -1,0 +1,245 @@
+// Package flowtest runs the outbox and the inbox together, the way two
+// services use them: events committed in one schema, relayed through a real
+// JetStream server, applied in another schema.
+package flowtest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// consumerSide is a consuming service's schema with an effects table: one row
+// per applied event, in the order they were applied.
+func consumerSide(t *testing.T) *pgtest.Schema {
+	t.Helper()
+	s := pgtest.New(t, "")
+	_, err := s.Pool.Exec(context.Background(), `CREATE TABLE effects (
+		applied    bigint GENERATED ALWAYS AS IDENTITY,
+		aggregate  text   NOT NULL,
+		seq        bigint NOT NULL,
+		event_id   uuid   NOT NULL)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func recordEffect(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	_, err := tx.Exec(ctx, `INSERT INTO effects (aggregate, seq, event_id) VALUES ($1, $2, $3)`,
+		m.AggregateID, m.Seq, m.EventID)
+	return err
+}
+
+func run(t *testing.T, what string, f func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	})
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func scalar(t *testing.T, pool *pgxpool.Pool, sql string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// checkEffects fails unless every one of want events was applied exactly
+// once and each aggregate's events were applied in sequence order.
+func checkEffects(t *testing.T, pool *pgxpool.Pool, want int) {
+	t.Helper()
+	if n := scalar(t, pool, `SELECT count(*) FROM effects`); n != want {
+		t.Errorf("%d effects applied, want %d", n, want)
+	}
+	if n := scalar(t, pool, `SELECT count(DISTINCT event_id) FROM effects`); n != want {
+		t.Errorf("%d distinct events applied, want %d", n, want)
+	}
+	outOfOrder := scalar(t, pool, `
+		SELECT count(*) FROM (
+			SELECT seq, row_number() OVER (PARTITION BY aggregate ORDER BY applied) AS position
+			FROM effects) e
+		WHERE seq <> position`)
+	if outOfOrder != 0 {
+		t.Errorf("%d effects applied out of sequence order", outOfOrder)
+	}
+}
+
+// TestManyRelaysAndConsumers: 4 relays and 4 consumer instances, 20,000
+// events over 1,000 aggregates, written while everything runs. Every event
+// is delivered, every aggregate in order, every effect once.
+func TestManyRelaysAndConsumers(t *testing.T) {
+	t.Parallel()
+	const aggregates, perAggregate, instances = 1000, 20, 4
+	producer := pgtest.New(t, "")
+	consumer := consumerSide(t)
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	srv.Stream(t, js, "EV", "ev.>")
+
+	for i := range instances {
+		_, js := srv.Connect(t) // a connection per "process"
+		relay, err := outbox.NewRelay(producer.NewPool(t, 3), js, outbox.Config{
+			Name: fmt.Sprint("relay-", i), PollInterval: 100 * time.Millisecond, Logger: quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, "relay", relay.Run)
+		c, err := inbox.NewConsumer(consumer.NewPool(t, 6), js, inbox.Config{
+			Name: "effects", Stream: "EV", Handler: recordEffect, Workers: 4,
+			GapDelay: 50 * time.Millisecond, Logger: quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, "consumer", c.Run)
+	}
+
+	var writers sync.WaitGroup
+	var w outbox.Writer
+	for g := range 8 {
+		writers.Go(func() {
+			for seq := range perAggregate {
+				for a := g; a < aggregates; a += 8 {
+					agg := fmt.Sprintf("o-%04d", a)
+					err := pgx.BeginFunc(context.Background(), producer.Pool, func(tx pgx.Tx) error {
+						return w.Add(context.Background(), tx, outbox.Event{
+							AggregateType: "order", AggregateID: agg, Type: "Step",
+							Subject: "ev." + agg + ".Step", Payload: map[string]int{"step": seq + 1},
+						})
+					})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	writers.Wait()
+
+	total := aggregates * perAggregate
+	waitFor(t, 3*time.Minute, "every event applied", func() bool {
+		return scalar(t, consumer.Pool, `SELECT count(*) FROM effects`) >= total
+	})
+	time.Sleep(200 * time.Millisecond) // let any stray duplicate land before counting
+	checkEffects(t, consumer.Pool, total)
+	// A consumer may apply an event before its relay has collected the rest
+	// of the batch's acks and marked it; marking follows shortly.
+	waitFor(t, 30*time.Second, "every event marked published", func() bool {
+		return scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
+	})
+}
+
+// TestRepublishAfterDuplicateWindowIsAbsorbed: the relay crashes after the
+// PubAck and before marking, and its successor republishes after the
+// stream's duplicate window has passed, so the broker stores a second copy.
+// The consumer's inbox recognises it: the effect happens once.
+func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
+	t.Parallel()
+	producer := pgtest.New(t, "")
+	consumer := consumerSide(t)
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	stream, err := js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
+		Name: "EV", Subjects: []string{"ev.>"}, Duplicates: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w outbox.Writer
+	err = pgx.BeginFunc(context.Background(), producer.Pool, func(tx pgx.Tx) error {
+		return w.Add(context.Background(), tx, outbox.Event{
+			AggregateType: "order", AggregateID: "o-1", Type: "OrderCreated",
+			Subject: "ev.o-1.OrderCreated", Payload: map[string]string{"order_id": "o-1"},
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.UUID{}
+	if err := producer.Pool.QueryRow(context.Background(), `SELECT event_id FROM outbox`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	// The first relay published and died before marking: the broker has the
+	// event, the outbox still says pending.
+	if _, err := js.Publish(context.Background(), "ev.o-1.OrderCreated", []byte(`{"order_id":"o-1"}`),
+		jetstream.WithMsgID(id.String())); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := outbox.Get(context.Background(), producer.Pool, id)
+	if rec.PublishedAt != nil {
+		t.Fatal("setup: event already marked")
+	}
+	time.Sleep(200 * time.Millisecond) // past the duplicate window
+
+	c, err := inbox.NewConsumer(consumer.Pool, js, inbox.Config{
+		Name: "effects", Stream: "EV", Handler: recordEffect, Logger: quiet,
+		DuplicateWindow: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, "consumer", c.Run)
+	relay, err := outbox.NewRelay(producer.Pool, js, outbox.Config{PollInterval: 50 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, "relay", relay.Run)
+
+	waitFor(t, 10*time.Second, "the second copy stored and marked", func() bool {
+		info, err := stream.Info(context.Background())
+		return err == nil && info.State.Msgs == 2 &&
+			scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`) == 1
+	})
+	waitFor(t, 10*time.Second, "both copies consumed", func() bool {
+		return scalar(t, consumer.Pool, `SELECT count(*) FROM processed_events`) == 1 &&
+			scalar(t, consumer.Pool, `SELECT coalesce(max(last_seq), 0) FROM inbox_sequences`) == 1
+	})
+	// The second copy is handled as a duplicate; wait until the consumer has
+	// acked everything it was given, then count effects.
+	waitFor(t, 10*time.Second, "consumer caught up", func() bool {
+		cons, err := stream.Consumer(context.Background(), "effects")
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	checkEffects(t, consumer.Pool, 1)
+}
