@@ -100,7 +100,7 @@ WITH seq AS (
 )
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
                     schema_version, subject, payload, headers, occurred_at)
-SELECT e.id, $1, $2, seq.last_seq - $3 + e.n, e.typ, e.ver, e.subj, e.payload::jsonb, e.headers::jsonb, e.at
+SELECT e.id, $1, $2, seq.last_seq - $3 + e.n, e.typ, e.ver, e.subj, e.payload::json, e.headers::jsonb, e.at
 FROM seq, unnest($4::uuid[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::timestamptz[])
      WITH ORDINALITY AS e(id, typ, ver, subj, payload, headers, at, n)`
 

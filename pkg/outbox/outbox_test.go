@@ -262,7 +262,7 @@ func TestRelayPublishesWithContractHeaders(t *testing.T) {
 	if _, err := time.Parse(time.RFC3339, msg.Header.Get("Occurred-At")); err != nil {
 		t.Errorf("Occurred-At: %v", err)
 	}
-	if string(msg.Data) != `{"order_id": "o-1"}` {
+	if string(msg.Data) != `{"order_id":"o-1"}` {
 		t.Errorf("payload = %s", msg.Data)
 	}
 }
