@@ -167,10 +167,12 @@ func (e *env) relayB(b *testing.B, cfg Config) *Relay {
 }
 
 // BenchmarkRelayDrain measures committed rows to marked-published over a
-// 50,000-event backlog of 1 KiB events with 1 and 2 relays.
+// 50,000-event backlog of 1 KiB events with 1 and 2 relays, each running one
+// claim loop or two (the default).
 func BenchmarkRelayDrain(b *testing.B) {
-	for _, relays := range []int{1, 2} {
-		b.Run(fmt.Sprintf("relays=%d", relays), func(b *testing.B) {
+	for _, c := range []struct{ relays, workers int }{{1, 1}, {2, 1}, {1, 2}, {2, 2}} {
+		relays := c.relays
+		b.Run(fmt.Sprintf("relays=%d/workers=%d", c.relays, c.workers), func(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
 				e := benchEnv(b)
@@ -179,7 +181,7 @@ func BenchmarkRelayDrain(b *testing.B) {
 				var wg sync.WaitGroup
 				rs := make([]*Relay, relays)
 				for i := range rs {
-					rs[i] = e.relayB(b, Config{Name: fmt.Sprint("r", i), PollInterval: 5 * time.Millisecond})
+					rs[i] = e.relayB(b, Config{Name: fmt.Sprint("r", i), PollInterval: 5 * time.Millisecond, Workers: c.workers})
 				}
 				b.StartTimer()
 				start := time.Now()
@@ -276,61 +278,95 @@ func BenchmarkCommitToBroker(b *testing.B) {
 }
 
 // BenchmarkWritePath compares a business transaction alone with the same
-// transaction plus its outbox event, with a NOTIFY on every commit and with
-// NOTIFYs coalesced to one per 10 ms. 8 concurrent writers.
+// transaction plus its 1 KiB outbox event: with no NOTIFY, a NOTIFY on
+// every commit, NOTIFYs coalesced to one per 10 ms, and that with the
+// sequence given by the caller instead of the counter row. Two business
+// transactions: the smallest possible (one row), and one shaped like the
+// shop's order creation (order, two lines, idempotency key). 8 writers.
 func BenchmarkWritePath(b *testing.B) {
-	variants := []struct {
-		name   string
-		writer *Writer
+	shapes := []struct {
+		name string
+		sql  []string
 	}{
-		{"outbox=none", nil},
-		{"outbox=no-notify", &Writer{NotifyInterval: time.Hour}},
-		{"outbox=notify-every-commit", &Writer{}},
-		{"outbox=notify-coalesced-10ms", &Writer{NotifyInterval: 10 * time.Millisecond}},
+		{"business=one-row", []string{`INSERT INTO business (id, customer, total) VALUES ($1, 'c-1', 1999)`}},
+		{"business=order", []string{
+			`INSERT INTO business (id, customer, total) VALUES ($1, 'c-1', 1999)`,
+			`INSERT INTO business_lines (order_id, line, sku, quantity, unit_price) VALUES ($1, 1, 'SKU-1', 2, 999)`,
+			`INSERT INTO business_lines (order_id, line, sku, quantity, unit_price) VALUES ($1, 2, 'SKU-2', 1, 1)`,
+			`INSERT INTO business_keys (key, request_hash, order_id) VALUES ($1::uuid::text, 'sha256:…', $1)`,
+		}},
 	}
-	for _, v := range variants {
-		b.Run(v.name, func(b *testing.B) {
-			for range b.N {
-				b.StopTimer()
-				e := benchEnv(b)
-				ctx := context.Background()
-				if _, err := e.db.Pool.Exec(ctx, `CREATE TABLE business (id uuid PRIMARY KEY,
-					customer text NOT NULL, total bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-					b.Fatal(err)
-				}
-				const writers, each = 8, 600
-				var failed atomic.Int64
-				b.StartTimer()
-				start := time.Now()
-				var wg sync.WaitGroup
-				for range writers {
-					wg.Go(func() {
-						for range each {
-							err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
-								id := uuid.Must(uuid.NewV7())
-								if _, err := tx.Exec(ctx, `INSERT INTO business (id, customer, total) VALUES ($1, 'c-1', 1999)`, id); err != nil {
-									return err
+	writers := []struct {
+		name      string
+		writer    *Writer
+		callerSeq bool // the new order's version (1) numbers its event
+	}{
+		{"outbox=none", nil, false},
+		{"outbox=no-notify", &Writer{NotifyInterval: 24 * time.Hour}, false},
+		{"outbox=notify-every-commit", &Writer{}, false},
+		{"outbox=notify-coalesced-10ms", &Writer{NotifyInterval: 10 * time.Millisecond}, false},
+		{"outbox=notify-coalesced-10ms+caller-seq", &Writer{NotifyInterval: 10 * time.Millisecond}, true},
+	}
+	for _, shape := range shapes {
+		for _, v := range writers {
+			b.Run(shape.name+"/"+v.name, func(b *testing.B) {
+				for range b.N {
+					b.StopTimer()
+					e := benchEnv(b)
+					ctx := context.Background()
+					if _, err := e.db.Pool.Exec(ctx, `
+						CREATE TABLE business (id uuid PRIMARY KEY, customer text NOT NULL, total bigint NOT NULL,
+							created_at timestamptz NOT NULL DEFAULT now());
+						CREATE TABLE business_lines (order_id uuid NOT NULL REFERENCES business, line int NOT NULL,
+							sku text NOT NULL, quantity int NOT NULL, unit_price bigint NOT NULL, PRIMARY KEY (order_id, line));
+						CREATE TABLE business_keys (key text PRIMARY KEY, request_hash text NOT NULL, order_id uuid NOT NULL,
+							created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+						b.Fatal(err)
+					}
+					if v.writer != nil {
+						v.writer.lastNotify.Store(time.Now().UnixNano())
+					}
+					const writers, each = 8, 800
+					var failed atomic.Int64
+					b.StartTimer()
+					start := time.Now()
+					var wg sync.WaitGroup
+					for range writers {
+						wg.Go(func() {
+							for range each {
+								err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+									id := uuid.Must(uuid.NewV7())
+									for _, q := range shape.sql {
+										if _, err := tx.Exec(ctx, q, id); err != nil {
+											return err
+										}
+									}
+									if v.writer == nil {
+										return nil
+									}
+									ev := event(id.String(), "OrderCreated")
+									ev.Payload = map[string]string{"blob": strings.Repeat("x", payloadSize-20)}
+									if v.callerSeq {
+										ev.Seq = 1
+									}
+									return v.writer.Add(ctx, tx, ev)
+								})
+								if err != nil {
+									if failed.Add(1) == 1 {
+										b.Log(err)
+									}
 								}
-								if v.writer == nil {
-									return nil
-								}
-								ev := event(id.String(), "OrderCreated")
-								ev.Payload = map[string]string{"blob": strings.Repeat("x", payloadSize-20)}
-								return v.writer.Add(ctx, tx, ev)
-							})
-							if err != nil {
-								failed.Add(1)
 							}
-						}
-					})
+						})
+					}
+					wg.Wait()
+					elapsed := time.Since(start)
+					if failed.Load() > 0 {
+						b.Fatalf("%d transactions failed", failed.Load())
+					}
+					b.ReportMetric(float64(writers*each)/elapsed.Seconds(), "tx/s")
 				}
-				wg.Wait()
-				elapsed := time.Since(start)
-				if failed.Load() > 0 {
-					b.Fatalf("%d transactions failed", failed.Load())
-				}
-				b.ReportMetric(float64(writers*each)/elapsed.Seconds(), "tx/s")
-			}
-		})
+			})
+		}
 	}
 }

@@ -21,6 +21,7 @@ type Event struct {
 	ID            uuid.UUID         // stable forever; it becomes Nats-Msg-Id. Zero: a new UUIDv7.
 	AggregateType string            // e.g. "order"
 	AggregateID   string            // the order id; events of one aggregate are published in order
+	Seq           int64             // the aggregate's sequence number; zero: Add takes the next one (see Add)
 	Type          string            // e.g. "OrderCreated"
 	SchemaVersion int               // payload schema version; zero means 1
 	Subject       string            // e.g. "orders.<id>.OrderCreated"
@@ -54,10 +55,15 @@ type Writer struct {
 // committed change has its events, a rolled-back one has none. Nothing is
 // published before tx commits.
 //
-// Each event gets the next sequence number of its aggregate. Numbers are
-// taken under a row lock on the aggregate's counter, so two transactions on
-// one aggregate take turns and a rollback leaves no gap. Events of several
-// aggregates are numbered in a fixed aggregate order to avoid deadlocks.
+// Each event needs its aggregate's next sequence number. When Seq is zero,
+// Add takes it from the aggregate's counter row (outbox_sequences) under
+// that row's lock, so two transactions on one aggregate take turns and a
+// rollback leaves no gap; events of several aggregates are numbered in a
+// fixed aggregate order to avoid deadlocks. A caller whose aggregate row
+// already carries a version, updated in the same transaction under the same
+// row lock, may set Seq from it instead and save the counter write; it must
+// then do so for every event of that aggregate type. A sequence used twice
+// fails on the outbox's unique key and rolls the transaction back.
 func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
 	if len(events) == 0 {
 		return nil
@@ -68,6 +74,10 @@ func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
 	}
 	batch := &pgx.Batch{}
 	for _, g := range groups {
+		if g.givenSeq {
+			batch.Queue(insertGivenSQL, g.aggType, g.aggID, g.seqs, g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
+			continue
+		}
 		batch.Queue(insertSQL, g.aggType, g.aggID, len(g.ids), g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
 	}
 	if w.shouldNotify() {
@@ -104,11 +114,20 @@ SELECT e.id, $1, $2, seq.last_seq - $3 + e.n, e.typ, e.ver, e.subj, e.payload::j
 FROM seq, unnest($4::uuid[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::timestamptz[])
      WITH ORDINALITY AS e(id, typ, ver, subj, payload, headers, at, n)`
 
+const insertGivenSQL = `
+INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+                    schema_version, subject, payload, headers, occurred_at)
+SELECT e.id, $1, $2, e.seq, e.typ, e.ver, e.subj, e.payload::json, e.headers::jsonb, e.at
+FROM unnest($3::bigint[], $4::uuid[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::timestamptz[])
+     AS e(seq, id, typ, ver, subj, payload, headers, at)`
+
 // The channel is per schema, so relays of one service wake only for it.
 const notifySQL = `SELECT pg_notify('outbox.' || current_schema(), '')`
 
 type group struct {
 	aggType, aggID    string
+	givenSeq          bool    // the caller numbered these events
+	seqs              []int64 // their numbers when givenSeq
 	ids               []uuid.UUID
 	types, subjects   []string
 	payloads, headers []string
@@ -153,6 +172,15 @@ func groupByAggregate(events []Event) ([]*group, error) {
 			byKey[key] = g
 			groups = append(groups, g)
 		}
+		if len(g.ids) == 0 {
+			g.givenSeq = e.Seq > 0
+		} else if g.givenSeq != (e.Seq > 0) {
+			return nil, fmt.Errorf("event %d: %w: events of aggregate %s/%s mix given and counted sequences",
+				i, ErrInvalidEvent, e.AggregateType, e.AggregateID)
+		}
+		if g.givenSeq {
+			g.seqs = append(g.seqs, e.Seq)
+		}
 		g.ids = append(g.ids, id)
 		g.types = append(g.types, e.Type)
 		g.versions = append(g.versions, int32(max(e.SchemaVersion, 1)))
@@ -180,6 +208,8 @@ func (e Event) validate() error {
 		return fmt.Errorf("%w: no event type", ErrInvalidEvent)
 	case e.Subject == "":
 		return fmt.Errorf("%w: no subject", ErrInvalidEvent)
+	case e.Seq < 0:
+		return fmt.Errorf("%w: negative sequence", ErrInvalidEvent)
 	case e.SchemaVersion < 0:
 		return fmt.Errorf("%w: negative schema version", ErrInvalidEvent)
 	}

@@ -188,6 +188,33 @@ func TestAdd(t *testing.T) {
 		}
 	})
 
+	t.Run("sequences given by the caller are stored, and a reused one is refused", func(t *testing.T) {
+		e := setup(t)
+		var w Writer
+		first, second := event("o-1", "OrderCreated"), event("o-1", "OrderAwaitingPayment")
+		first.Seq, second.Seq = 1, 2
+		add(t, e.db.Pool, &w, first, second)
+		if n := count(t, e.db.Pool, "aggregate_id = 'o-1' AND aggregate_seq IN (1, 2)"); n != 2 {
+			t.Fatalf("%d of 2 events stored with their given sequence", n)
+		}
+		again := event("o-1", "OrderPaid")
+		again.Seq = 2
+		err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+			return w.Add(context.Background(), tx, again)
+		})
+		if err == nil || count(t, e.db.Pool, "true") != 2 {
+			t.Fatalf("a reused sequence was accepted (err %v)", err)
+		}
+		mixed := event("o-2", "B")
+		mixed.Seq = 2
+		err = pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+			return w.Add(context.Background(), tx, event("o-2", "A"), mixed)
+		})
+		if !errors.Is(err, ErrInvalidEvent) {
+			t.Fatalf("mixing given and counted sequences: err = %v, want ErrInvalidEvent", err)
+		}
+	})
+
 	t.Run("concurrent transactions on one aggregate get gap-free unique sequences", func(t *testing.T) {
 		e := setup(t)
 		w := Writer{NotifyInterval: time.Second}
