@@ -1,0 +1,140 @@
+// Package httpx holds the HTTP edge every service shares: strict JSON request
+// decoding with the contract's status codes, and RFC 9457 problem responses.
+package httpx
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+)
+
+// MaxBody is the largest request body accepted (the contract's 64 KiB).
+const MaxBody = 64 << 10
+
+// Problem is an RFC 9457 problem. Type is stable: clients match on it.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Code   string `json:"code"`
+}
+
+func (p *Problem) Error() string {
+	if p.Detail != "" {
+		return p.Code + ": " + p.Detail
+	}
+	return p.Code
+}
+
+// NewProblem returns a problem with status and a stable code; the type URI
+// is derived from the code.
+func NewProblem(status int, code, detail string) *Problem {
+	return &Problem{
+		Type:   "https://shop.example/problems/" + code,
+		Title:  http.StatusText(status),
+		Status: status,
+		Detail: detail,
+		Code:   code,
+	}
+}
+
+// Invalid is a 422: well-formed but not acceptable input.
+func Invalid(format string, args ...any) *Problem {
+	return NewProblem(http.StatusUnprocessableEntity, "invalid-request", fmt.Sprintf(format, args...))
+}
+
+// WriteProblem writes err as a problem response: a *Problem as it is, any
+// other error as a 500 whose detail is not shown (it is logged instead).
+func WriteProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	var p *Problem
+	if !errors.As(err, &p) {
+		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		p = NewProblem(http.StatusInternalServerError, "internal", "")
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// WriteJSON writes v with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Decode reads r's body into dst, strictly: a JSON content type (415
+// otherwise), at most MaxBody bytes (413), one JSON value with no unknown
+// fields and the right types (400). It returns the raw body too, for
+// request hashing and signatures.
+func Decode(r *http.Request, dst any) ([]byte, error) {
+	if err := requireJSON(r); err != nil {
+		return nil, err
+	}
+	body, err := ReadBody(r)
+	if err != nil {
+		return nil, err
+	}
+	return body, DecodeBytes(body, dst)
+}
+
+// ReadBody reads at most MaxBody bytes of r's body (413 beyond).
+func ReadBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		return nil, NewProblem(http.StatusBadRequest, "unreadable-body", "the request body could not be read")
+	}
+	if len(body) > MaxBody {
+		return nil, NewProblem(http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("the request body exceeds %d bytes", MaxBody))
+	}
+	return body, nil
+}
+
+// DecodeBytes decodes one JSON value from body into dst, refusing unknown
+// fields, wrong types and trailing data with a 400.
+func DecodeBytes(body []byte, dst any) error {
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return NewProblem(http.StatusBadRequest, "malformed-json", describe(err))
+	}
+	if dec.More() {
+		return NewProblem(http.StatusBadRequest, "malformed-json", "the body holds more than one JSON value")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return NewProblem(http.StatusBadRequest, "malformed-json", "unexpected data after the JSON value")
+	}
+	return nil
+}
+
+func requireJSON(r *http.Request) error {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			"send the body as application/json")
+	}
+	return nil
+}
+
+func describe(err error) string {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("malformed JSON at byte %d", syntax.Offset)
+	case errors.As(err, &typ):
+		return fmt.Sprintf("field %q must be %s", typ.Field, typ.Type)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "the body is empty or cut short"
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return strings.TrimPrefix(err.Error(), "json: ")
+	}
+	return "the body is not valid JSON for this request"
+}
