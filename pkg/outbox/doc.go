@@ -65,11 +65,12 @@
 // hash shards of aggregate ids and read their shards in order without
 // writing a claim per row). Measured on the 2-core development machine over a
 // 50,000-event backlog of 1 KiB events (docs/performance.md), the database
-// work alone ran at about 21,000 events/s with per-row claims and about
-// 39,000 with shard ownership, because a claim is one more row write. We
-// chose per-row claims all the same: the relay's real rate is bounded by
-// publishing and marking as much as by claiming, two relays already give
-// 1.5× one, and per-row claims need no shard table, no rebalancing protocol
+// work alone ran at about 23,000 events/s with per-row claims and about
+// 51,000 with shard ownership, because a claim is one more row write. We
+// chose per-row claims all the same: the relay's real rate there (16,000
+// events/s) is bounded by the broker and the database sharing two cores
+// more than by the claim write, two single-worker relays give 1.33× one,
+// and per-row claims need no shard table, no rebalancing protocol
 // and no epoch bookkeeping. Every relay does useful work from its first
 // batch, a dead relay's share is picked up row by row as leases expire, and
 // ordering across relays follows from one SQL predicate instead of from
