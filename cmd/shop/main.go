@@ -71,7 +71,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errUsage
 	}
 
-	cfg := app.LoadConfig(getenv)
+	cfg, err := app.LoadConfig(getenv)
+	if err != nil {
+		return err
+	}
 	fs := flag.NewFlagSet("shop "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {

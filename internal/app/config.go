@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/shop-ref/shop/migrations"
 )
@@ -42,7 +43,21 @@ type Config struct {
 	NATSURL string
 	// Services holds each service's own settings, by service name.
 	Services map[string]*ServiceConfig
+
+	// PaymentTimeout is how long an order may wait in WAIT_PAY before the
+	// saga closes it (PAYMENT_TIMEOUT, default 15m).
+	PaymentTimeout time.Duration
+	// WebhookSecret is the HMAC key of payment provider callbacks
+	// (PAYMENT_WEBHOOK_SECRET, default DefaultWebhookSecret, with a warning).
+	WebhookSecret string
+	// FulfillmentDelay is how long after FulfillmentStarted the simulated
+	// carrier delivers (FULFILLMENT_DELAY, default 2s).
+	FulfillmentDelay time.Duration
 }
+
+// DefaultWebhookSecret is the demo's webhook key. Anyone who reads this
+// repository can sign callbacks with it, so a process using it warns.
+const DefaultWebhookSecret = "dev-secret"
 
 // ServiceConfig is what differs between services.
 type ServiceConfig struct {
@@ -53,12 +68,31 @@ type ServiceConfig struct {
 	Addr string
 }
 
-// LoadConfig reads the configuration from getenv (os.Getenv in main).
-func LoadConfig(getenv func(string) string) Config {
+// LoadConfig reads the configuration from getenv (os.Getenv in main). It
+// fails only on a value it cannot parse.
+func LoadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{
-		DatabaseURL: cmp.Or(getenv("DATABASE_URL"), DefaultDatabaseURL),
-		NATSURL:     getenv("NATS_URL"),
-		Services:    make(map[string]*ServiceConfig, len(migrations.Services)),
+		DatabaseURL:   cmp.Or(getenv("DATABASE_URL"), DefaultDatabaseURL),
+		NATSURL:       getenv("NATS_URL"),
+		Services:      make(map[string]*ServiceConfig, len(migrations.Services)),
+		WebhookSecret: cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
+	}
+	for _, d := range []struct {
+		env string
+		def time.Duration
+		dst *time.Duration
+	}{
+		{"PAYMENT_TIMEOUT", 15 * time.Minute, &cfg.PaymentTimeout},
+		{"FULFILLMENT_DELAY", 2 * time.Second, &cfg.FulfillmentDelay},
+	} {
+		*d.dst = d.def
+		if v := getenv(d.env); v != "" {
+			parsed, err := time.ParseDuration(v)
+			if err != nil || parsed <= 0 {
+				return Config{}, fmt.Errorf("%s=%q: want a positive duration such as 15m or 2s", d.env, v)
+			}
+			*d.dst = parsed
+		}
 	}
 	for _, name := range migrations.Services {
 		prefix := strings.ToUpper(name)
@@ -67,7 +101,7 @@ func LoadConfig(getenv func(string) string) Config {
 			Addr:        cmp.Or(getenv(prefix+"_ADDR"), defaultAddrs[name]),
 		}
 	}
-	return cfg
+	return cfg, nil
 }
 
 // RegisterFlags adds a flag for every setting to fs, defaulting to the value
@@ -81,6 +115,9 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 		fs.Var(secretFlag{&sc.DatabaseURL}, name+"-database-url", fmt.Sprintf("database `URL` of the %s service (%s_DATABASE_URL)", name, env))
 		fs.StringVar(&sc.Addr, name+"-addr", sc.Addr, fmt.Sprintf("HTTP listen `address` of the %s service (%s_ADDR)", name, env))
 	}
+	fs.DurationVar(&cfg.PaymentTimeout, "payment-timeout", cfg.PaymentTimeout, "how long an order may wait for payment (PAYMENT_TIMEOUT)")
+	fs.Var(maskedFlag{&cfg.WebhookSecret}, "payment-webhook-secret", "HMAC `key` of payment callbacks (PAYMENT_WEBHOOK_SECRET)")
+	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
 }
 
 // DatabaseURLOf returns the database URL of service: its own, else the
@@ -97,6 +134,9 @@ func (cfg Config) LogValue() slog.Value {
 	attrs := []slog.Attr{
 		slog.String("database_url", MaskURL(cfg.DatabaseURL)),
 		slog.String("nats_url", cmp.Or(MaskURL(cfg.NATSURL), "(embedded)")),
+		slog.Duration("payment_timeout", cfg.PaymentTimeout),
+		slog.Duration("fulfillment_delay", cfg.FulfillmentDelay),
+		slog.Bool("default_webhook_secret", cfg.WebhookSecret == DefaultWebhookSecret),
 	}
 	for _, name := range migrations.Services {
 		sc := cfg.Services[name]
@@ -137,3 +177,15 @@ func (f secretFlag) String() string {
 }
 
 func (f secretFlag) Set(s string) error { *f.p = s; return nil }
+
+// maskedFlag is a secret string flag: -h never shows its value.
+type maskedFlag struct{ p *string }
+
+func (f maskedFlag) String() string {
+	if f.p == nil || *f.p == "" {
+		return ""
+	}
+	return "xxxxx"
+}
+
+func (f maskedFlag) Set(s string) error { *f.p = s; return nil }

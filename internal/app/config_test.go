@@ -11,7 +11,10 @@ func TestConfig(t *testing.T) {
 
 	t.Run("defaults are the contract's", func(t *testing.T) {
 		t.Parallel()
-		cfg := LoadConfig(func(string) string { return "" })
+		cfg, err := LoadConfig(func(string) string { return "" })
+		if err != nil {
+			t.Fatal(err)
+		}
 		if cfg.DatabaseURL != DefaultDatabaseURL || cfg.NATSURL != "" {
 			t.Errorf("DatabaseURL %q, NATSURL %q", cfg.DatabaseURL, cfg.NATSURL)
 		}
@@ -32,7 +35,10 @@ func TestConfig(t *testing.T) {
 			"PAYMENT_DATABASE_URL": "postgres://a@h/payments",
 			"PAYMENT_ADDR":         ":9000",
 		}
-		cfg := LoadConfig(func(k string) string { return env[k] })
+		cfg, err := LoadConfig(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
 		if got := cfg.DatabaseURLOf("payment"); got != "postgres://a@h/payments" {
 			t.Errorf("payment database %q", got)
 		}
@@ -47,7 +53,10 @@ func TestConfig(t *testing.T) {
 	t.Run("flags override the environment", func(t *testing.T) {
 		t.Parallel()
 		env := map[string]string{"DATABASE_URL": "postgres://env@h/db", "ORDER_ADDR": ":7000", "NATS_URL": "nats://env:4222"}
-		cfg := LoadConfig(func(k string) string { return env[k] })
+		cfg, err := LoadConfig(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)
 		cfg.RegisterFlags(fs)
 		if err := fs.Parse([]string{"-database-url", "postgres://flag@h/db", "-order-addr", ":7001"}); err != nil {
@@ -65,7 +74,10 @@ func TestConfig(t *testing.T) {
 			"ORDER_DATABASE_URL": "host=db user=shop password=s3cret dbname=orders",
 			"NATS_URL":           "nats://relay:s3cret@nats:4222",
 		}
-		cfg := LoadConfig(func(k string) string { return env[k] })
+		cfg, err := LoadConfig(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
 		var help strings.Builder
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)
 		fs.SetOutput(&help)
