@@ -1,0 +1,266 @@
+package inventory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+// Event types, as docs/events.md names them.
+const (
+	// Read from ORDERS.
+	TypeOrderCreated  = "OrderCreated"
+	TypeOrderRejected = "OrderRejected"
+	TypeOrderClosed   = "OrderClosed"
+	TypeOrderPaid     = "OrderPaid"
+
+	// Emitted to INVENTORY.
+	TypeProductUpdated     = "ProductUpdated"
+	TypeInventoryReserved  = "InventoryReserved"
+	TypeInventoryRejected  = "InventoryRejected"
+	TypeInventoryReleased  = "InventoryReleased"
+	TypeInventoryCommitted = "InventoryCommitted"
+)
+
+// Reasons of InventoryRejected.
+const (
+	ReasonInsufficientStock = "insufficient_stock" // some line cannot be reserved
+	ReasonReleased          = "released"           // the order was released before it was reserved
+)
+
+// subjectPrefix is the first token of every subject this service publishes on.
+const subjectPrefix = "inventory"
+
+// Item is one order line: a SKU and a number of units.
+type Item struct {
+	SKU      string `json:"sku"`
+	Quantity int64  `json:"quantity"`
+}
+
+// ProductUpdated is emitted by PUT /stock/{sku}; aggregate "product" = SKU.
+type ProductUpdated struct {
+	SKU       string `json:"sku"`
+	Price     int64  `json:"price"`
+	OnHand    int64  `json:"on_hand"`
+	Reserved  int64  `json:"reserved"`
+	Available int64  `json:"available"`
+}
+
+// InventoryItems is the payload of InventoryReserved, InventoryReleased and
+// InventoryCommitted: the lines concerned, one per SKU.
+type InventoryItems struct {
+	OrderID string `json:"order_id"`
+	Items   []Item `json:"items"`
+}
+
+// InventoryRejected says an order could not be reserved; nothing is held.
+// SKU is the first line that was short (empty for ReasonReleased).
+type InventoryRejected struct {
+	OrderID string `json:"order_id"`
+	Reason  string `json:"reason"`
+	SKU     string `json:"sku"`
+}
+
+// orderEvent is what this service reads of the order events it handles:
+// OrderCreated carries items; OrderClosed, OrderRejected and OrderPaid need
+// only the order id, because the reservation rows, not the event, say what
+// is held. Unknown fields are ignored (a tolerant reader).
+type orderEvent struct {
+	OrderID string `json:"order_id"`
+	Items   []Item `json:"items"`
+}
+
+// handle applies one order event inside the inbox transaction tx: the stock
+// change, the events it emits and the inbox record commit together, so a
+// redelivery finds the event processed and changes nothing.
+func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	switch m.Type {
+	case TypeOrderCreated, TypeOrderClosed, TypeOrderRejected, TypeOrderPaid:
+	default:
+		return nil // the sequence check needs every event; we act on four
+	}
+	if m.SchemaVersion != 1 {
+		// A newer schema needs newer code; retrying this binary cannot help.
+		return inbox.Poison(fmt.Errorf("%s schema version %d: this service reads version 1", m.Type, m.SchemaVersion))
+	}
+	var ev orderEvent
+	if err := json.Unmarshal(m.Data, &ev); err != nil {
+		return inbox.Poison(fmt.Errorf("decode %s: %w", m.Type, err))
+	}
+	if err := validOrderID(ev.OrderID, m.AggregateID); err != nil {
+		return inbox.Poison(fmt.Errorf("%s: %w", m.Type, err))
+	}
+	switch m.Type {
+	case TypeOrderCreated:
+		items, err := mergeLines(ev.Items)
+		if err != nil {
+			return inbox.Poison(fmt.Errorf("%s %s: %w", m.Type, ev.OrderID, err))
+		}
+		return s.reserve(ctx, tx, ev.OrderID, items)
+	case TypeOrderPaid:
+		return s.commit(ctx, tx, ev.OrderID)
+	default:
+		return s.release(ctx, tx, ev.OrderID)
+	}
+}
+
+// reserve holds every line of an order or none of them.
+func (s *Service) reserve(ctx context.Context, tx pgx.Tx, orderID string, items []Item) error {
+	decided, released, err := reservationState(ctx, tx, orderID)
+	if err != nil {
+		return err
+	}
+	if decided {
+		// Reserved before (the inbox stops copies of one event; this stops
+		// a second OrderCreated under another id): the answer was sent then.
+		s.log.Debug("order already reserved", "order_id", orderID)
+		return nil
+	}
+	if released {
+		// Closed before we saw it: holding stock now would hold it for ever.
+		s.log.Debug("inventory rejected", "order_id", orderID, "reason", ReasonReleased)
+		return s.emit(ctx, tx, orderID, TypeInventoryRejected,
+			InventoryRejected{OrderID: orderID, Reason: ReasonReleased})
+	}
+
+	skus := make([]string, len(items))
+	for i, it := range items {
+		skus[i] = it.SKU
+	}
+	slices.Sort(skus)
+	// Availability is checked under the row locks, so two orders for the
+	// last unit cannot both see it free: the second waits, then reads the
+	// first one's reservation.
+	stock, err := lockStock(ctx, tx, skus)
+	if err != nil {
+		return err
+	}
+	for _, it := range items {
+		st, ok := stock[it.SKU]
+		if !ok || st.Available < it.Quantity {
+			s.log.Debug("inventory rejected", "order_id", orderID, "reason", ReasonInsufficientStock, "sku", it.SKU)
+			return s.emit(ctx, tx, orderID, TypeInventoryRejected,
+				InventoryRejected{OrderID: orderID, Reason: ReasonInsufficientStock, SKU: it.SKU})
+		}
+	}
+	if err := insertReservation(ctx, tx, orderID, items); err != nil {
+		return err
+	}
+	s.log.Debug("inventory reserved", "order_id", orderID, "lines", len(items))
+	return s.emit(ctx, tx, orderID, TypeInventoryReserved, InventoryItems{OrderID: orderID, Items: items})
+}
+
+// release gives back what an order holds. With nothing held it leaves a
+// tombstone instead, because the order's OrderCreated may still be on its way
+// (or its reservation dead-lettered and requeued later) and must not hold
+// stock for an order that has ended.
+func (s *Service) release(ctx context.Context, tx pgx.Tx, orderID string) error {
+	items, err := heldItems(ctx, tx, orderID)
+	if err != nil {
+		return err
+	}
+	if len(items) == 0 {
+		return insertTombstone(ctx, tx, orderID)
+	}
+	if err := releaseHeld(ctx, tx, orderID, items); err != nil {
+		return err
+	}
+	s.log.Debug("inventory released", "order_id", orderID, "lines", len(items))
+	return s.emit(ctx, tx, orderID, TypeInventoryReleased, InventoryItems{OrderID: orderID, Items: items})
+}
+
+// commit turns what a paid order holds into sold units. With nothing held
+// (already committed, or released because payment came after the close, in
+// which case the saga refunds) it does nothing.
+func (s *Service) commit(ctx context.Context, tx pgx.Tx, orderID string) error {
+	items, err := heldItems(ctx, tx, orderID)
+	if err != nil {
+		return err
+	}
+	if len(items) == 0 {
+		s.log.Debug("nothing to commit", "order_id", orderID)
+		return nil
+	}
+	if err := commitHeld(ctx, tx, orderID, items); err != nil {
+		return err
+	}
+	s.log.Debug("inventory committed", "order_id", orderID, "lines", len(items))
+	return s.emit(ctx, tx, orderID, TypeInventoryCommitted, InventoryItems{OrderID: orderID, Items: items})
+}
+
+// emit adds one event about an order to the outbox, in tx.
+func (s *Service) emit(ctx context.Context, tx pgx.Tx, orderID, typ string, payload any) error {
+	return s.outbox.Add(ctx, tx, outbox.Event{
+		AggregateType: "order",
+		AggregateID:   orderID,
+		Type:          typ,
+		SchemaVersion: 1,
+		Subject:       subjectPrefix + "." + orderID + "." + typ,
+		Payload:       payload,
+	})
+}
+
+// productEvent is the ProductUpdated event of a stock row.
+func productEvent(st Stock) outbox.Event {
+	return outbox.Event{
+		AggregateType: "product",
+		AggregateID:   st.SKU,
+		Type:          TypeProductUpdated,
+		SchemaVersion: 1,
+		Subject:       subjectPrefix + "." + st.SKU + "." + TypeProductUpdated,
+		Payload: ProductUpdated{
+			SKU: st.SKU, Price: st.Price, OnHand: st.OnHand, Reserved: st.Reserved, Available: st.Available,
+		},
+	}
+}
+
+// validOrderID checks the payload's order id against the message's
+// aggregate id, and that it can be a subject token: an id with '.', '*', '>'
+// or whitespace would make the events we emit about it unpublishable.
+func validOrderID(id, aggregateID string) error {
+	switch {
+	case id == "":
+		return errors.New("no order_id")
+	case id != aggregateID:
+		return fmt.Errorf("order_id %q differs from Aggregate-Id %q", id, aggregateID)
+	case strings.ContainsAny(id, ".*> \t\r\n"):
+		return fmt.Errorf("order_id %q cannot be a subject token", id)
+	}
+	return nil
+}
+
+// mergeLines checks an order's lines and merges lines of one SKU, keeping
+// the order of first appearance: the lines become one reservation row per
+// SKU, and the first short line is the one a rejection names.
+func mergeLines(lines []Item) ([]Item, error) {
+	if len(lines) == 0 {
+		return nil, errors.New("no items")
+	}
+	var items []Item
+	at := map[string]int{}
+	for i, l := range lines {
+		if !validSKU(l.SKU) {
+			return nil, fmt.Errorf("item %d: invalid sku %q", i, l.SKU)
+		}
+		// The order service allows 1…1000; the upper bound here only keeps
+		// merged sums far from overflow whatever a producer sends.
+		if l.Quantity < 1 || l.Quantity > maxAmount {
+			return nil, fmt.Errorf("item %d (%s): quantity %d", i, l.SKU, l.Quantity)
+		}
+		if j, ok := at[l.SKU]; ok {
+			items[j].Quantity += l.Quantity // at most len(lines) * maxAmount
+			continue
+		}
+		at[l.SKU] = len(items)
+		items = append(items, l)
+	}
+	return items, nil
+}

@@ -1,0 +1,401 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+)
+
+// orderCreated is an OrderCreated payload as the order service writes it.
+func orderCreated(orderID string, items ...Item) map[string]any {
+	lines := make([]map[string]any, len(items))
+	var total int64
+	for i, it := range items {
+		lines[i] = map[string]any{"sku": it.SKU, "quantity": it.Quantity, "unit_price": 100}
+		total += 100 * it.Quantity
+	}
+	return map[string]any{
+		"order_id": orderID, "customer_id": "c-1", "items": lines,
+		"total": total, "created_at": time.Now().UTC().Format(time.RFC3339),
+	}
+}
+
+func orderClosed(orderID, reason string) map[string]any {
+	return map[string]any{"order_id": orderID, "reason": reason}
+}
+
+func orderPaid(orderID string, items ...Item) map[string]any {
+	return map[string]any{"order_id": orderID, "payment_id": "p-1", "amount": 100, "items": items}
+}
+
+func types(evs []outboxEvent) []string {
+	var ts []string
+	for _, e := range evs {
+		ts = append(ts, e.Type)
+	}
+	return ts
+}
+
+// waitEvents waits until the outbox holds n events of the order.
+func (f *fixture) waitEvents(t *testing.T, orderID string, n int) []outboxEvent {
+	t.Helper()
+	var evs []outboxEvent
+	eventually(t, fmt.Sprintf("%d events of %s", n, orderID), func() bool {
+		evs = f.events(t, orderID)
+		return len(evs) >= n
+	})
+	return evs
+}
+
+// waitProcessed waits until the consumer has applied the order's events up to
+// seq, whether or not they emitted anything.
+func (f *fixture) waitProcessed(t *testing.T, orderID string, seq int64) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("seq %d of %s processed", seq, orderID), func() bool {
+		return f.count(t, `SELECT count(*) FROM inbox_sequences
+			WHERE consumer_name = $1 AND aggregate_id = $2 AND last_seq >= $3`, ConsumerName, orderID, seq) == 1
+	})
+}
+
+func TestReserveAllLines(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	f.seed(t, "B", 5, 100)
+	f.runConsumer(t)
+
+	o := uuid.NewString()
+	// Two lines of A merge into one reservation.
+	f.publish(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"B", 5}, Item{"A", 2}, Item{"A", 1}))
+	evs := f.waitEvents(t, o, 1)
+	if !slices.Equal(types(evs), []string{TypeInventoryReserved}) {
+		t.Fatalf("events %v, want InventoryReserved", types(evs))
+	}
+	got := decode[InventoryItems](t, evs[0].Payload)
+	want := InventoryItems{OrderID: o, Items: []Item{{"B", 5}, {"A", 3}}}
+	if got.OrderID != want.OrderID || !slices.Equal(got.Items, want.Items) {
+		t.Fatalf("InventoryReserved %+v, want %+v", got, want)
+	}
+	if a, b := f.stock(t, "A"), f.stock(t, "B"); a.Reserved != 3 || a.Available != 7 || b.Reserved != 5 || b.Available != 0 {
+		t.Fatalf("stock A %+v, B %+v", a, b)
+	}
+	var subject string
+	if err := f.pool.QueryRow(t.Context(), `SELECT subject FROM outbox WHERE aggregate_type = 'order' AND aggregate_id = $1`, o).
+		Scan(&subject); err != nil {
+		t.Fatal(err)
+	}
+	if subject != "inventory."+o+".InventoryReserved" {
+		t.Fatalf("subject %q", subject)
+	}
+}
+
+func TestRejectHoldsNothing(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	f.seed(t, "B", 1, 100)
+	f.runConsumer(t)
+
+	for _, tc := range []struct {
+		name    string
+		items   []Item
+		wantSKU string
+	}{
+		{"one line short", []Item{{"A", 2}, {"B", 2}}, "B"},
+		{"unknown sku", []Item{{"A", 1}, {"NOPE", 1}}, "NOPE"},
+		{"first short line is named", []Item{{"A", 11}, {"B", 2}}, "A"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := uuid.NewString()
+			f.publish(t, o, 1, TypeOrderCreated, orderCreated(o, tc.items...))
+			evs := f.waitEvents(t, o, 1)
+			if !slices.Equal(types(evs), []string{TypeInventoryRejected}) {
+				t.Fatalf("events %v, want InventoryRejected", types(evs))
+			}
+			want := InventoryRejected{OrderID: o, Reason: ReasonInsufficientStock, SKU: tc.wantSKU}
+			if got := decode[InventoryRejected](t, evs[0].Payload); got != want {
+				t.Fatalf("InventoryRejected %+v, want %+v", got, want)
+			}
+		})
+	}
+	if a, b := f.stock(t, "A"), f.stock(t, "B"); a.Reserved != 0 || b.Reserved != 0 {
+		t.Fatalf("a rejected order holds stock: A %+v, B %+v", a, b)
+	}
+	if n := f.count(t, `SELECT count(*) FROM reservations`); n != 0 {
+		t.Fatalf("%d reservation rows for rejected orders", n)
+	}
+}
+
+func TestReleaseOnClose(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	f.runConsumer(t)
+
+	for _, typ := range []string{TypeOrderClosed, TypeOrderRejected} {
+		t.Run(typ, func(t *testing.T) {
+			o := uuid.NewString()
+			f.publish(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 4}))
+			f.waitEvents(t, o, 1)
+			f.publish(t, o, 2, typ, orderClosed(o, "payment_timeout"))
+			evs := f.waitEvents(t, o, 2)
+			if !slices.Equal(types(evs), []string{TypeInventoryReserved, TypeInventoryReleased}) {
+				t.Fatalf("events %v", types(evs))
+			}
+			got := decode[InventoryItems](t, evs[1].Payload)
+			if got.OrderID != o || !slices.Equal(got.Items, []Item{{"A", 4}}) {
+				t.Fatalf("InventoryReleased %+v", got)
+			}
+			if n := f.count(t, `SELECT count(*) FROM reservations WHERE order_id = $1 AND state = 'RELEASED'`, o); n != 1 {
+				t.Fatalf("%d RELEASED rows", n)
+			}
+			// A second release (say a close after a rejection) has nothing
+			// left to give back and emits nothing.
+			f.publish(t, o, 3, TypeOrderClosed, orderClosed(o, "customer_cancel"))
+			f.waitProcessed(t, o, 3)
+			if evs := f.events(t, o); len(evs) != 2 {
+				t.Fatalf("a second release emitted: %v", types(evs))
+			}
+		})
+	}
+	if a := f.stock(t, "A"); a.Reserved != 0 || a.OnHand != 10 || a.Sold != 0 {
+		t.Fatalf("after release: %+v", a)
+	}
+}
+
+func TestPaidCommits(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	f.seed(t, "B", 3, 100)
+	f.runConsumer(t)
+
+	o := uuid.NewString()
+	f.publish(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 4}, Item{"B", 3}))
+	f.publish(t, o, 2, "OrderAwaitingPayment", map[string]any{"order_id": o, "total": 700})
+	f.publish(t, o, 3, TypeOrderPaid, orderPaid(o, Item{"A", 4}, Item{"B", 3}))
+	evs := f.waitEvents(t, o, 2)
+	if !slices.Equal(types(evs), []string{TypeInventoryReserved, TypeInventoryCommitted}) {
+		t.Fatalf("events %v", types(evs))
+	}
+	got := decode[InventoryItems](t, evs[1].Payload)
+	if got.OrderID != o || !slices.Equal(got.Items, []Item{{"A", 4}, {"B", 3}}) {
+		t.Fatalf("InventoryCommitted %+v", got)
+	}
+	for sku, want := range map[string]stockRow{
+		"A": {Stock: Stock{SKU: "A", OnHand: 6, Reserved: 0, Available: 6, Sold: 4, Price: 100}, Supplied: 10},
+		"B": {Stock: Stock{SKU: "B", OnHand: 0, Reserved: 0, Available: 0, Sold: 3, Price: 100}, Supplied: 3},
+	} {
+		got := f.stock(t, sku)
+		if got != want {
+			t.Errorf("stock %s = %+v, want %+v", sku, got, want)
+		}
+		if got.OnHand+got.Sold != got.Supplied {
+			t.Errorf("stock %s not conserved: %+v", sku, got)
+		}
+	}
+
+	// A close after payment (the saga would not send one, but a consumer
+	// must not trust that) finds nothing reserved: sold units stay sold.
+	f.publish(t, o, 4, TypeOrderClosed, orderClosed(o, "payment_timeout"))
+	f.waitProcessed(t, o, 4)
+	if a := f.stock(t, "A"); a.Sold != 4 || a.OnHand != 6 {
+		t.Fatalf("a close after payment changed sold stock: %+v", a)
+	}
+}
+
+func TestPaidAfterReleaseIsNoOp(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	o := uuid.NewString()
+	for i, m := range []inbox.Message{
+		message(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 2})),
+		message(t, o, 2, TypeOrderClosed, orderClosed(o, "payment_timeout")),
+		message(t, o, 3, TypeOrderPaid, orderPaid(o, Item{"A", 2})),
+	} {
+		if err := f.apply(t, m); err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+	}
+	if got := types(f.events(t, o)); !slices.Equal(got, []string{TypeInventoryReserved, TypeInventoryReleased}) {
+		t.Fatalf("events %v: a late payment must not commit released stock", got)
+	}
+	if a := f.stock(t, "A"); a.OnHand != 10 || a.Reserved != 0 || a.Sold != 0 {
+		t.Fatalf("stock %+v", a)
+	}
+}
+
+// With the sequence check an OrderClosed cannot overtake its OrderCreated
+// through the consumer, so the handler is called directly, as a requeued
+// dead letter or a replay could order them.
+func TestReleaseBeforeReserveLeavesTombstone(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	o := uuid.NewString()
+
+	if err := f.apply(t, message(t, o, 2, TypeOrderClosed, orderClosed(o, "customer_cancel"))); err != nil {
+		t.Fatal(err)
+	}
+	if evs := f.events(t, o); len(evs) != 0 {
+		t.Fatalf("a release with nothing reserved emitted %v", types(evs))
+	}
+	if n := f.count(t, `SELECT count(*) FROM released_orders WHERE order_id = $1`, o); n != 1 {
+		t.Fatal("no tombstone")
+	}
+	// A second release keeps one tombstone.
+	if err := f.apply(t, message(t, o, 3, TypeOrderRejected, orderClosed(o, "x"))); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := f.apply(t, message(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 3}))); err != nil {
+		t.Fatal(err)
+	}
+	evs := f.events(t, o)
+	if !slices.Equal(types(evs), []string{TypeInventoryRejected}) {
+		t.Fatalf("events %v, want InventoryRejected", types(evs))
+	}
+	if got := decode[InventoryRejected](t, evs[0].Payload); got.Reason != ReasonReleased || got.OrderID != o {
+		t.Fatalf("InventoryRejected %+v", got)
+	}
+	if a := f.stock(t, "A"); a.Reserved != 0 {
+		t.Fatalf("a released order holds stock: %+v", a)
+	}
+}
+
+func TestDuplicateDeliveryChangesNothing(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	f.runConsumer(t)
+
+	o := uuid.NewString()
+	payload := orderCreated(o, Item{"A", 2})
+	id := f.publish(t, o, 1, TypeOrderCreated, payload)
+	f.waitEvents(t, o, 1)
+	data := []byte(fmt.Sprintf(`{"order_id":%q,"items":[{"sku":"A","quantity":2}]}`, o))
+	// The same event again: once with its id (the stream's duplicate
+	// window drops it) and once with a new id but its sequence number, as
+	// a relay retry outside the window would look after the producer's
+	// record was lost: the inbox's cursor skips it.
+	f.publishRaw(t, id, o, 1, TypeOrderCreated, data)
+	f.publishRaw(t, uuid.NewString(), o, 1, TypeOrderCreated, data)
+	f.publish(t, o, 2, TypeOrderPaid, orderPaid(o, Item{"A", 2}))
+	f.publish(t, o, 2, TypeOrderPaid, orderPaid(o, Item{"A", 2})) // a copy of seq 2 too
+	f.waitProcessed(t, o, 2)
+	eventually(t, "every copy handled", func() bool {
+		info, err := f.js.Consumer(context.Background(), "ORDERS", ConsumerName)
+		if err != nil {
+			return false
+		}
+		ci, err := info.Info(context.Background())
+		return err == nil && ci.NumAckPending == 0 && ci.NumPending == 0
+	})
+	if got := types(f.events(t, o)); !slices.Equal(got, []string{TypeInventoryReserved, TypeInventoryCommitted}) {
+		t.Fatalf("events %v", got)
+	}
+	if a := f.stock(t, "A"); a.OnHand != 8 || a.Reserved != 0 || a.Sold != 2 {
+		t.Fatalf("stock %+v", a)
+	}
+
+	// The handler itself is idempotent too: an OrderCreated for an order
+	// already decided (another event id, no inbox in between) holds nothing
+	// more and emits nothing.
+	if err := f.apply(t, message(t, o, 1, TypeOrderCreated, payload)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.apply(t, message(t, o, 2, TypeOrderPaid, orderPaid(o))); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(f.events(t, o)); got != 2 {
+		t.Fatalf("%d events after direct duplicates", got)
+	}
+	if a := f.stock(t, "A"); a.OnHand != 8 || a.Reserved != 0 || a.Sold != 2 {
+		t.Fatalf("stock after direct duplicates %+v", a)
+	}
+}
+
+func TestConcurrentReservationsDoNotOversell(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "HOT", 20, 100)
+	f.seed(t, "COLD", 1000, 100)
+
+	const orders = 200
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range orders {
+		wg.Go(func() {
+			o := fmt.Sprintf("order-%03d", i)
+			// Half the orders also take another SKU, listed first, so
+			// transactions lock several rows and would deadlock if they
+			// locked them in line order.
+			items := []Item{{"HOT", 1}}
+			if i%2 == 0 {
+				items = []Item{{"COLD", 1}, {"HOT", 1}}
+			}
+			if err := f.apply(t, message(t, o, 1, TypeOrderCreated, orderCreated(o, items...))); err != nil {
+				t.Errorf("order %s: %v", o, err)
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.FailNow()
+	}
+	hot := f.stock(t, "HOT")
+	if hot.Reserved != 20 || hot.Available != 0 {
+		t.Fatalf("HOT %+v, want exactly 20 reserved", hot)
+	}
+	reserved := f.count(t, `SELECT count(*) FROM outbox WHERE event_type = $1`, TypeInventoryReserved)
+	rejected := f.count(t, `SELECT count(*) FROM outbox WHERE event_type = $1`, TypeInventoryRejected)
+	if reserved != 20 || rejected != 180 {
+		t.Fatalf("%d reserved, %d rejected; want 20 and 180", reserved, rejected)
+	}
+	// All or none: COLD is held only by orders that got HOT.
+	cold := f.stock(t, "COLD")
+	coldHeld := f.count(t, `SELECT count(*) FROM reservations r JOIN reservations h
+		ON h.order_id = r.order_id AND h.sku = 'HOT' WHERE r.sku = 'COLD'`)
+	if int(cold.Reserved) != coldHeld {
+		t.Fatalf("COLD reserved %d, but only %d orders hold HOT too", cold.Reserved, coldHeld)
+	}
+}
+
+func TestHandlerSkipsAndPoisons(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	o := uuid.NewString()
+
+	// Types inventory does not act on pass, untouched.
+	if err := f.apply(t, message(t, o, 1, "OrderAwaitingPayment", map[string]any{"order_id": o})); err != nil {
+		t.Fatalf("OrderAwaitingPayment: %v", err)
+	}
+	future := message(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 1}))
+	future.SchemaVersion = 2
+	for name, m := range map[string]inbox.Message{
+		"schema version 2": future,
+		"not JSON":         {EventID: uuid.New(), Type: TypeOrderCreated, AggregateID: o, Seq: 1, SchemaVersion: 1, Data: []byte("{")},
+		"other order id":   message(t, o, 1, TypeOrderCreated, orderCreated("someone-else", Item{"A", 1})),
+		"no items":         message(t, o, 1, TypeOrderCreated, orderCreated(o)),
+		"zero quantity":    message(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 0})),
+	} {
+		if err := f.apply(t, m); !errors.Is(err, inbox.ErrPoison) {
+			t.Errorf("%s: err %v, want poison", name, err)
+		}
+	}
+	if n := f.count(t, `SELECT count(*) FROM outbox WHERE aggregate_type = 'order'`); n != 0 {
+		t.Fatalf("%d events", n)
+	}
+}

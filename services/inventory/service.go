@@ -1,0 +1,131 @@
+// Package inventory is the inventory service of the shop: stock per SKU, the
+// operator's restock API, and the reservations the order saga asks for.
+//
+// Stock lives in the inventory schema (stock, reservations,
+// released_orders). Every change that others must learn about commits in one
+// transaction with its outbox event:
+//
+//   - PUT /stock/{sku} sets on_hand and price and emits ProductUpdated, from
+//     which the order service keeps its catalogue.
+//   - The consumer inventory-orders reads the ORDERS stream through an inbox
+//     (pkg/inbox), so each order event takes effect once, in order per
+//     order: OrderCreated reserves every line or none (InventoryReserved or
+//     InventoryRejected), OrderClosed and OrderRejected release
+//     (InventoryReleased), OrderPaid turns the reserved units into sold ones
+//     (InventoryCommitted).
+//
+// Overselling is prevented by row locks, not by retries: a reservation locks
+// the stock rows of all its SKUs (in SKU order, so two orders never wait on
+// each other in a cycle) and checks availability under the lock; the CHECK
+// constraints of the stock table are the last line of defence.
+//
+// The outbox relay that publishes the events is not run here: the process
+// (internal/app) runs one relay per schema.
+package inventory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+// ConsumerName is the durable name of the consumer of order events.
+const ConsumerName = "inventory-orders"
+
+// OrdersStream is the stream the consumer reads.
+const OrdersStream = "ORDERS"
+
+// Config configures a Service.
+type Config struct {
+	// Logger receives the service's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Service is the inventory service: its HTTP routes and its consumer.
+type Service struct {
+	pool     *pgxpool.Pool
+	js       jetstream.JetStream
+	log      *slog.Logger
+	outbox   *outbox.Writer
+	consumer *inbox.Consumer
+}
+
+// New returns the service working on pool (whose search_path is the
+// inventory schema) and consuming from js. It does no I/O. The pool needs at
+// least 10 connections: the consumer's 8 workers, 2 for its housekeeping.
+func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, error) {
+	if pool == nil || js == nil {
+		return nil, errors.New("inventory: New needs a pool and a JetStream context")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{
+		pool: pool,
+		js:   js,
+		log:  log,
+		// Under a burst of reservations one NOTIFY per 5ms is plenty: a woken
+		// relay drains everything committed so far.
+		outbox: &outbox.Writer{NotifyInterval: 5 * time.Millisecond},
+	}
+	c, err := inbox.NewConsumer(pool, js, inbox.Config{
+		Name:            ConsumerName,
+		Stream:          OrdersStream,
+		Handler:         s.handle,
+		DuplicateWindow: broker.DuplicateWindow,
+		// The order service's relay may publish a copy of an event this
+		// long after the first; the inbox must remember ids longer.
+		PublishHorizon: (outbox.Config{}).RetryHorizon(),
+		Logger:         log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inventory: %w", err)
+	}
+	s.consumer = c
+	return s, nil
+}
+
+// Run consumes order events until ctx ends, then returns nil. When the
+// ORDERS stream does not exist yet (the order service, which creates it, is
+// another process that has not started), Run waits for it rather than fail,
+// so services may start in any order.
+func (s *Service) Run(ctx context.Context) error {
+	if err := s.waitForStream(ctx); err != nil {
+		return nil // only ctx ends the wait
+	}
+	return s.consumer.Run(ctx)
+}
+
+func (s *Service) waitForStream(ctx context.Context) error {
+	logged := false
+	for {
+		_, err := s.js.Stream(ctx, OrdersStream)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// A broker outage at start-up is waited out too: the outbox keeps
+		// our own events meanwhile, and dying would only restart the wait.
+		if !logged {
+			s.log.Info("waiting for stream", "stream", OrdersStream, "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
