@@ -1,0 +1,55 @@
+// Package saga runs orchestrated sagas on Postgres: a saga instance is a row
+// with a state, and declared transitions move it when events arrive, each
+// inside the transaction that consumed the event.
+//
+// # The pattern
+//
+// A [Saga] is a type name and a table of [Transition]s, (state, event type) →
+// new state plus a [TransitionFunc] that does the work: business rows, outbox
+// events (pkg/outbox, in the same tx), timeouts to set or cancel. [Saga.Start]
+// creates an instance in the caller's transaction; [Saga.Apply] runs one
+// transition in the caller's transaction, normally the inbox transaction of
+// pkg/inbox, so that
+//
+//	the new state + its outbox events + its timeouts + processed_events
+//
+// commit together or not at all. Apply locks the instance row (FOR UPDATE),
+// so events of one instance take turns across consumers and processes, and
+// bumps its version.
+//
+// A [Scanner] fires durable timeouts: a due timeout is applied as an event of
+// type "timeout:<name>" ([TimeoutEvent]).
+//
+// # Failure windows closed
+//
+//   - Crash between the state change and its events: impossible, they are
+//     one transaction.
+//   - Duplicate delivery: the caller's inbox drops the copy before Apply
+//     runs. Apply itself is not idempotent by event id; a copy that did reach
+//     it finds the instance moved on and is recorded as unexpected.
+//   - Events in an unexpected order or state (a reservation for an order
+//     already closed): there is no transition for (state, event), so the
+//     event is recorded in saga_unexpected and ignored. Apply returns no
+//     error, because retrying or dead-lettering could never make it fit and
+//     would only hold the consumer back.
+//   - Crash while a timeout is pending: timeouts are rows, set and cancelled
+//     in the transition's transaction; a timeout that fell due while no
+//     process ran fires on the next scan.
+//   - Two scanners: each claims with FOR UPDATE SKIP LOCKED, deletes the
+//     timeout row and applies it in one short transaction, so a timeout fires
+//     once; a scanner that crashes mid-way rolls back and leaves it to fire.
+//   - Timeout racing an event (payment arrives as the timeout falls due): both
+//     need the instance row lock; whichever commits first wins, and the other
+//     finds a state with no transition for it (the timeout was cancelled, or
+//     the late event is unexpected) or, in the scanner's case, skips the
+//     locked instance until the next scan.
+//
+// # Tables
+//
+// Apply and the Scanner expect these tables in the current schema (the order
+// service's migrations/order/00002_saga.sql creates them):
+//
+//	saga_instances  (id text PK, type, state, version, data jsonb, created_at, updated_at)
+//	saga_timeouts   (saga_id → saga_instances, name, due_at; PK (saga_id, name))
+//	saga_unexpected (id, saga_id, saga_type, state NULL = no instance, event_type, event_id, recorded_at)
+package saga

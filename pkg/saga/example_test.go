@@ -1,0 +1,58 @@
+package saga_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shop-ref/shop/pkg/saga"
+)
+
+// A two-step saga: a parcel waits for a pickup, which must happen within an
+// hour, or the parcel is returned.
+func ExampleNew() {
+	parcel, err := saga.New("parcel",
+		saga.Transition{From: "WAITING", Event: "PickedUp", To: "IN_TRANSIT",
+			Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+				st.CancelTimeout("pickup")
+				return nil // an outbox.Writer.Add(ctx, tx, …) would go here
+			}},
+		saga.Transition{From: "WAITING", Event: saga.TimeoutEvent("pickup"), To: "RETURNED"},
+	)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(parcel.Type())
+	// Output: parcel
+}
+
+// Apply runs inside an inbox handler's transaction, so the transition
+// commits with the processed_events row.
+func ExampleSaga_Apply() {
+	var parcel *saga.Saga // from saga.New
+	handler := func(ctx context.Context, tx pgx.Tx, parcelID string) error {
+		res, err := parcel.Apply(ctx, tx, parcelID, saga.Event{Type: "PickedUp"})
+		if err != nil {
+			return err // the inbox rolls back and retries
+		}
+		if !res.Applied {
+			fmt.Println("unexpected in", res.From) // recorded in saga_unexpected, acked
+		}
+		return nil
+	}
+	_ = handler
+}
+
+// A Scanner fires timeouts; run one or several per schema.
+func ExampleScanner_Run() {
+	var pool *pgxpool.Pool // the service's pool
+	var parcel *saga.Saga
+	sc, err := saga.NewScanner(pool, saga.ScannerConfig{PollInterval: time.Second}, parcel)
+	if err != nil {
+		return
+	}
+	_ = sc.Run // go sc.Run(ctx): returns nil when ctx ends
+}

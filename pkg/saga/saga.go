@@ -1,0 +1,215 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Event is what drives a transition: a consumed message, a fired timeout
+// ("timeout:<name>") or a command such as a customer cancel.
+type Event struct {
+	Type string          // e.g. "InventoryReserved"
+	ID   string          // the event id, recorded with unexpected events; may be empty
+	Data json.RawMessage // the payload, for the transition's func
+}
+
+// TimeoutEvent is the event type a fired timeout called name applies.
+func TimeoutEvent(name string) string { return "timeout:" + name }
+
+// Instance is a persisted saga instance.
+type Instance struct {
+	ID        string
+	Type      string
+	State     string
+	Version   int64 // 1 at Start, +1 per transition
+	Data      json.RawMessage
+	UpdatedAt time.Time
+}
+
+// Step is one transition in progress, handed to its TransitionFunc. The func
+// may replace Data and set or cancel timeouts; they are written, with the new
+// state, after it returns.
+type Step struct {
+	Instance Instance // as it was before the transition (Data is the old data)
+	Event    Event
+	To       string          // the state the instance moves to
+	Data     json.RawMessage // the data stored after the step; starts as Instance.Data
+
+	set    map[string]time.Time
+	cancel map[string]bool
+}
+
+// SetTimeout makes the timeout called name fire at due, replacing any timeout
+// of that name. It is written in the transition's transaction.
+func (s *Step) SetTimeout(name string, due time.Time) {
+	delete(s.cancel, name)
+	s.set[name] = due
+}
+
+// CancelTimeout removes the timeout called name, if any.
+func (s *Step) CancelTimeout(name string) {
+	delete(s.set, name)
+	s.cancel[name] = true
+}
+
+// TransitionFunc does the work of a transition inside tx: business rows,
+// outbox events, timeouts on st. An error rolls the whole transition back
+// (the caller's tx must then be rolled back).
+type TransitionFunc func(ctx context.Context, tx pgx.Tx, st *Step) error
+
+// Transition moves an instance in state From that receives an event of type
+// Event to state To (which may equal From), running Func (nil: nothing).
+type Transition struct {
+	From, Event, To string
+	Func            TransitionFunc
+}
+
+// Result tells what Apply did.
+type Result struct {
+	Applied  bool   // false: the event was unexpected, recorded and ignored
+	From, To string // From is "" when there is no such instance
+	Version  int64  // the instance's version after Apply
+}
+
+// Saga is one saga type with its transitions. It is safe for concurrent use.
+type Saga struct {
+	typ   string
+	table map[[2]string]Transition
+}
+
+// ErrExists is returned by Start when an instance with the id exists.
+var ErrExists = errors.New("saga: instance exists")
+
+// ErrNotFound is returned by Load for an unknown instance.
+var ErrNotFound = errors.New("saga: instance not found")
+
+// New declares the saga type typ. A (From, Event) pair may appear only once.
+func New(typ string, transitions ...Transition) (*Saga, error) {
+	if typ == "" {
+		return nil, errors.New("saga: New needs a type")
+	}
+	s := &Saga{typ: typ, table: map[[2]string]Transition{}}
+	for _, t := range transitions {
+		if t.From == "" || t.Event == "" || t.To == "" {
+			return nil, fmt.Errorf("saga %s: transition %+v needs From, Event and To", typ, t)
+		}
+		k := [2]string{t.From, t.Event}
+		if _, dup := s.table[k]; dup {
+			return nil, fmt.Errorf("saga %s: two transitions from %s on %s", typ, t.From, t.Event)
+		}
+		s.table[k] = t
+	}
+	return s, nil
+}
+
+// Type is the saga's type name.
+func (s *Saga) Type() string { return s.typ }
+
+// Start creates instance id in state inside tx, the caller's transaction, so
+// the saga exists exactly when the business row that starts it does. data
+// is stored as JSON (nil: {}).
+func (s *Saga) Start(ctx context.Context, tx pgx.Tx, id, state string, data any) error {
+	raw := []byte("{}")
+	if data != nil {
+		var err error
+		if raw, err = json.Marshal(data); err != nil {
+			return fmt.Errorf("saga %s: encode data: %w", s.typ, err)
+		}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO saga_instances (id, type, state, data) VALUES ($1, $2, $3, $4)`,
+		id, s.typ, state, raw)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return fmt.Errorf("saga %s %s: %w", s.typ, id, ErrExists)
+	}
+	if err != nil {
+		return fmt.Errorf("saga %s %s: start: %w", s.typ, id, err)
+	}
+	return nil
+}
+
+// Apply runs the transition of instance id for ev inside tx, the caller's
+// transaction (for a consumed event: the inbox transaction, so the new state,
+// the func's outbox events and timeouts, and the processed_events row commit
+// together). It locks the instance row, so events of one instance take turns.
+//
+// An event with no transition from the current state, or for an instance
+// that does not exist, is recorded in saga_unexpected and ignored: Apply
+// returns a Result with Applied false and a nil error, so a consumer acks it
+// instead of retrying something that can never succeed. Errors are
+// database failures and errors of the func; the caller rolls tx back.
+func (s *Saga) Apply(ctx context.Context, tx pgx.Tx, id string, ev Event) (Result, error) {
+	in, err := lock(ctx, tx, s.typ, id)
+	if errors.Is(err, ErrNotFound) {
+		return Result{}, s.unexpected(ctx, tx, id, nil, ev)
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	t, ok := s.table[[2]string{in.State, ev.Type}]
+	if !ok {
+		return Result{From: in.State, To: in.State, Version: in.Version}, s.unexpected(ctx, tx, id, &in.State, ev)
+	}
+	st := &Step{Instance: in, Event: ev, To: t.To, Data: in.Data, set: map[string]time.Time{}, cancel: map[string]bool{}}
+	if t.Func != nil {
+		if err := t.Func(ctx, tx, st); err != nil {
+			return Result{}, fmt.Errorf("saga %s %s: %s on %s: %w", s.typ, id, in.State, ev.Type, err)
+		}
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(`UPDATE saga_instances SET state = $2, version = version + 1, data = $3, updated_at = now() WHERE id = $1`,
+		id, t.To, []byte(st.Data))
+	for name, due := range st.set {
+		batch.Queue(`INSERT INTO saga_timeouts (saga_id, name, due_at) VALUES ($1, $2, $3)
+			ON CONFLICT (saga_id, name) DO UPDATE SET due_at = EXCLUDED.due_at`, id, name, due)
+	}
+	for name := range st.cancel {
+		batch.Queue(`DELETE FROM saga_timeouts WHERE saga_id = $1 AND name = $2`, id, name)
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return Result{}, fmt.Errorf("saga %s %s: save transition: %w", s.typ, id, err)
+	}
+	return Result{Applied: true, From: in.State, To: t.To, Version: in.Version + 1}, nil
+}
+
+func (s *Saga) unexpected(ctx context.Context, tx pgx.Tx, id string, state *string, ev Event) error {
+	_, err := tx.Exec(ctx, `INSERT INTO saga_unexpected (saga_id, saga_type, state, event_type, event_id)
+		VALUES ($1, $2, $3, $4, NULLIF($5, ''))`, id, s.typ, state, ev.Type, ev.ID)
+	if err != nil {
+		return fmt.Errorf("saga %s %s: record unexpected %s: %w", s.typ, id, ev.Type, err)
+	}
+	return nil
+}
+
+// DB is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DB interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Load reads instance id without locking it.
+func Load(ctx context.Context, db DB, id string) (Instance, error) {
+	return scan(db.QueryRow(ctx, `SELECT id, type, state, version, data, updated_at FROM saga_instances WHERE id = $1`, id), id)
+}
+
+func lock(ctx context.Context, tx pgx.Tx, typ, id string) (Instance, error) {
+	return scan(tx.QueryRow(ctx, `SELECT id, type, state, version, data, updated_at FROM saga_instances
+		WHERE id = $1 AND type = $2 FOR UPDATE`, id, typ), id)
+}
+
+func scan(row pgx.Row, id string) (Instance, error) {
+	var in Instance
+	err := row.Scan(&in.ID, &in.Type, &in.State, &in.Version, &in.Data, &in.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return in, fmt.Errorf("saga instance %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return in, fmt.Errorf("saga instance %s: %w", id, err)
+	}
+	return in, nil
+}

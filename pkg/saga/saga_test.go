@@ -1,0 +1,348 @@
+package saga_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/pkg/saga"
+)
+
+// The test saga: a ticket is OPEN, gets HELD for a while (a "hold" timeout),
+// then PAID, or EXPIRED when the hold runs out; an OPEN ticket may be
+// CANCELLED. Every transition writes an effect row and an outbox event, to
+// show that they commit with the state.
+type env struct {
+	db     *pgtest.Schema
+	ticket *saga.Saga
+	hold   time.Duration
+}
+
+func setup(t *testing.T, hold time.Duration) *env {
+	t.Helper()
+	db := pgtest.New(t, "order")
+	if _, err := db.Pool.Exec(context.Background(),
+		`CREATE TABLE effects (saga_id text, from_state text, event text, at timestamptz DEFAULT clock_timestamp())`); err != nil {
+		t.Fatal(err)
+	}
+	var w outbox.Writer
+	effect := func(extra func(st *saga.Step)) saga.TransitionFunc {
+		return func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+			if extra != nil {
+				extra(st)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (saga_id, from_state, event) VALUES ($1, $2, $3)`,
+				st.Instance.ID, st.Instance.State, st.Event.Type); err != nil {
+				return err
+			}
+			return w.Add(ctx, tx, outbox.Event{
+				AggregateType: "ticket", AggregateID: st.Instance.ID, Type: "Ticket" + st.To,
+				Subject: "tickets." + st.Instance.ID + ".Ticket" + st.To, Payload: map[string]string{"state": st.To},
+			})
+		}
+	}
+	ticket, err := saga.New("ticket",
+		saga.Transition{From: "OPEN", Event: "Reserve", To: "HELD", Func: effect(func(st *saga.Step) {
+			st.SetTimeout("hold", time.Now().Add(hold))
+			st.Data = json.RawMessage(`{"held":true}`)
+		})},
+		saga.Transition{From: "OPEN", Event: "Cancel", To: "CANCELLED", Func: effect(nil)},
+		saga.Transition{From: "HELD", Event: "Pay", To: "PAID", Func: effect(func(st *saga.Step) { st.CancelTimeout("hold") })},
+		saga.Transition{From: "HELD", Event: saga.TimeoutEvent("hold"), To: "EXPIRED", Func: effect(nil)},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{db: db, ticket: ticket, hold: hold}
+}
+
+func (e *env) start(t *testing.T, id string) {
+	t.Helper()
+	e.inTx(t, func(ctx context.Context, tx pgx.Tx) error { return e.ticket.Start(ctx, tx, id, "OPEN", nil) })
+}
+
+func (e *env) apply(t *testing.T, id, event string) saga.Result {
+	t.Helper()
+	var res saga.Result
+	e.inTx(t, func(ctx context.Context, tx pgx.Tx) (err error) {
+		res, err = e.ticket.Apply(ctx, tx, id, saga.Event{Type: event, ID: "ev-" + event})
+		return err
+	})
+	return res
+}
+
+func (e *env) inTx(t *testing.T, fn func(context.Context, pgx.Tx) error) {
+	t.Helper()
+	if err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+		return fn(context.Background(), tx)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := e.db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (e *env) wantState(t *testing.T, id, state string, version int64) {
+	t.Helper()
+	in, err := saga.Load(context.Background(), e.db.Pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.State != state || in.Version != version {
+		t.Fatalf("instance %s: state %s version %d, want %s version %d", id, in.State, in.Version, state, version)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func runScanner(t *testing.T, pool *pgxpool.Pool, sg *saga.Saga) {
+	t.Helper()
+	sc, err := saga.NewScanner(pool, saga.ScannerConfig{PollInterval: 10 * time.Millisecond}, sg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+func TestEveryTransition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, time.Hour)
+	e.start(t, "a")
+	e.start(t, "b")
+	e.wantState(t, "a", "OPEN", 1)
+
+	if res := e.apply(t, "a", "Reserve"); !res.Applied || res.From != "OPEN" || res.To != "HELD" || res.Version != 2 {
+		t.Fatalf("Reserve: %+v", res)
+	}
+	e.wantState(t, "a", "HELD", 2)
+	if in, _ := saga.Load(context.Background(), e.db.Pool, "a"); string(in.Data) != `{"held": true}` {
+		t.Fatalf("data %s, want the func's", in.Data)
+	}
+	if n := e.count(t, `SELECT count(*) FROM saga_timeouts WHERE saga_id = 'a' AND name = 'hold'`); n != 1 {
+		t.Fatalf("%d hold timeouts, want 1", n)
+	}
+	e.apply(t, "a", "Pay")
+	e.wantState(t, "a", "PAID", 3)
+	if n := e.count(t, `SELECT count(*) FROM saga_timeouts`); n != 0 {
+		t.Fatalf("%d timeouts after Pay, want the hold cancelled", n)
+	}
+	e.apply(t, "b", "Cancel")
+	e.wantState(t, "b", "CANCELLED", 2)
+
+	if n := e.count(t, `SELECT count(*) FROM effects`); n != 3 {
+		t.Fatalf("%d effects, want 3", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM outbox WHERE event_type IN ('TicketHELD', 'TicketPAID', 'TicketCANCELLED')`); n != 3 {
+		t.Fatalf("%d outbox events, want 3", n)
+	}
+}
+
+func TestStartTwiceFails(t *testing.T) {
+	t.Parallel()
+	e := setup(t, time.Hour)
+	e.start(t, "a")
+	err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+		return e.ticket.Start(context.Background(), tx, "a", "OPEN", nil)
+	})
+	if !errors.Is(err, saga.ErrExists) {
+		t.Fatalf("second Start: %v, want ErrExists", err)
+	}
+}
+
+func TestUnexpectedEventIsRecordedAndIgnored(t *testing.T) {
+	t.Parallel()
+	e := setup(t, time.Hour)
+	e.start(t, "a")
+
+	t.Run("event out of order", func(t *testing.T) {
+		// Pay before Reserve: no transition from OPEN.
+		if res := e.apply(t, "a", "Pay"); res.Applied || res.From != "OPEN" {
+			t.Fatalf("Pay in OPEN: %+v, want ignored", res)
+		}
+		e.wantState(t, "a", "OPEN", 1)
+	})
+	t.Run("stale event applied twice", func(t *testing.T) {
+		// A copy that got past the inbox finds the instance moved on.
+		e.apply(t, "a", "Reserve")
+		if res := e.apply(t, "a", "Reserve"); res.Applied {
+			t.Fatalf("second Reserve applied: %+v", res)
+		}
+		e.wantState(t, "a", "HELD", 2)
+		if n := e.count(t, `SELECT count(*) FROM effects WHERE event = 'Reserve'`); n != 1 {
+			t.Fatalf("%d Reserve effects, want 1", n)
+		}
+	})
+	t.Run("unknown instance", func(t *testing.T) {
+		if res := e.apply(t, "nobody", "Reserve"); res.Applied || res.From != "" {
+			t.Fatalf("event for unknown instance: %+v", res)
+		}
+	})
+	if n := e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = 'a' AND state IS NOT NULL`); n != 2 {
+		t.Fatalf("%d unexpected events of a recorded, want 2", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = 'nobody' AND state IS NULL AND event_id = 'ev-Reserve'`); n != 1 {
+		t.Fatalf("%d unexpected events of nobody recorded, want 1", n)
+	}
+}
+
+func TestFuncErrorRollsBack(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, "order")
+	boom := errors.New("boom")
+	sg, err := saga.New("x", saga.Transition{From: "A", Event: "E", To: "B",
+		Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error { return boom }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return sg.Start(ctx, tx, "1", "A", nil) }); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		_, err := sg.Apply(ctx, tx, "1", saga.Event{Type: "E"})
+		return err
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Apply: %v, want the func's error", err)
+	}
+	if in, _ := saga.Load(ctx, db.Pool, "1"); in.State != "A" || in.Version != 1 {
+		t.Fatalf("after a failed func: %+v", in)
+	}
+}
+
+func TestTimeoutFires(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 100*time.Millisecond)
+	runScanner(t, e.db.Pool, e.ticket)
+	e.start(t, "a")
+	e.apply(t, "a", "Reserve")
+	eventually(t, "the hold to expire", func() bool {
+		in, err := saga.Load(context.Background(), e.db.Pool, "a")
+		return err == nil && in.State == "EXPIRED"
+	})
+	if n := e.count(t, `SELECT count(*) FROM saga_timeouts`); n != 0 {
+		t.Fatalf("%d timeouts left after firing", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM outbox WHERE event_type = 'TicketEXPIRED'`); n != 1 {
+		t.Fatalf("%d TicketEXPIRED events, want 1", n)
+	}
+}
+
+func TestCancelledTimeoutDoesNotFire(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 50*time.Millisecond)
+	e.start(t, "a")
+	e.apply(t, "a", "Reserve")
+	e.apply(t, "a", "Pay")
+	time.Sleep(100 * time.Millisecond) // past the due time the hold had
+	sc, err := saga.NewScanner(e.db.Pool, saga.ScannerConfig{}, e.ticket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fired, err := sc.FireOne(context.Background()); err != nil || fired {
+		t.Fatalf("FireOne: fired %v, err %v; want nothing to fire", fired, err)
+	}
+	e.wantState(t, "a", "PAID", 3)
+}
+
+func TestTimeoutDueWhileDownFiresOnNextStart(t *testing.T) {
+	t.Parallel()
+	// No scanner runs while the hold falls due: the process is down.
+	e := setup(t, time.Millisecond)
+	e.start(t, "a")
+	e.apply(t, "a", "Reserve")
+	time.Sleep(20 * time.Millisecond)
+	e.wantState(t, "a", "HELD", 2)
+
+	runScanner(t, e.db.Pool, e.ticket) // the restart
+	eventually(t, "the overdue hold to fire", func() bool {
+		in, err := saga.Load(context.Background(), e.db.Pool, "a")
+		return err == nil && in.State == "EXPIRED"
+	})
+}
+
+func TestTwoScannersFireEachTimeoutOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 200*time.Millisecond)
+	const n = 40
+	for i := range n {
+		id := fmt.Sprint(i)
+		e.start(t, id)
+		e.apply(t, id, "Reserve")
+	}
+	// Two "processes", each with its own pool and scanner.
+	runScanner(t, e.db.NewPool(t, 3), e.ticket)
+	runScanner(t, e.db.NewPool(t, 3), e.ticket)
+	eventually(t, "every hold to fire", func() bool {
+		return e.count(t, `SELECT count(*) FROM saga_instances WHERE state = 'EXPIRED'`) == n
+	})
+	if got := e.count(t, `SELECT count(*) FROM effects WHERE event = 'timeout:hold'`); got != n {
+		t.Fatalf("%d timeout effects, want %d (each once)", got, n)
+	}
+}
+
+func TestFailingTimeoutDoesNotHoldBackOthers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, "order")
+	sg, err := saga.New("x", saga.Transition{From: "A", Event: saga.TimeoutEvent("t"), To: "B",
+		Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+			if st.Instance.ID == "bad" {
+				return errors.New("boom")
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, id := range []string{"bad", "good"} { // bad falls due first
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return sg.Start(ctx, tx, id, "A", nil) }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO saga_timeouts (saga_id, name, due_at) VALUES ($1, 't', now() - interval '1s')`, id); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	runScanner(t, db.Pool, sg)
+	eventually(t, "the good timeout to fire", func() bool {
+		in, err := saga.Load(ctx, db.Pool, "good")
+		return err == nil && in.State == "B"
+	})
+	var later bool
+	if err := db.Pool.QueryRow(ctx, `SELECT due_at > now() FROM saga_timeouts WHERE saga_id = 'bad'`).Scan(&later); err != nil || !later {
+		t.Fatalf("the failing timeout was not postponed (%v)", err)
+	}
+}

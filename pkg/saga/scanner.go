@@ -1,0 +1,122 @@
+package saga
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ScannerConfig configures a [Scanner].
+type ScannerConfig struct {
+	// PollInterval is how often the scanner looks for due timeouts when it
+	// found none last time. Default 1s; a timeout fires at most this late.
+	PollInterval time.Duration
+	// RetryDelay is how long a timeout whose transition failed waits before
+	// it is tried again, so that one failing timeout does not hold back the
+	// others due after it. Default 10s.
+	RetryDelay time.Duration
+	// Logger receives the scanner's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Scanner fires due timeouts of its sagas. Several scanners, in one process
+// or many, may run against one schema: each timeout fires once.
+type Scanner struct {
+	pool  *pgxpool.Pool
+	sagas map[string]*Saga
+	types []string
+	cfg   ScannerConfig
+}
+
+// NewScanner returns a Scanner for the timeouts of sagas; it does no I/O.
+func NewScanner(pool *pgxpool.Pool, cfg ScannerConfig, sagas ...*Saga) (*Scanner, error) {
+	if pool == nil || len(sagas) == 0 {
+		return nil, errors.New("saga: NewScanner needs a pool and at least one saga")
+	}
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, time.Second)
+	cfg.RetryDelay = cmp.Or(cfg.RetryDelay, 10*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Scanner{pool: pool, sagas: map[string]*Saga{}, cfg: cfg}
+	for _, sg := range sagas {
+		s.sagas[sg.typ] = sg
+		s.types = append(s.types, sg.typ)
+	}
+	return s, nil
+}
+
+// Run fires due timeouts until ctx ends, then returns nil. Timeouts that fell
+// due while no scanner ran fire on the first scan. A failing timeout is
+// logged and retried on a later scan; it does not stop the others.
+func (s *Scanner) Run(ctx context.Context) error {
+	for {
+		for {
+			fired, err := s.FireOne(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Error("saga timeout failed", "err", err)
+			}
+			if !fired || err != nil || ctx.Err() != nil {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(s.cfg.PollInterval):
+		}
+	}
+}
+
+// FireOne fires one due timeout, if there is one, and reports whether it did.
+// In one short transaction it claims the timeout and its instance with FOR
+// UPDATE SKIP LOCKED (so concurrent scanners take different timeouts, and an
+// instance busy with a transition is left for the next scan), deletes the
+// timeout row and applies its event; a crash before the commit leaves the
+// timeout in place to fire later.
+func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("saga scanner: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	var id, name, typ string
+	err = tx.QueryRow(ctx, `
+		SELECT t.saga_id, t.name, i.type
+		FROM saga_timeouts t JOIN saga_instances i ON i.id = t.saga_id
+		WHERE t.due_at <= now() AND i.type = ANY($1)
+		ORDER BY t.due_at
+		LIMIT 1
+		FOR UPDATE OF t, i SKIP LOCKED`, s.types).Scan(&id, &name, &typ)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("saga scanner: claim: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM saga_timeouts WHERE saga_id = $1 AND name = $2`, id, name); err != nil {
+		return false, fmt.Errorf("saga scanner: delete timeout %s/%s: %w", id, name, err)
+	}
+	res, err := s.sagas[typ].Apply(ctx, tx, id, Event{Type: TimeoutEvent(name)})
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		// Postpone it, so the next scan moves on to the timeouts behind it.
+		if _, perr := s.pool.Exec(ctx, `UPDATE saga_timeouts SET due_at = now() + $3::bigint * interval '1 microsecond'
+			WHERE saga_id = $1 AND name = $2 AND due_at <= now()`, id, name, s.cfg.RetryDelay.Microseconds()); perr != nil {
+			err = errors.Join(err, fmt.Errorf("postpone timeout %s/%s: %w", id, name, perr))
+		}
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("saga scanner: commit timeout %s/%s: %w", id, name, err)
+	}
+	s.cfg.Logger.Info("saga timeout fired", "saga", id, "timeout", name, "applied", res.Applied, "from", res.From, "to", res.To)
+	return true, nil
+}

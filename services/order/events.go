@@ -1,0 +1,94 @@
+package order
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/pkg/saga"
+)
+
+// event is an outbox event of an order: aggregate "order", subject
+// orders.<id>.<type>. Its sequence comes from the outbox's counter.
+func event(id uuid.UUID, typ string, payload any) outbox.Event {
+	return outbox.Event{
+		AggregateType: "order",
+		AggregateID:   id.String(),
+		Type:          typ,
+		Subject:       "orders." + id.String() + "." + typ,
+		Payload:       payload,
+	}
+}
+
+// handleInventory is the order-inventory consumer: catalogue updates and
+// reservation outcomes.
+func (s *Service) handleInventory(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	switch m.Type {
+	case "ProductUpdated":
+		if err := checkVersion(m); err != nil {
+			return err
+		}
+		var p struct {
+			SKU   string `json:"sku"`
+			Price *int64 `json:"price"`
+		}
+		if err := json.Unmarshal(m.Data, &p); err != nil || p.SKU == "" || p.Price == nil || *p.Price < 0 {
+			return inbox.Poison(fmt.Errorf("ProductUpdated payload %s: %v", m.Data, err))
+		}
+		return upsertProduct(ctx, tx, p.SKU, *p.Price, m.Seq)
+	case "InventoryReserved", "InventoryRejected":
+		return s.applyEvent(ctx, tx, m)
+	}
+	return nil
+}
+
+// handlePayment is the order-payment consumer.
+func (s *Service) handlePayment(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	switch m.Type {
+	case "PaymentSucceeded", "PaymentFailed", "PaymentRefunded":
+		return s.applyEvent(ctx, tx, m)
+	}
+	return nil
+}
+
+// handleFulfillment is the order-fulfillment consumer.
+func (s *Service) handleFulfillment(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	switch m.Type {
+	case "FulfillmentStarted", "ShipmentDelivered":
+		return s.applyEvent(ctx, tx, m)
+	}
+	return nil
+}
+
+// applyEvent hands an order event to the saga in the inbox transaction, so
+// the transition, its outbox events and the processed_events row commit
+// together. An event the saga does not expect is recorded and acked.
+func (s *Service) applyEvent(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	if err := checkVersion(m); err != nil {
+		return err
+	}
+	res, err := s.saga.Apply(ctx, tx, m.AggregateID, saga.Event{Type: m.Type, ID: m.EventID.String(), Data: m.Data})
+	if err != nil {
+		return err
+	}
+	if !res.Applied {
+		s.log.Warn("saga event unexpected", "order_id", m.AggregateID, "event", m.Type, "event_id", m.EventID, "state", res.From)
+	} else {
+		s.log.Info("saga transition", "order_id", m.AggregateID, "event", m.Type, "from", res.From, "to", res.To)
+	}
+	return nil
+}
+
+// checkVersion refuses payload versions this code does not know: retrying
+// cannot help, so the event is dead-lettered until the code is upgraded.
+func checkVersion(m inbox.Message) error {
+	if m.SchemaVersion != 1 {
+		return inbox.Poison(fmt.Errorf("%s schema version %d: only 1 is known", m.Type, m.SchemaVersion))
+	}
+	return nil
+}

@@ -1,0 +1,269 @@
+package order
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/saga"
+)
+
+// The saga's own event types, besides the upstream events of docs/events.md.
+const (
+	evCancel       = "CustomerCancel" // POST /orders/{id}/cancel
+	paymentTimeout = "payment"        // the timeout set on entering WAIT_PAY
+)
+
+// Reasons recorded in order_history and sent in OrderClosed.
+const (
+	reasonPaymentTimeout = "payment_timeout"
+	reasonCustomerCancel = "customer_cancel"
+	reasonPaymentFailed  = "payment_failed"
+)
+
+// sagaData is what the order saga remembers beyond its state: the payment
+// that paid the order, and the payments it asked to refund, so a refund is
+// requested once per payment however often (and under whatever event id)
+// its PaymentSucceeded arrives.
+type sagaData struct {
+	PaymentID string   `json:"payment_id,omitempty"`
+	Refunded  []string `json:"refunded,omitempty"`
+}
+
+// newSaga declares the order saga: the contract's state machine, one
+// transition per (state, event). Pairs not listed (an InventoryReserved for
+// a CLOSED order, say) are recorded by pkg/saga and ignored.
+func (s *Service) newSaga() (*saga.Saga, error) {
+	ts := []saga.Transition{
+		{From: Pending, Event: "InventoryReserved", To: WaitPay, Func: s.awaitPayment},
+		{From: Pending, Event: "InventoryRejected", To: Rejected, Func: s.reject},
+		{From: Pending, Event: evCancel, To: Closed, Func: s.closeFunc(reasonCustomerCancel)},
+		{From: WaitPay, Event: "PaymentSucceeded", To: Paid, Func: s.paid},
+		{From: WaitPay, Event: "PaymentFailed", To: Closed, Func: s.closeFunc(reasonPaymentFailed)},
+		{From: WaitPay, Event: saga.TimeoutEvent(paymentTimeout), To: Closed, Func: s.closeFunc(reasonPaymentTimeout)},
+		{From: WaitPay, Event: evCancel, To: Closed, Func: s.closeFunc(reasonCustomerCancel)},
+		{From: Paid, Event: "FulfillmentStarted", To: Fulfilling, Func: s.moveFunc("fulfillment_started", "")},
+		{From: Fulfilling, Event: "ShipmentDelivered", To: Completed, Func: s.moveFunc("shipment_delivered", "OrderCompleted")},
+	}
+	all := []string{Pending, WaitPay, Paid, Fulfilling, Completed, Rejected, Closed}
+	for _, st := range all {
+		// Money taken in any state but WAIT_PAY goes back.
+		if st != WaitPay {
+			ts = append(ts, saga.Transition{From: st, Event: "PaymentSucceeded", To: st, Func: s.refund})
+		}
+		ts = append(ts, saga.Transition{From: st, Event: "PaymentRefunded", To: st, Func: s.refunded})
+	}
+	return saga.New("order", ts...)
+}
+
+// payload decodes an event's data; a payload that does not decode never
+// will, so it is poison.
+func payload[T any](st *saga.Step) (T, error) {
+	var v T
+	if err := json.Unmarshal(st.Event.Data, &v); err != nil {
+		return v, inbox.Poison(fmt.Errorf("%s payload: %w", st.Event.Type, err))
+	}
+	return v, nil
+}
+
+func data(st *saga.Step) (sagaData, error) {
+	var d sagaData
+	if err := json.Unmarshal(st.Instance.Data, &d); err != nil {
+		return d, fmt.Errorf("saga data of %s: %w", st.Instance.ID, err)
+	}
+	return d, nil
+}
+
+func setData(st *saga.Step, d sagaData) error {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("encode saga data: %w", err)
+	}
+	st.Data = b
+	return nil
+}
+
+func stepOrder(st *saga.Step) (uuid.UUID, error) {
+	id, err := uuid.Parse(st.Instance.ID)
+	if err != nil {
+		return id, fmt.Errorf("saga %s is not an order id: %w", st.Instance.ID, err)
+	}
+	return id, nil
+}
+
+// awaitPayment: PENDING → WAIT_PAY. The pay-by time is both the payload's
+// promise and the durable timeout, so they agree.
+func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	id, err := stepOrder(st)
+	if err != nil {
+		return err
+	}
+	var total int64
+	if err := tx.QueryRow(ctx, `SELECT total FROM orders WHERE order_id = $1`, id).Scan(&total); err != nil {
+		return fmt.Errorf("read order %s: %w", id, err)
+	}
+	payBy := now().Add(s.cfg.PaymentTimeout)
+	st.SetTimeout(paymentTimeout, payBy)
+	if err := setStatus(ctx, tx, id, st.To, "inventory_reserved"); err != nil {
+		return err
+	}
+	return s.outbox.Add(ctx, tx, event(id, "OrderAwaitingPayment", map[string]any{
+		"order_id": id, "total": total, "pay_by": payBy.Format(time.RFC3339Nano),
+	}))
+}
+
+// reject: PENDING → REJECTED; inventory holds nothing, but OrderRejected
+// tells it (and payment) the saga has ended.
+func (s *Service) reject(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	id, err := stepOrder(st)
+	if err != nil {
+		return err
+	}
+	p, err := payload[struct {
+		Reason string `json:"reason"`
+	}](st)
+	if err != nil {
+		return err
+	}
+	reason := p.Reason
+	if reason == "" {
+		reason = "inventory_rejected"
+	}
+	if err := setStatus(ctx, tx, id, st.To, reason); err != nil {
+		return err
+	}
+	return s.outbox.Add(ctx, tx, event(id, "OrderRejected", map[string]any{"order_id": id, "reason": reason}))
+}
+
+// closeFunc: PENDING or WAIT_PAY → CLOSED. OrderClosed makes inventory
+// release the stock (or not reserve it, if its reservation is still to come).
+func (s *Service) closeFunc(reason string) saga.TransitionFunc {
+	return func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+		id, err := stepOrder(st)
+		if err != nil {
+			return err
+		}
+		st.CancelTimeout(paymentTimeout)
+		if err := setStatus(ctx, tx, id, st.To, reason); err != nil {
+			return err
+		}
+		return s.outbox.Add(ctx, tx, event(id, "OrderClosed", map[string]any{"order_id": id, "reason": reason}))
+	}
+}
+
+type payment struct {
+	OrderID   string `json:"order_id"`
+	PaymentID string `json:"payment_id"`
+	Amount    int64  `json:"amount"`
+}
+
+// paid: WAIT_PAY → PAID. The timeout is cancelled in the same transaction,
+// so a payment and its timeout can never both take effect.
+func (s *Service) paid(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	id, err := stepOrder(st)
+	if err != nil {
+		return err
+	}
+	p, err := payload[payment](st)
+	if err != nil {
+		return err
+	}
+	d, err := data(st)
+	if err != nil {
+		return err
+	}
+	d.PaymentID = p.PaymentID
+	if err := setData(st, d); err != nil {
+		return err
+	}
+	st.CancelTimeout(paymentTimeout)
+	type line struct {
+		SKU      string `json:"sku"`
+		Quantity int    `json:"quantity"`
+	}
+	rows, _ := tx.Query(ctx, `SELECT sku, quantity FROM order_items WHERE order_id = $1 ORDER BY line`, id)
+	items, err := pgx.CollectRows(rows, pgx.RowToStructByPos[line])
+	if err != nil {
+		return fmt.Errorf("read items of order %s: %w", id, err)
+	}
+	if err := setStatus(ctx, tx, id, st.To, "payment_succeeded"); err != nil {
+		return err
+	}
+	return s.outbox.Add(ctx, tx, event(id, "OrderPaid", map[string]any{
+		"order_id": id, "payment_id": p.PaymentID, "amount": p.Amount, "items": items,
+	}))
+}
+
+// moveFunc is a transition that records the new state and, when emit is
+// set, emits that event with the payload {"order_id"}.
+func (s *Service) moveFunc(reason, emit string) saga.TransitionFunc {
+	return func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+		id, err := stepOrder(st)
+		if err != nil {
+			return err
+		}
+		if err := setStatus(ctx, tx, id, st.To, reason); err != nil {
+			return err
+		}
+		if emit == "" {
+			return nil
+		}
+		return s.outbox.Add(ctx, tx, event(id, emit, map[string]any{"order_id": id}))
+	}
+}
+
+// refund: a PaymentSucceeded for an order that is not waiting for payment.
+// The order keeps its state; the money goes back, once per payment id. The
+// payment that paid this order is not refunded (a copy of its event under
+// another id changes nothing).
+func (s *Service) refund(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	id, err := stepOrder(st)
+	if err != nil {
+		return err
+	}
+	p, err := payload[payment](st)
+	if err != nil {
+		return err
+	}
+	d, err := data(st)
+	if err != nil {
+		return err
+	}
+	if p.PaymentID == d.PaymentID || slices.Contains(d.Refunded, p.PaymentID) {
+		return nil
+	}
+	d.Refunded = append(d.Refunded, p.PaymentID)
+	if err := setData(st, d); err != nil {
+		return err
+	}
+	reason := map[string]string{
+		Closed:   "order_closed",
+		Rejected: "order_rejected",
+		Pending:  "order_not_awaiting_payment",
+	}[st.Instance.State]
+	if reason == "" {
+		reason = "order_already_paid"
+	}
+	if err := setStatus(ctx, tx, id, st.To, "refund_requested"); err != nil {
+		return err
+	}
+	return s.outbox.Add(ctx, tx, event(id, "RefundRequested", map[string]any{
+		"order_id": id, "payment_id": p.PaymentID, "amount": p.Amount, "reason": reason,
+	}))
+}
+
+// refunded: payment confirmed a refund; the history shows it, the state
+// stays.
+func (s *Service) refunded(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	id, err := stepOrder(st)
+	if err != nil {
+		return err
+	}
+	return setStatus(ctx, tx, id, st.To, "payment_refunded")
+}

@@ -1,0 +1,224 @@
+package order
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestSagaHappyPath(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 250)
+	o := e.create(t, "SKU-1", 4)
+
+	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 4}}})
+	e.waitStatus(t, o.ID, WaitPay)
+	p := e.payload(t, o.ID, "OrderAwaitingPayment")
+	payBy, err := time.Parse(time.RFC3339, p["pay_by"].(string))
+	if err != nil || p["total"] != float64(1000) || time.Until(payBy) < 14*time.Minute {
+		t.Fatalf("OrderAwaitingPayment %v (%v)", p, err)
+	}
+	if n := e.count(t, `SELECT count(*) FROM saga_timeouts WHERE saga_id = $1 AND name = 'payment'`, o.ID.String()); n != 1 {
+		t.Fatal("no payment timeout in WAIT_PAY")
+	}
+
+	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "pay-1", "provider_payment_id": "pp-1", "amount": 1000})
+	e.waitStatus(t, o.ID, Paid)
+	p = e.payload(t, o.ID, "OrderPaid")
+	if p["payment_id"] != "pay-1" || p["amount"] != float64(1000) || len(p["items"].([]any)) != 1 {
+		t.Fatalf("OrderPaid %v", p)
+	}
+	if n := e.count(t, `SELECT count(*) FROM saga_timeouts`); n != 0 {
+		t.Fatal("the payment timeout outlived the payment")
+	}
+
+	e.publish(t, "fulfillment", o.ID, "FulfillmentStarted", map[string]any{"order_id": o.ID, "shipment_id": "s-1"})
+	e.waitStatus(t, o.ID, Fulfilling)
+	e.publish(t, "fulfillment", o.ID, "ShipmentDelivered", map[string]any{"order_id": o.ID, "shipment_id": "s-1", "delivered_at": time.Now()})
+	got := e.waitStatus(t, o.ID, Completed)
+
+	if statuses(got) != "PENDING WAIT_PAY PAID FULFILLING COMPLETED" {
+		t.Fatalf("history %s", statuses(got))
+	}
+	for i := 1; i < len(got.History); i++ {
+		if got.History[i].At.Before(got.History[i-1].At) {
+			t.Fatalf("history not oldest first: %+v", got.History)
+		}
+	}
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "OrderCompleted")
+	if n := e.count(t, `SELECT version FROM orders WHERE order_id = $1`, o.ID); n != 5 {
+		t.Fatalf("order version %d, want 5 (created + 4 transitions)", n)
+	}
+}
+
+func TestSagaRejected(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	e.publish(t, "inventory", o.ID, "InventoryRejected", map[string]any{"order_id": o.ID, "reason": "insufficient_stock", "sku": "SKU-1"})
+	got := e.waitStatus(t, o.ID, Rejected)
+	if statuses(got) != "PENDING REJECTED" || got.History[1].Reason != "insufficient_stock" {
+		t.Fatalf("history %+v", got.History)
+	}
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderRejected")
+	if p := e.payload(t, o.ID, "OrderRejected"); p["reason"] != "insufficient_stock" {
+		t.Fatalf("OrderRejected %v", p)
+	}
+}
+
+func TestSagaPaymentFailed(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.waitStatus(t, o.ID, WaitPay)
+	e.publish(t, "payment", o.ID, "PaymentFailed", map[string]any{"order_id": o.ID, "payment_id": "p-1", "amount": 100, "reason": "card_declined"})
+	e.waitStatus(t, o.ID, Closed)
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderClosed")
+	if p := e.payload(t, o.ID, "OrderClosed"); p["reason"] != reasonPaymentFailed {
+		t.Fatalf("OrderClosed %v", p)
+	}
+}
+
+func TestSagaPaymentTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{PaymentTimeout: 200 * time.Millisecond})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.waitStatus(t, o.ID, WaitPay)
+	got := e.waitStatus(t, o.ID, Closed)
+	if got.History[len(got.History)-1].Reason != reasonPaymentTimeout {
+		t.Fatalf("history %+v", got.History)
+	}
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderClosed")
+	if p := e.payload(t, o.ID, "OrderClosed"); p["reason"] != reasonPaymentTimeout {
+		t.Fatalf("OrderClosed %v", p)
+	}
+}
+
+func TestLatePaymentRefundedOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.waitStatus(t, o.ID, WaitPay)
+	if res := e.do(t, http.MethodPost, "/orders/"+o.ID.String()+"/cancel", "", "", nil); res.status != http.StatusAccepted {
+		t.Fatalf("cancel: %d", res.status)
+	}
+
+	paid := map[string]any{"order_id": o.ID, "payment_id": "late-1", "provider_payment_id": "pp", "amount": 100}
+	m := e.publish(t, "payment", o.ID, "PaymentSucceeded", paid)
+	// Delivered twice: the same message again, stored by the stream under
+	// another message id (as after the duplicate window), and the same
+	// payment once more under a new event id and sequence.
+	again := nats.NewMsg(m.Subject)
+	for k, v := range m.Header {
+		again.Header[k] = v
+	}
+	again.Header.Set(jetstream.MsgIDHeader, uuid.NewString())
+	again.Data = m.Data
+	e.send(t, again)
+	e.publish(t, "payment", o.ID, "PaymentSucceeded", paid)
+	e.publish(t, "payment", o.ID, "PaymentRefunded", map[string]any{"order_id": o.ID, "payment_id": "late-1", "refund_id": "r-1", "amount": 100})
+
+	eventually(t, "the refund to be recorded", func() bool {
+		return e.count(t, `SELECT count(*) FROM order_history WHERE order_id = $1 AND reason = 'payment_refunded'`, o.ID) == 1
+	})
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderClosed", "RefundRequested")
+	p := e.payload(t, o.ID, "RefundRequested")
+	if p["payment_id"] != "late-1" || p["amount"] != float64(100) || p["reason"] != "order_closed" {
+		t.Fatalf("RefundRequested %v", p)
+	}
+	if got := e.get(t, o.ID); got.Status != Closed {
+		t.Fatalf("status %s", got.Status)
+	}
+}
+
+func TestSecondPaymentOfPaidOrderRefunded(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.waitStatus(t, o.ID, WaitPay)
+	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-1", "amount": 100})
+	e.waitStatus(t, o.ID, Paid)
+	// The paying payment again (another event id) is not refunded; another
+	// payment is.
+	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-1", "amount": 100})
+	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-2", "amount": 100})
+	eventually(t, "the refund", func() bool {
+		return e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'RefundRequested'`, o.ID.String()) == 1
+	})
+	if p := e.payload(t, o.ID, "RefundRequested"); p["payment_id"] != "p-2" || p["reason"] != "order_already_paid" {
+		t.Fatalf("RefundRequested %v", p)
+	}
+	eventually(t, "every payment event processed", func() bool {
+		return e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = 'order-payment'`) == 3
+	})
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "RefundRequested")
+}
+
+func TestUnexpectedEventIgnored(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	if res := e.do(t, http.MethodPost, "/orders/"+o.ID.String()+"/cancel", "", "", nil); res.status != http.StatusAccepted {
+		t.Fatalf("cancel: %d", res.status)
+	}
+	// The reservation comes after the cancel, then an event that does fit
+	// nothing either: both are recorded, neither blocks the consumer.
+	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.publish(t, "inventory", uuid.New(), "InventoryReserved", map[string]any{})
+	eventually(t, "the unexpected events to be recorded", func() bool {
+		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE event_type = 'InventoryReserved'`) == 2
+	})
+	if got := e.get(t, o.ID); got.Status != Closed || statuses(got) != "PENDING CLOSED" {
+		t.Fatalf("order %s %s", got.Status, statuses(got))
+	}
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderClosed")
+	// The consumer still works.
+	e.stock(t, "SKU-2", 7)
+}
+
+func TestCatalogueKeepsNewestPrice(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	e.stock(t, "SKU-1", 150)
+	// A stale copy applied directly (as if the inbox's sequence check were
+	// off) does not bring the old price back.
+	err := pgx.BeginFunc(t.Context(), e.pool, func(tx pgx.Tx) error { return upsertProduct(t.Context(), tx, "SKU-1", 100, 1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, `SELECT price FROM catalogue WHERE sku = 'SKU-1'`); n != 150 {
+		t.Fatalf("price %d, want 150", n)
+	}
+}
+
+func TestUnknownSchemaVersionIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	m := e.upstream("inventory", "product", "SKU-9", "ProductUpdated", map[string]any{"sku": "SKU-9", "price": 1})
+	m.Header.Set("Schema-Version", "2")
+	m.Header.Set(jetstream.MsgIDHeader, uuid.NewString())
+	e.send(t, m)
+	eventually(t, "the dead letter", func() bool {
+		return e.count(t, `SELECT count(*) FROM dead_letters WHERE consumer_name = 'order-inventory'`) == 1
+	})
+	if n := e.count(t, `SELECT count(*) FROM catalogue`); n != 0 {
+		t.Fatal("a version 2 event was applied")
+	}
+}

@@ -1,0 +1,192 @@
+// Package order is the order service: it takes orders over HTTP with
+// idempotency keys, keeps its own copy of the catalogue, and coordinates
+// each order's saga (pkg/saga) across inventory, payment and fulfillment.
+//
+// Every write that emits an event does so through the service's outbox in
+// the same transaction: a new order with OrderCreated, each saga transition
+// with the events it causes.
+//
+// Choices the contract leaves open:
+//
+//   - The Idempotency-Key request hash is SHA-256 of the decoded request
+//     encoded again as JSON (fields in struct order, lines in request order),
+//     so the same request spelled differently is the same request.
+//   - A replay returns the response stored with the key (201 and the order as
+//     it was created), not the order's current state, as payment APIs do.
+//   - A SKU listed on two lines is refused with 422 rather than merged.
+//   - Keys must be 1..255 printable ASCII characters (400 otherwise).
+//   - The customer's cancel is the saga event "CustomerCancel"; a refund is
+//     requested once per payment_id (remembered in the saga's data), and the
+//     payment that paid the order is never refunded by a late copy of itself.
+package order
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/pkg/saga"
+)
+
+// Config configures the order service. Zero fields take their defaults.
+type Config struct {
+	PaymentTimeout time.Duration // PAYMENT_TIMEOUT: how long an order may wait in WAIT_PAY; default 15m
+	KeyTTL         time.Duration // how long an Idempotency-Key is remembered; default 24h
+	Logger         *slog.Logger  // nil: discard
+}
+
+func (c *Config) setDefaults() {
+	c.PaymentTimeout = cmp.Or(c.PaymentTimeout, 15*time.Minute)
+	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c *Config) validate() error {
+	if c.PaymentTimeout < 0 || c.KeyTTL < 0 {
+		return fmt.Errorf("order: PaymentTimeout (%s) and KeyTTL (%s) must not be negative", c.PaymentTimeout, c.KeyTTL)
+	}
+	return nil
+}
+
+// consumerWorkers is the Workers of each of the three consumers. Each needs
+// Workers+2 pool connections, so the service's pool wants about
+// 3×(consumerWorkers+2) + a few for HTTP and the scanner.
+const consumerWorkers = 4
+
+// PoolSize is the least pool size Run needs, with room for HTTP requests.
+const PoolSize = 3*(consumerWorkers+2) + 6
+
+// Service is the order service.
+type Service struct {
+	pool *pgxpool.Pool
+	js   jetstream.JetStream
+	cfg  Config
+	log  *slog.Logger
+
+	outbox outbox.Writer
+	saga   *saga.Saga
+
+	scanEvery    time.Duration // how often the saga scanner looks for due timeouts
+	cleanupEvery time.Duration // how often expired idempotency keys are deleted
+}
+
+// New returns the service; it does no I/O. pool must use the order schema.
+func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, error) {
+	if pool == nil || js == nil {
+		return nil, errors.New("order: New needs a pool and a JetStream context")
+	}
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Service{
+		pool: pool,
+		js:   js,
+		cfg:  cfg,
+		log:  cfg.Logger,
+		// NOTIFY takes a database-wide lock at commit; one wake-up per 5ms
+		// is plenty for the relay, polling covers the rest.
+		outbox:       outbox.Writer{NotifyInterval: 5 * time.Millisecond},
+		scanEvery:    cmp.Or(min(cfg.PaymentTimeout/4, time.Second), time.Millisecond),
+		cleanupEvery: max(min(cfg.KeyTTL/2, time.Hour), time.Second),
+	}
+	var err error
+	if s.saga, err = s.newSaga(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run consumes the INVENTORY, PAYMENT and FULFILLMENT streams, fires payment
+// timeouts and deletes expired idempotency keys until ctx ends; it then
+// returns nil. It returns an error when a part cannot start or fails.
+func (s *Service) Run(ctx context.Context) error {
+	consumers := []inbox.Config{
+		{Name: "order-inventory", Stream: "INVENTORY", Handler: s.handleInventory},
+		{Name: "order-payment", Stream: "PAYMENT", Handler: s.handlePayment},
+		{Name: "order-fulfillment", Stream: "FULFILLMENT", Handler: s.handleFulfillment},
+	}
+	scanner, err := saga.NewScanner(s.pool, saga.ScannerConfig{PollInterval: s.scanEvery, Logger: s.log}, s.saga)
+	if err != nil {
+		return fmt.Errorf("order: %w", err)
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	for _, cfg := range consumers {
+		cfg.Workers = consumerWorkers
+		cfg.DuplicateWindow = broker.DuplicateWindow
+		// Producers may republish an event this long after its first
+		// publish; the inbox must remember ids longer than that.
+		cfg.PublishHorizon = (outbox.Config{}).RetryHorizon()
+		cfg.Logger = s.log
+		c, err := inbox.NewConsumer(s.pool, s.js, cfg)
+		if err != nil {
+			return fmt.Errorf("order: %w", err)
+		}
+		g.Go(func() error {
+			if !s.waitStream(ctx, cfg.Stream) {
+				return nil
+			}
+			if err := c.Run(ctx); err != nil {
+				return fmt.Errorf("order: consumer %s: %w", cfg.Name, err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error { return scanner.Run(ctx) })
+	g.Go(func() error { s.cleanKeys(ctx); return nil })
+	return g.Wait()
+}
+
+// waitStream waits until the stream exists, reporting false if ctx ended
+// first. Upstream streams are created by their producers, which may start
+// after this service; until they do there is nothing to consume.
+func (s *Service) waitStream(ctx context.Context, name string) bool {
+	wait := 100 * time.Millisecond
+	for {
+		_, err := s.js.Stream(ctx, name)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		s.log.Warn("stream not there yet; waiting", "stream", name, "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// cleanKeys deletes expired idempotency keys now and then. Expired keys are
+// already ignored by POST /orders; deleting them only keeps the table small.
+func (s *Service) cleanKeys(ctx context.Context) {
+	for {
+		n, err := deleteExpiredKeys(ctx, s.pool)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.log.Error("idempotency key cleanup failed", "err", err)
+		case n > 0:
+			s.log.Info("idempotency keys expired", "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(s.cleanupEvery):
+		}
+	}
+}

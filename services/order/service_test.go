@@ -1,0 +1,254 @@
+package order
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+)
+
+// env is one test's world: its own schema, NATS server with the four
+// streams, a running Service and its HTTP server.
+type env struct {
+	db   *pgtest.Schema
+	pool *pgxpool.Pool
+	js   jetstream.JetStream
+	url  string
+
+	mu   sync.Mutex
+	seqs map[string]int64 // next Aggregate-Seq per producer and aggregate
+}
+
+func setup(t *testing.T, cfg Config) *env {
+	t.Helper()
+	db := pgtest.New(t, "order")
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	for name, subj := range map[string]string{"ORDERS": "orders.>", "INVENTORY": "inventory.>", "PAYMENT": "payment.>", "FULFILLMENT": "fulfillment.>"} {
+		srv.Stream(t, js, name, subj)
+	}
+	pool := db.NewPool(t, PoolSize)
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	svc, err := New(pool, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := chi.NewRouter()
+	svc.Routes(r)
+	hs := httptest.NewServer(r)
+	t.Cleanup(hs.Close)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not return after its context ended")
+		}
+	})
+	return &env{db: db, pool: pool, js: js, url: hs.URL, seqs: map[string]int64{}}
+}
+
+// upstream builds an event as a producer's outbox relay would publish it,
+// with the contract's headers and the producer's next sequence number.
+func (e *env) upstream(prefix, aggType, aggID, typ string, payload any) *nats.Msg {
+	e.mu.Lock()
+	k := prefix + "/" + aggType + "/" + aggID
+	e.seqs[k]++
+	seq := e.seqs[k]
+	e.mu.Unlock()
+	m := nats.NewMsg(prefix + "." + aggID + "." + typ)
+	m.Header.Set(jetstream.MsgIDHeader, uuid.NewString())
+	m.Header.Set("Event-Type", typ)
+	m.Header.Set("Aggregate-Type", aggType)
+	m.Header.Set("Aggregate-Id", aggID)
+	m.Header.Set("Aggregate-Seq", strconv.FormatInt(seq, 10))
+	m.Header.Set("Schema-Version", "1")
+	m.Header.Set("Occurred-At", time.Now().UTC().Format(time.RFC3339Nano))
+	m.Data, _ = json.Marshal(payload)
+	return m
+}
+
+func (e *env) send(t *testing.T, m *nats.Msg) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publish sends an upstream event about order id.
+func (e *env) publish(t *testing.T, prefix string, id uuid.UUID, typ string, payload any) *nats.Msg {
+	t.Helper()
+	m := e.upstream(prefix, "order", id.String(), typ, payload)
+	e.send(t, m)
+	return m
+}
+
+// stock publishes ProductUpdated and waits until the catalogue has it.
+func (e *env) stock(t *testing.T, sku string, price int64) {
+	t.Helper()
+	e.send(t, e.upstream("inventory", "product", sku, "ProductUpdated",
+		map[string]any{"sku": sku, "price": price, "on_hand": 10, "reserved": 0, "available": 10}))
+	eventually(t, "catalogue to learn "+sku, func() bool {
+		return e.count(t, `SELECT count(*) FROM catalogue WHERE sku = $1 AND price = $2`, sku, price) == 1
+	})
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (e *env) do(t *testing.T, method, path, contentType, key string, body []byte) response {
+	t.Helper()
+	req, err := http.NewRequest(method, e.url+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return response{res.StatusCode, res.Header, b}
+}
+
+func (e *env) post(t *testing.T, key, body string) response {
+	t.Helper()
+	return e.do(t, http.MethodPost, "/orders", "application/json", key, []byte(body))
+}
+
+// create places an order of qty units of sku and returns it.
+func (e *env) create(t *testing.T, sku string, qty int) Order {
+	t.Helper()
+	res := e.post(t, uuid.NewString(), fmt.Sprintf(`{"customer_id":"c-1","items":[{"sku":%q,"quantity":%d}]}`, sku, qty))
+	if res.status != http.StatusCreated {
+		t.Fatalf("POST /orders: %d %s", res.status, res.body)
+	}
+	return decode[Order](t, res.body)
+}
+
+func (e *env) get(t *testing.T, id uuid.UUID) Order {
+	t.Helper()
+	res := e.do(t, http.MethodGet, "/orders/"+id.String(), "", "", nil)
+	if res.status != http.StatusOK {
+		t.Fatalf("GET order: %d %s", res.status, res.body)
+	}
+	return decode[Order](t, res.body)
+}
+
+func decode[T any](t *testing.T, b []byte) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("decode %s: %v", b, err)
+	}
+	return v
+}
+
+func (e *env) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitStatus waits until the order is in status.
+func (e *env) waitStatus(t *testing.T, id uuid.UUID, status string) Order {
+	t.Helper()
+	eventually(t, "order to be "+status, func() bool {
+		return e.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = $2`, id, status) == 1
+	})
+	return e.get(t, id)
+}
+
+// events lists the types of the order's outbox events in sequence order.
+func (e *env) events(t *testing.T, id uuid.UUID) []string {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(),
+		`SELECT event_type FROM outbox WHERE aggregate_type = 'order' AND aggregate_id = $1 ORDER BY aggregate_seq`, id.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		_ = rows.Scan(&s)
+		out = append(out, s)
+	}
+	return out
+}
+
+// payload returns the payload of the order's only event of type typ.
+func (e *env) payload(t *testing.T, id uuid.UUID, typ string) map[string]any {
+	t.Helper()
+	var b []byte
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT payload::text FROM outbox WHERE aggregate_id = $1 AND event_type = $2`, id.String(), typ).Scan(&b); err != nil {
+		t.Fatalf("%s of %s: %v", typ, id, err)
+	}
+	return decode[map[string]any](t, b)
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func statuses(o Order) string {
+	var s []string
+	for _, h := range o.History {
+		s = append(s, h.Status)
+	}
+	return strings.Join(s, " ")
+}
+
+func wantEvents(t *testing.T, got []string, want ...string) {
+	t.Helper()
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("outbox events %v, want %v", got, want)
+	}
+}
