@@ -1,0 +1,190 @@
+package payment
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+// Event types payment publishes to the PAYMENT stream (docs/events.md).
+const (
+	EventPaymentSucceeded = "PaymentSucceeded"
+	EventPaymentFailed    = "PaymentFailed"
+	EventPaymentRefunded  = "PaymentRefunded"
+)
+
+// PaymentSucceeded is the payload of a PaymentSucceeded event.
+type PaymentSucceeded struct {
+	OrderID           string    `json:"order_id"`
+	PaymentID         uuid.UUID `json:"payment_id"`
+	ProviderPaymentID string    `json:"provider_payment_id"`
+	Amount            int64     `json:"amount"`
+}
+
+// PaymentFailed is the payload of a PaymentFailed event.
+type PaymentFailed struct {
+	OrderID           string    `json:"order_id"`
+	PaymentID         uuid.UUID `json:"payment_id"`
+	ProviderPaymentID string    `json:"provider_payment_id"`
+	Amount            int64     `json:"amount"`
+	Reason            string    `json:"reason"`
+}
+
+// PaymentRefunded is the payload of a PaymentRefunded event.
+type PaymentRefunded struct {
+	OrderID   string    `json:"order_id"`
+	PaymentID uuid.UUID `json:"payment_id"`
+	RefundID  uuid.UUID `json:"refund_id"`
+	Amount    int64     `json:"amount"`
+}
+
+// ConsumerName is the durable name of payment's ORDERS consumer.
+const ConsumerName = "payment-orders"
+
+// orderEvent holds the fields payment reads from any ORDERS event; the
+// payloads carry more, which a tolerant reader ignores.
+type orderEvent struct {
+	OrderID   string `json:"order_id"`
+	Total     *int64 `json:"total"`  // OrderCreated, OrderAwaitingPayment
+	Amount    *int64 `json:"amount"` // OrderPaid, RefundRequested
+	PaymentID string `json:"payment_id"`
+	Reason    string `json:"reason"`
+}
+
+// handle applies one ORDERS event inside its inbox transaction.
+func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	switch m.Type {
+	case "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "OrderClosed", "OrderRejected", "RefundRequested":
+	default:
+		return nil // not ours; returning nil still advances the sequence cursor
+	}
+	if m.SchemaVersion != 1 {
+		return inbox.Poison(fmt.Errorf("%s schema version %d is not supported", m.Type, m.SchemaVersion))
+	}
+	var ev orderEvent
+	if err := json.Unmarshal(m.Data, &ev); err != nil {
+		return inbox.Poison(fmt.Errorf("decode %s: %w", m.Type, err))
+	}
+	if ev.OrderID == "" {
+		return inbox.Poison(fmt.Errorf("%s without order_id", m.Type))
+	}
+	need := func(name string, v *int64) (int64, error) {
+		if v == nil || *v < 0 {
+			return 0, inbox.Poison(fmt.Errorf("%s without a valid %s", m.Type, name))
+		}
+		return *v, nil
+	}
+	switch m.Type {
+	case "OrderCreated":
+		total, err := need("total", ev.Total)
+		if err != nil {
+			return err
+		}
+		return createIntent(ctx, tx, ev.OrderID, total)
+	case "OrderAwaitingPayment":
+		total, err := need("total", ev.Total)
+		if err != nil {
+			return err
+		}
+		return markPayable(ctx, tx, ev.OrderID, total)
+	case "OrderPaid":
+		amount, err := need("amount", ev.Amount)
+		if err != nil {
+			return err
+		}
+		return markPaid(ctx, tx, ev.OrderID, amount)
+	case "OrderClosed", "OrderRejected":
+		return markClosed(ctx, tx, ev.OrderID)
+	default: // RefundRequested
+		amount, err := need("amount", ev.Amount)
+		if err != nil {
+			return err
+		}
+		return s.requestRefund(ctx, tx, m.EventID, ev, amount)
+	}
+}
+
+// requestRefund records the refund in the inbox transaction; the provider
+// is called later by the refund loop, outside any transaction, because a
+// transaction must never wait on a remote call.
+func (s *Service) requestRefund(ctx context.Context, tx pgx.Tx, eventID uuid.UUID, ev orderEvent, amount int64) error {
+	paymentID, err := uuid.Parse(ev.PaymentID)
+	if err != nil {
+		return inbox.Poison(fmt.Errorf("RefundRequested payment_id %q: %w", ev.PaymentID, err))
+	}
+	p, err := paymentByID(ctx, tx, paymentID)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		// The saga only asks about payments it heard of from us, and
+		// our payment row commits before its event: this cannot heal.
+		return inbox.Poison(fmt.Errorf("RefundRequested for unknown payment %s", paymentID))
+	case err != nil:
+		return err
+	case p.OrderID != ev.OrderID || p.Status != StatusSucceeded || amount == 0 || amount > p.Amount:
+		return inbox.Poison(fmt.Errorf("RefundRequested does not match payment %s (order %s, %s, amount %d)",
+			paymentID, p.OrderID, p.Status, p.Amount))
+	}
+	refundID, err := uuid.NewV7()
+	if err != nil {
+		return fmt.Errorf("new refund id: %w", err)
+	}
+	created, err := insertRefund(ctx, tx, Refund{
+		RefundID:       refundID,
+		OrderID:        ev.OrderID,
+		PaymentID:      paymentID,
+		IdempotencyKey: eventID, // stable across redeliveries: the provider refunds once per key
+		Amount:         amount,
+	})
+	if err != nil {
+		return err
+	}
+	if created {
+		s.log.Info("refund requested", "order_id", ev.OrderID, "payment_id", paymentID, "amount", amount, "reason", ev.Reason)
+		s.kickRefunds()
+	} else {
+		s.log.Info("refund already requested for payment", "order_id", ev.OrderID, "payment_id", paymentID)
+	}
+	return nil
+}
+
+// paymentEvent is the outbox event of an accepted callback.
+func paymentEvent(p Payment, at time.Time) outbox.Event {
+	if p.Status == StatusSucceeded {
+		return orderEventOf(p.OrderID, EventPaymentSucceeded, at, PaymentSucceeded{
+			OrderID: p.OrderID, PaymentID: p.PaymentID, ProviderPaymentID: p.ProviderPaymentID, Amount: p.Amount,
+		})
+	}
+	return orderEventOf(p.OrderID, EventPaymentFailed, at, PaymentFailed{
+		OrderID: p.OrderID, PaymentID: p.PaymentID, ProviderPaymentID: p.ProviderPaymentID, Amount: p.Amount,
+		// The callback carries no reason; the provider only said no.
+		Reason: "declined",
+	})
+}
+
+func refundedEvent(r Refund, at time.Time) outbox.Event {
+	return orderEventOf(r.OrderID, EventPaymentRefunded, at, PaymentRefunded{
+		OrderID: r.OrderID, PaymentID: r.PaymentID, RefundID: r.RefundID, Amount: r.Amount,
+	})
+}
+
+// orderEventOf builds an event of the order aggregate on the contract's
+// subject payment.<order_id>.<Type>.
+func orderEventOf(orderID, typ string, at time.Time, payload any) outbox.Event {
+	return outbox.Event{
+		AggregateType: "order",
+		AggregateID:   orderID,
+		Type:          typ,
+		SchemaVersion: 1,
+		Subject:       "payment." + orderID + "." + typ,
+		Payload:       payload,
+		OccurredAt:    at,
+	}
+}

@@ -1,0 +1,199 @@
+package payment
+
+import (
+	"bytes"
+	"errors"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/shop-ref/shop/internal/httpx"
+)
+
+// Routes mounts the payment endpoints on r.
+func (s *Service) Routes(r chi.Router) {
+	r.Post("/webhooks/payment", s.handleWebhook)
+	r.Post("/payments/{order_id}/simulate", s.handleSimulate)
+	r.Get("/payments/{order_id}", s.handleGet)
+}
+
+// maxIDLen bounds the ids a callback may carry.
+const maxIDLen = 255
+
+// handleWebhook is the provider's callback. The signature is checked on
+// the raw bytes before anything is parsed or written: decoding first would
+// act on unauthenticated input, and re-encoding would not reproduce the
+// bytes that were signed.
+func (s *Service) handleWebhook(w http.ResponseWriter, r *http.Request) {
+	body, err := httpx.ReadBody(r)
+	if err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	if err := verifySignature(s.cfg.WebhookSecret, r.Header.Get(SignatureHeader), body, s.cfg.Now()); err != nil {
+		// The reason is logged, not returned: a forger learns nothing.
+		s.log.Warn("webhook signature refused", "reason", err, "remote", r.RemoteAddr)
+		httpx.WriteProblem(w, r, s.log, httpx.NewProblem(http.StatusUnauthorized, "invalid-signature",
+			"the Payment-Signature header is missing, malformed, expired or wrong"))
+		return
+	}
+	if err := requireJSON(r); err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	var cb Callback
+	if err := httpx.DecodeBytes(body, &cb); err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	if err := validateCallback(cb); err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	p, replayed, err := s.recordCallback(r.Context(), cb)
+	if err != nil {
+		httpx.WriteProblem(w, r, s.log, problemOf(err))
+		return
+	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"payment_id": p.PaymentID, "status": p.Status})
+}
+
+func validateCallback(cb Callback) error {
+	switch {
+	case cb.OrderID == "" || len(cb.OrderID) > maxIDLen:
+		return httpx.Invalid("order_id must be 1 to %d characters", maxIDLen)
+	case cb.ProviderPaymentID == "" || len(cb.ProviderPaymentID) > maxIDLen:
+		return httpx.Invalid("provider_payment_id must be 1 to %d characters", maxIDLen)
+	case cb.Status != StatusSucceeded && cb.Status != StatusFailed:
+		return httpx.Invalid("status must be %q or %q", StatusSucceeded, StatusFailed)
+	case cb.Amount < 0:
+		return httpx.Invalid("amount must not be negative")
+	}
+	return nil
+}
+
+// handleSimulate asks the fake provider to charge the order. The provider
+// signs a callback and it goes through handleWebhook like any other, so
+// the demo exercises the real verification and recording path.
+func (s *Service) handleSimulate(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Outcome string `json:"outcome"`
+	}
+	if _, err := httpx.Decode(r, &req); err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	if req.Outcome != StatusSucceeded && req.Outcome != StatusFailed {
+		httpx.WriteProblem(w, r, s.log, httpx.Invalid("outcome must be %q or %q", StatusSucceeded, StatusFailed))
+		return
+	}
+	in, err := getIntent(r.Context(), s.pool, chi.URLParam(r, "order_id"), false)
+	if err == nil && in.State == StatePending {
+		err = ErrNotPayable
+	}
+	if err != nil {
+		httpx.WriteProblem(w, r, s.log, problemOf(err))
+		return
+	}
+	body, sig, err := s.provider.Charge(in.OrderID, in.Amount, req.Outcome, s.cfg.WebhookSecret, s.cfg.Now())
+	if err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	cb, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "/webhooks/payment", bytes.NewReader(body))
+	if err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	cb.Header.Set("Content-Type", "application/json")
+	cb.Header.Set(SignatureHeader, sig)
+	cb.RemoteAddr = "fake-provider"
+	rec := &recorder{header: http.Header{}}
+	s.handleWebhook(rec, cb)
+	for k, v := range rec.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.status)
+	_, _ = w.Write(rec.body.Bytes())
+}
+
+// handleGet shows what payment knows of an order: its intent, payments and
+// refunds. Provider ids are shown in full here: this is the operator's view.
+func (s *Service) handleGet(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	in, err := getIntent(ctx, s.pool, chi.URLParam(r, "order_id"), false)
+	if err != nil {
+		httpx.WriteProblem(w, r, s.log, problemOf(err))
+		return
+	}
+	ps, err := listPayments(ctx, s.pool, in.OrderID)
+	if err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	rs, err := listRefunds(ctx, s.pool, in.OrderID)
+	if err != nil {
+		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, struct {
+		Intent
+		Payments []Payment `json:"payments"`
+		Refunds  []Refund  `json:"refunds"`
+	}{in, ps, rs})
+}
+
+// problemOf maps the domain errors to problem responses; anything else
+// stays an error and becomes a logged 500.
+func problemOf(err error) error {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return httpx.NewProblem(http.StatusNotFound, "order-not-found", "payment knows no order with this id")
+	case errors.Is(err, ErrNotPayable):
+		return httpx.NewProblem(http.StatusConflict, "order-not-payable",
+			"the order's stock is not held yet; pay once it is awaiting payment")
+	case errors.Is(err, ErrAmountMismatch):
+		return httpx.NewProblem(http.StatusUnprocessableEntity, "amount-mismatch", "amount differs from the order total")
+	case errors.Is(err, ErrPaymentConflict):
+		return httpx.NewProblem(http.StatusConflict, "payment-conflict",
+			"this provider_payment_id was recorded with a different order, status or amount")
+	}
+	return err
+}
+
+// requireJSON is the contract's 415 rule; httpx applies it only inside
+// Decode, which the webhook cannot use because it must see the raw body
+// before decoding.
+func requireJSON(r *http.Request) error {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return httpx.NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type", "send the body as application/json")
+	}
+	return nil
+}
+
+// recorder captures the response of the in-process webhook call made by
+// handleSimulate.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(b)
+}

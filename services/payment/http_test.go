@@ -1,0 +1,302 @@
+package payment
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// nothingWritten fails unless no payment and no outbox row exist.
+func (e *env) nothingWritten(t *testing.T) {
+	t.Helper()
+	if n := e.count(t, `SELECT count(*) FROM payments`); n != 0 {
+		t.Fatalf("%d payments written, want none", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM outbox`); n != 0 {
+		t.Fatalf("%d outbox rows written, want none", n)
+	}
+}
+
+func TestWebhookSignature(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	order := e.intent(t, StatePayable, 1999)
+	body := mustJSON(t, Callback{OrderID: order, ProviderPaymentID: "pay_sig", Status: StatusSucceeded, Amount: 1999})
+	now := e.clock()
+
+	refused := []struct {
+		name string
+		body []byte
+		sig  string
+	}{
+		{"missing", body, ""},
+		{"wrong secret", body, Sign("not-the-secret", now, body)},
+		{"garbage", body, "nonsense"},
+		{"no v1", body, "t=" + itoa(now.Unix())},
+		{"expired", body, Sign(testSecret, now.Add(-SignatureTolerance-time.Second), body)},
+		{"from the future", body, Sign(testSecret, now.Add(SignatureTolerance+time.Second), body)},
+		{"tampered body", []byte(strings.Replace(string(body), "1999", "1", 1)), Sign(testSecret, now, body)},
+		{"timestamp moved", body, strings.Replace(Sign(testSecret, now.Add(-time.Hour), body), itoa(now.Add(-time.Hour).Unix()), itoa(now.Unix()), 1)},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			wantProblem(t, e.callback(t, tc.body, tc.sig), http.StatusUnauthorized, "invalid-signature")
+			e.nothingWritten(t)
+		})
+	}
+
+	t.Run("valid inside the tolerance", func(t *testing.T) {
+		// Signed 4 minutes ago by the provider's clock: still accepted.
+		wantStatus(t, e.callback(t, body, Sign(testSecret, now.Add(-4*time.Minute), body)), http.StatusOK)
+		if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
+			t.Fatalf("%d payments, want 1", n)
+		}
+	})
+
+	t.Run("the service clock moves past the tolerance", func(t *testing.T) {
+		sig := Sign(testSecret, e.clock(), body)
+		e.advance(SignatureTolerance + time.Second)
+		wantProblem(t, e.callback(t, body, sig), http.StatusUnauthorized, "invalid-signature")
+	})
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func TestWebhookRefusals(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	payable := e.intent(t, StatePayable, 500)
+	pending := e.intent(t, StatePending, 500)
+
+	cases := []struct {
+		name   string
+		body   string
+		ctype  string
+		status int
+		code   string
+	}{
+		{"unknown order", `{"order_id":"` + uuid.NewString() + `","provider_payment_id":"p1","status":"succeeded","amount":500}`, "", http.StatusNotFound, "order-not-found"},
+		{"pending order: stock not held yet", `{"order_id":"` + pending + `","provider_payment_id":"p2","status":"succeeded","amount":500}`, "", http.StatusConflict, "order-not-payable"},
+		{"amount mismatch", `{"order_id":"` + payable + `","provider_payment_id":"p3","status":"succeeded","amount":499}`, "", http.StatusUnprocessableEntity, "amount-mismatch"},
+		{"bad JSON", `{"order_id":`, "", http.StatusBadRequest, "malformed-json"},
+		{"unknown field", `{"order_id":"` + payable + `","provider_payment_id":"p4","status":"succeeded","amount":500,"x":1}`, "", http.StatusBadRequest, "malformed-json"},
+		{"wrong type", `{"order_id":"` + payable + `","provider_payment_id":"p5","status":"succeeded","amount":"500"}`, "", http.StatusBadRequest, "malformed-json"},
+		{"unknown status", `{"order_id":"` + payable + `","provider_payment_id":"p6","status":"pending","amount":500}`, "", http.StatusUnprocessableEntity, "invalid-request"},
+		{"no provider id", `{"order_id":"` + payable + `","status":"succeeded","amount":500}`, "", http.StatusUnprocessableEntity, "invalid-request"},
+		{"not JSON", `order_id=x`, "application/x-www-form-urlencoded", http.StatusUnsupportedMediaType, "unsupported-media-type"},
+		{"too large", `{"order_id":"` + strings.Repeat("x", 70<<10) + `"}`, "", http.StatusRequestEntityTooLarge, "body-too-large"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(tc.body)
+			h := http.Header{"Content-Type": {"application/json"}, SignatureHeader: {Sign(testSecret, e.clock(), body)}}
+			if tc.ctype != "" {
+				h.Set("Content-Type", tc.ctype)
+			}
+			wantProblem(t, e.do(t, http.MethodPost, "/webhooks/payment", body, h), tc.status, tc.code)
+			e.nothingWritten(t)
+		})
+	}
+}
+
+type outboxRow struct {
+	Type, Subject, AggregateType, AggregateID string
+	Payload                                   map[string]any
+}
+
+func (e *env) outboxRows(t *testing.T, typ string) []outboxRow {
+	t.Helper()
+	rows, err := e.db.Pool.Query(context.Background(), `
+		SELECT event_type, subject, aggregate_type, aggregate_id, payload::text
+		FROM outbox WHERE event_type = $1 ORDER BY aggregate_seq`, typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []outboxRow
+	for rows.Next() {
+		var r outboxRow
+		var payload string
+		if err := rows.Scan(&r.Type, &r.Subject, &r.AggregateType, &r.AggregateID, &payload); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(payload), &r.Payload); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func decodeResult(t *testing.T, body []byte) (paymentID, status string) {
+	t.Helper()
+	var res struct {
+		PaymentID string `json:"payment_id"`
+		Status    string `json:"status"`
+	}
+	if err := json.Unmarshal(body, &res); err != nil {
+		t.Fatalf("result %s: %v", body, err)
+	}
+	return res.PaymentID, res.Status
+}
+
+func TestWebhookRecordsPaymentAndEvent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	order := e.intent(t, StatePayable, 2500)
+	cb := Callback{OrderID: order, ProviderPaymentID: "pay_ok", Status: StatusSucceeded, Amount: 2500}
+
+	rec := e.signed(t, cb)
+	wantStatus(t, rec, http.StatusOK)
+	paymentID, status := decodeResult(t, rec.Body.Bytes())
+	if status != StatusSucceeded || paymentID == "" {
+		t.Fatalf("result %s", rec.Body)
+	}
+	evs := e.outboxRows(t, EventPaymentSucceeded)
+	if len(evs) != 1 {
+		t.Fatalf("%d PaymentSucceeded events, want 1", len(evs))
+	}
+	ev := evs[0]
+	if ev.Subject != "payment."+order+".PaymentSucceeded" || ev.AggregateType != "order" || ev.AggregateID != order {
+		t.Fatalf("event %+v", ev)
+	}
+	if ev.Payload["order_id"] != order || ev.Payload["payment_id"] != paymentID ||
+		ev.Payload["provider_payment_id"] != "pay_ok" || ev.Payload["amount"] != float64(2500) {
+		t.Fatalf("payload %v", ev.Payload)
+	}
+
+	t.Run("replay changes nothing", func(t *testing.T) {
+		e.advance(time.Minute) // a later delivery, freshly signed
+		rec := e.signed(t, cb)
+		wantStatus(t, rec, http.StatusOK)
+		if id, _ := decodeResult(t, rec.Body.Bytes()); id != paymentID {
+			t.Fatalf("replay answered payment %s, want %s", id, paymentID)
+		}
+		if rec.Header().Get("Idempotent-Replayed") != "true" {
+			t.Error("replay not marked Idempotent-Replayed")
+		}
+		if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
+			t.Fatalf("%d payments, want 1", n)
+		}
+		if n := e.count(t, `SELECT count(*) FROM outbox`); n != 1 {
+			t.Fatalf("%d events, want 1", n)
+		}
+	})
+
+	t.Run("same provider id with other details is a conflict", func(t *testing.T) {
+		other := cb
+		other.Status = StatusFailed
+		wantProblem(t, e.signed(t, other), http.StatusConflict, "payment-conflict")
+	})
+
+	t.Run("failed callback emits PaymentFailed", func(t *testing.T) {
+		order := e.intent(t, StatePayable, 700)
+		wantStatus(t, e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_no", Status: StatusFailed, Amount: 700}), http.StatusOK)
+		evs := e.outboxRows(t, EventPaymentFailed)
+		if len(evs) != 1 || evs[0].AggregateID != order || evs[0].Payload["reason"] == "" {
+			t.Fatalf("PaymentFailed events %+v", evs)
+		}
+	})
+}
+
+func TestConcurrentTwinCallbacksRecordOnePayment(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	order := e.intent(t, StatePayable, 900)
+	cb := Callback{OrderID: order, ProviderPaymentID: "pay_twin", Status: StatusSucceeded, Amount: 900}
+	var wg sync.WaitGroup
+	ids := make([]string, 8)
+	for i := range ids {
+		wg.Go(func() {
+			rec := e.signed(t, cb)
+			if rec.Code != http.StatusOK {
+				t.Errorf("twin %d: status %d %s", i, rec.Code, rec.Body)
+				return
+			}
+			ids[i], _ = decodeResult(t, rec.Body.Bytes())
+		})
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if id != ids[0] {
+			t.Fatalf("twins answered different payments: %v", ids)
+		}
+	}
+	if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d payments, want 1", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM outbox`); n != 1 {
+		t.Fatalf("%d events, want 1", n)
+	}
+}
+
+// Money taken for an order that is no longer waiting is still recorded and
+// announced: the saga asks for the refund.
+func TestLateSuccessIsRecordedAndEmitted(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, state := range []string{StateClosed, StatePaid} {
+		t.Run(state, func(t *testing.T) {
+			order := e.intent(t, state, 1200)
+			wantStatus(t, e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_late_" + state, Status: StatusSucceeded, Amount: 1200}), http.StatusOK)
+			if n := e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'PaymentSucceeded'`, order); n != 1 {
+				t.Fatalf("%d PaymentSucceeded, want 1", n)
+			}
+		})
+	}
+}
+
+func TestSimulate(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	order := e.intent(t, StatePayable, 4200)
+	hdr := http.Header{"Content-Type": {"application/json"}}
+
+	rec := e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr)
+	wantStatus(t, rec, http.StatusOK)
+	paymentID, status := decodeResult(t, rec.Body.Bytes())
+	if status != StatusSucceeded {
+		t.Fatalf("simulate: %s", rec.Body)
+	}
+	evs := e.outboxRows(t, EventPaymentSucceeded)
+	if len(evs) != 1 || evs[0].Payload["payment_id"] != paymentID || evs[0].Payload["amount"] != float64(4200) {
+		t.Fatalf("events %+v", evs)
+	}
+
+	// Each simulation is a new provider payment: a second one is a second
+	// charge, which the saga would refund.
+	rec = e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"failed"}`), hdr)
+	wantStatus(t, rec, http.StatusOK)
+	if _, status := decodeResult(t, rec.Body.Bytes()); status != StatusFailed {
+		t.Fatalf("simulate failed: %s", rec.Body)
+	}
+	if n := e.count(t, `SELECT count(*) FROM payments WHERE order_id = $1`, order); n != 2 {
+		t.Fatalf("%d payments, want 2", n)
+	}
+
+	rec = e.do(t, http.MethodGet, "/payments/"+order, nil, nil)
+	wantStatus(t, rec, http.StatusOK)
+	var got struct {
+		State    string    `json:"state"`
+		Payments []Payment `json:"payments"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got.State != StatePayable || len(got.Payments) != 2 {
+		t.Fatalf("GET: %s (%v)", rec.Body, err)
+	}
+
+	pending := e.intent(t, StatePending, 10)
+	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+pending+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusConflict, "order-not-payable")
+	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+uuid.NewString()+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusNotFound, "order-not-found")
+	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"maybe"}`), hdr), http.StatusUnprocessableEntity, "invalid-request")
+	wantProblem(t, e.do(t, http.MethodGet, "/payments/"+uuid.NewString(), nil, nil), http.StatusNotFound, "order-not-found")
+}

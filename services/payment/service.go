@@ -1,0 +1,193 @@
+// Package payment is the payment service: it learns payment intents from the
+// order events, accepts the provider's signed callbacks, emits
+// PaymentSucceeded / PaymentFailed, and refunds through the provider when the
+// order saga asks, exactly once even when the provider's answer is lost.
+package payment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+// Errors of the payment domain; http.go maps them to problems.
+var (
+	ErrNotFound        = errors.New("payment: order not known")
+	ErrNotPayable      = errors.New("payment: order is not payable yet (stock not held)")
+	ErrAmountMismatch  = errors.New("payment: amount differs from the order total")
+	ErrPaymentConflict = errors.New("payment: provider payment id already recorded with other details")
+)
+
+// Config configures a Service.
+type Config struct {
+	WebhookSecret string           // HMAC key of provider callbacks; required
+	Provider      *FakeProvider    // nil: a new FakeProvider
+	Logger        *slog.Logger     // nil: discard
+	Now           func() time.Time // nil: time.Now; tests move the clock to expire signatures
+}
+
+// Service is the payment service. Its HTTP handlers are mounted by Routes;
+// its consumer and refund loop run in Run.
+type Service struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	log      *slog.Logger
+	provider *FakeProvider
+	outbox   *outbox.Writer
+	consumer *inbox.Consumer
+	kick     chan struct{} // wakes the refund loop; capacity 1, so kicks coalesce
+
+	refundPoll      time.Duration // how often the refund loop looks for due refunds
+	refundCall      time.Duration // time limit of one provider call
+	refundBackoff   time.Duration // first retry delay after a failed call; doubles per attempt
+	refundBackoffMx time.Duration // cap of that delay
+}
+
+// New returns the payment service over pool (its connections' search_path
+// is the payment schema) and js (the ORDERS stream must exist when Run
+// starts). It does no I/O.
+func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, error) {
+	if pool == nil || js == nil {
+		return nil, errors.New("payment: New needs a pool and a JetStream context")
+	}
+	if cfg.WebhookSecret == "" {
+		return nil, errors.New("payment: Config.WebhookSecret is required")
+	}
+	if cfg.Provider == nil {
+		cfg.Provider = NewFakeProvider()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Service{
+		pool:     pool,
+		cfg:      cfg,
+		log:      cfg.Logger,
+		provider: cfg.Provider,
+		// Coalesced wake-ups: the relay drains everything committed so far
+		// on each one, and polls anyway.
+		outbox:          &outbox.Writer{NotifyInterval: 5 * time.Millisecond},
+		kick:            make(chan struct{}, 1),
+		refundPoll:      time.Second,
+		refundCall:      5 * time.Second,
+		refundBackoff:   time.Second,
+		refundBackoffMx: time.Minute,
+	}
+	c, err := inbox.NewConsumer(pool, js, inbox.Config{
+		Name:            ConsumerName,
+		Stream:          "ORDERS",
+		Handler:         s.handle,
+		Workers:         consumerWorkers(pool),
+		DuplicateWindow: broker.DuplicateWindow,
+		// The order service's relay may publish a copy this long after the
+		// first; the inbox must remember event ids longer than that.
+		PublishHorizon: (outbox.Config{}).RetryHorizon(),
+		Logger:         cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("payment consumer: %w", err)
+	}
+	s.consumer = c
+	return s, nil
+}
+
+// consumerWorkers sizes the consumer to the pool: the inbox needs
+// Workers+2 connections, and a pool opened with pgx's default size (four on
+// a small machine) would otherwise be outrun by the default eight workers.
+func consumerWorkers(pool *pgxpool.Pool) int {
+	return max(1, min(8, int(pool.Config().MaxConns)-2))
+}
+
+// Run consumes the ORDERS stream and retries open refunds until ctx ends,
+// then returns nil. The outbox relay is not part of it: the process runs one
+// per schema.
+func (s *Service) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.consumer.Run(ctx) })
+	g.Go(func() error { return s.runRefunds(ctx) })
+	return g.Wait()
+}
+
+// recordCallback applies a verified, well-formed provider callback: it
+// records the payment and its event in one transaction, or finds it
+// recorded already (a replay) and changes nothing.
+func (s *Service) recordCallback(ctx context.Context, cb Callback) (p Payment, replayed bool, err error) {
+	p, replayed, err = s.recordCallbackTx(ctx, cb)
+	if isUniqueViolation(err) {
+		// A twin with the same provider payment id committed between our
+		// check and our insert (possible only across orders, since callbacks
+		// of one order take the intent lock): a second look sees it.
+		p, replayed, err = s.recordCallbackTx(ctx, cb)
+	}
+	return p, replayed, err
+}
+
+func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (p Payment, replayed bool, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		in, err := getIntent(ctx, tx, cb.OrderID, true)
+		if err != nil {
+			return err
+		}
+		// Replay first: a callback accepted once is answered the same way
+		// whatever the order has done since.
+		p, err = paymentByProviderID(ctx, tx, cb.ProviderPaymentID)
+		switch {
+		case err == nil:
+			if p.OrderID != cb.OrderID || p.Status != cb.Status || p.Amount != cb.Amount {
+				return ErrPaymentConflict
+			}
+			replayed = true
+			return nil
+		case !errors.Is(err, ErrNotFound):
+			return err
+		}
+		if in.State == StatePending {
+			return ErrNotPayable
+		}
+		if cb.Amount != in.Amount {
+			return ErrAmountMismatch
+		}
+		// Any other state is accepted: a success for a CLOSED or already
+		// PAID order means money was taken, and the order saga turns the
+		// event into a refund request. Refusing it would lose that money.
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("new payment id: %w", err)
+		}
+		now := s.cfg.Now()
+		p = Payment{
+			PaymentID:         id,
+			OrderID:           cb.OrderID,
+			ProviderPaymentID: cb.ProviderPaymentID,
+			Status:            cb.Status,
+			Amount:            cb.Amount,
+			CreatedAt:         now,
+		}
+		if err := insertPayment(ctx, tx, p); err != nil {
+			return err
+		}
+		return s.outbox.Add(ctx, tx, paymentEvent(p, now))
+	})
+	if err != nil {
+		return Payment{}, false, err
+	}
+	if !replayed {
+		s.log.Info("payment recorded", "order_id", p.OrderID, "payment_id", p.PaymentID, "status", p.Status, "amount", p.Amount)
+	}
+	return p, replayed, nil
+}

@@ -1,0 +1,263 @@
+package payment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the read functions need: a *pgxpool.Pool or a pgx.Tx.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Intent states, as learned from the ORDERS events.
+const (
+	StatePending = "PENDING" // order created, stock not held yet: not payable
+	StatePayable = "PAYABLE" // order in WAIT_PAY: stock held
+	StatePaid    = "PAID"
+	StateClosed  = "CLOSED" // closed or rejected
+)
+
+// Payment statuses, as the provider reports them.
+const (
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+)
+
+// Refund states.
+const (
+	RefundRequested = "REQUESTED"
+	RefundDone      = "DONE"
+)
+
+// Intent is what payment knows of an order.
+type Intent struct {
+	OrderID   string    `json:"order_id"`
+	State     string    `json:"state"`
+	Amount    int64     `json:"amount"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Payment is one accepted provider callback.
+type Payment struct {
+	PaymentID         uuid.UUID `json:"payment_id"`
+	OrderID           string    `json:"order_id"`
+	ProviderPaymentID string    `json:"provider_payment_id"`
+	Status            string    `json:"status"`
+	Amount            int64     `json:"amount"`
+	CreatedAt         time.Time `json:"created_at"`
+}
+
+// Refund is one refund asked for by the order saga.
+type Refund struct {
+	RefundID         uuid.UUID `json:"refund_id"`
+	OrderID          string    `json:"order_id"`
+	PaymentID        uuid.UUID `json:"payment_id"`
+	IdempotencyKey   uuid.UUID `json:"idempotency_key"`
+	Amount           int64     `json:"amount"`
+	State            string    `json:"state"`
+	ProviderRefundID *string   `json:"provider_refund_id"`
+	Attempts         int       `json:"attempts"`
+	LastError        *string   `json:"last_error"`
+}
+
+func getIntent(ctx context.Context, db DB, orderID string, forUpdate bool) (Intent, error) {
+	q := `SELECT order_id, state, amount, updated_at FROM intents WHERE order_id = $1`
+	if forUpdate {
+		// Serializes callbacks of one order, so that a twin of a callback
+		// waits and then finds the first one's payment (a replay).
+		q += ` FOR UPDATE`
+	}
+	var in Intent
+	err := db.QueryRow(ctx, q, orderID).Scan(&in.OrderID, &in.State, &in.Amount, &in.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return in, ErrNotFound
+	}
+	if err != nil {
+		return in, fmt.Errorf("read intent: %w", err)
+	}
+	return in, nil
+}
+
+const paymentColumns = `payment_id, order_id, provider_payment_id, status, amount, created_at`
+
+// paymentByProviderID returns the payment recorded for a provider payment
+// id, or ErrNotFound.
+func paymentByProviderID(ctx context.Context, db DB, providerPaymentID string) (Payment, error) {
+	return onePayment(ctx, db, `SELECT `+paymentColumns+` FROM payments WHERE provider_payment_id = $1`, providerPaymentID)
+}
+
+func paymentByID(ctx context.Context, db DB, id uuid.UUID) (Payment, error) {
+	return onePayment(ctx, db, `SELECT `+paymentColumns+` FROM payments WHERE payment_id = $1`, id)
+}
+
+func onePayment(ctx context.Context, db DB, q string, arg any) (Payment, error) {
+	rows, _ := db.Query(ctx, q, arg)
+	p, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Payment])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, ErrNotFound
+	}
+	if err != nil {
+		return p, fmt.Errorf("read payment: %w", err)
+	}
+	return p, nil
+}
+
+func listPayments(ctx context.Context, db DB, orderID string) ([]Payment, error) {
+	rows, _ := db.Query(ctx, `SELECT `+paymentColumns+` FROM payments WHERE order_id = $1 ORDER BY created_at, payment_id`, orderID)
+	ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Payment])
+	if err != nil {
+		return nil, fmt.Errorf("list payments: %w", err)
+	}
+	return ps, nil
+}
+
+func insertPayment(ctx context.Context, tx pgx.Tx, p Payment) error {
+	_, err := tx.Exec(ctx, `
+		INSERT INTO payments (payment_id, order_id, provider_payment_id, status, amount, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6)`,
+		p.PaymentID, p.OrderID, p.ProviderPaymentID, p.Status, p.Amount, p.CreatedAt)
+	if err != nil {
+		return fmt.Errorf("insert payment: %w", err)
+	}
+	return nil
+}
+
+// The intent writes below run in the inbox transaction of the ORDERS event
+// that caused them. The inbox applies one order's events in sequence, so
+// each write only guards against what cannot happen in order anyway: a
+// state never moves back.
+
+func createIntent(ctx context.Context, tx pgx.Tx, orderID string, amount int64) error {
+	_, err := tx.Exec(ctx, `
+		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PENDING', $2)
+		ON CONFLICT (order_id) DO NOTHING`, orderID, amount)
+	if err != nil {
+		return fmt.Errorf("create intent: %w", err)
+	}
+	return nil
+}
+
+func markPayable(ctx context.Context, tx pgx.Tx, orderID string, amount int64) error {
+	// An upsert: OrderAwaitingPayment carries the total, so the intent can
+	// be made from it alone.
+	_, err := tx.Exec(ctx, `
+		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PAYABLE', $2)
+		ON CONFLICT (order_id) DO UPDATE SET state = 'PAYABLE', amount = EXCLUDED.amount, updated_at = now()
+		WHERE intents.state = 'PENDING'`, orderID, amount)
+	if err != nil {
+		return fmt.Errorf("mark intent payable: %w", err)
+	}
+	return nil
+}
+
+func markPaid(ctx context.Context, tx pgx.Tx, orderID string, amount int64) error {
+	_, err := tx.Exec(ctx, `
+		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PAID', $2)
+		ON CONFLICT (order_id) DO UPDATE SET state = 'PAID', updated_at = now()
+		WHERE intents.state IN ('PENDING', 'PAYABLE')`, orderID, amount)
+	if err != nil {
+		return fmt.Errorf("mark intent paid: %w", err)
+	}
+	return nil
+}
+
+func markClosed(ctx context.Context, tx pgx.Tx, orderID string) error {
+	// No amount in OrderClosed/OrderRejected: an order never seen stays
+	// unknown, and its callbacks get 404.
+	_, err := tx.Exec(ctx, `
+		UPDATE intents SET state = 'CLOSED', updated_at = now()
+		WHERE order_id = $1 AND state <> 'CLOSED'`, orderID)
+	if err != nil {
+		return fmt.Errorf("mark intent closed: %w", err)
+	}
+	return nil
+}
+
+// insertRefund records a requested refund. It does nothing when the payment
+// already has one (the saga asked twice) or the key is known (a redelivered
+// event): one payment is refunded at most once.
+func insertRefund(ctx context.Context, tx pgx.Tx, r Refund) (bool, error) {
+	tag, err := tx.Exec(ctx, `
+		INSERT INTO refunds (refund_id, order_id, payment_id, idempotency_key, amount, state)
+		VALUES ($1, $2, $3, $4, $5, 'REQUESTED')
+		ON CONFLICT DO NOTHING`,
+		r.RefundID, r.OrderID, r.PaymentID, r.IdempotencyKey, r.Amount)
+	if err != nil {
+		return false, fmt.Errorf("insert refund: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+const refundColumns = `refund_id, order_id, payment_id, idempotency_key, amount, state, provider_refund_id, attempts, last_error`
+
+// claimRefunds takes up to limit due REQUESTED refunds, counts an attempt
+// on each and pushes its next attempt lease into the future, all in one
+// statement that commits at once: no lock is held during the provider call,
+// and other instances skip these rows (SKIP LOCKED now, next_attempt_at
+// after). If this process dies mid-call, the refund is due again when the
+// lease ends.
+func claimRefunds(ctx context.Context, db DB, limit int, lease time.Duration) ([]Refund, error) {
+	rows, _ := db.Query(ctx, `
+		UPDATE refunds SET attempts = attempts + 1,
+		                   next_attempt_at = now() + make_interval(secs => $2),
+		                   updated_at = now()
+		WHERE refund_id IN (
+			SELECT refund_id FROM refunds
+			WHERE state = 'REQUESTED' AND next_attempt_at <= now()
+			ORDER BY next_attempt_at
+			LIMIT $1
+			FOR UPDATE SKIP LOCKED)
+		RETURNING `+refundColumns, limit, lease.Seconds())
+	rs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Refund])
+	if err != nil {
+		return nil, fmt.Errorf("claim refunds: %w", err)
+	}
+	return rs, nil
+}
+
+// completeRefund marks a refund DONE. It reports false when the refund was
+// DONE already (another instance finished it first), so that exactly one
+// caller emits PaymentRefunded.
+func completeRefund(ctx context.Context, tx pgx.Tx, refundID uuid.UUID, providerRefundID string) (bool, error) {
+	tag, err := tx.Exec(ctx, `
+		UPDATE refunds SET state = 'DONE', provider_refund_id = $2, last_error = NULL, updated_at = now()
+		WHERE refund_id = $1 AND state = 'REQUESTED'`, refundID, providerRefundID)
+	if err != nil {
+		return false, fmt.Errorf("complete refund: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// failRefund records a failed or ambiguous attempt and when to try again.
+func failRefund(ctx context.Context, db DB, refundID uuid.UUID, cause string, retryIn time.Duration) error {
+	_, err := db.Exec(ctx, `
+		UPDATE refunds SET last_error = $2, next_attempt_at = now() + make_interval(secs => $3), updated_at = now()
+		WHERE refund_id = $1 AND state = 'REQUESTED'`, refundID, cause, retryIn.Seconds())
+	if err != nil {
+		return fmt.Errorf("record refund failure: %w", err)
+	}
+	return nil
+}
+
+func listRefunds(ctx context.Context, db DB, orderID string) ([]Refund, error) {
+	rows, _ := db.Query(ctx, `SELECT `+refundColumns+` FROM refunds WHERE order_id = $1 ORDER BY created_at, refund_id`, orderID)
+	rs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Refund])
+	if err != nil {
+		return nil, fmt.Errorf("list refunds: %w", err)
+	}
+	return rs, nil
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
