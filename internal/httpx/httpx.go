@@ -74,7 +74,7 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 // fields and the right types (400). It returns the raw body too, for
 // request hashing and signatures.
 func Decode(r *http.Request, dst any) ([]byte, error) {
-	if err := requireJSON(r); err != nil {
+	if err := RequireJSON(r); err != nil {
 		return nil, err
 	}
 	body, err := ReadBody(r)
@@ -114,7 +114,10 @@ func DecodeBytes(body []byte, dst any) error {
 	return nil
 }
 
-func requireJSON(r *http.Request) error {
+// RequireJSON refuses a request whose Content-Type is not JSON with a 415.
+// Decode applies it; a handler that must read the raw body first (a signed
+// webhook) calls it itself.
+func RequireJSON(r *http.Request) error {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 		return NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type",

@@ -3,9 +3,7 @@ package payment
 import (
 	"bytes"
 	"errors"
-	"mime"
 	"net/http"
-	"strings"
 
 	"github.com/go-chi/chi/v5"
 
@@ -39,7 +37,7 @@ func (s *Service) handleWebhook(w http.ResponseWriter, r *http.Request) {
 			"the Payment-Signature header is missing, malformed, expired or wrong"))
 		return
 	}
-	if err := requireJSON(r); err != nil {
+	if err := httpx.RequireJSON(r); err != nil {
 		httpx.WriteProblem(w, r, s.log, err)
 		return
 	}
@@ -164,17 +162,6 @@ func problemOf(err error) error {
 			"this provider_payment_id was recorded with a different order, status or amount")
 	}
 	return err
-}
-
-// requireJSON is the contract's 415 rule; httpx applies it only inside
-// Decode, which the webhook cannot use because it must see the raw body
-// before decoding.
-func requireJSON(r *http.Request) error {
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-		return httpx.NewProblem(http.StatusUnsupportedMediaType, "unsupported-media-type", "send the body as application/json")
-	}
-	return nil
 }
 
 // recorder captures the response of the in-process webhook call made by
