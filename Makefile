@@ -10,10 +10,13 @@ build:
 	go build -o bin/shop ./cmd/shop
 
 # Tests use TEST_DATABASE_URL, else DATABASE_URL, else the local default;
-# each test makes (and drops) its own schema or database there.
+# each test makes (and drops) its own schema or database there. -p 1 runs
+# one package at a time (tests inside a package still run in parallel):
+# the end-to-end shop and the many-relays test each hold dozens of
+# connections, and together they would pass Postgres's default limit of 100.
 test:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
-	go test -race -count=1 -timeout 20m ./...
+	go test -race -count=1 -p 1 -timeout 20m ./...
 
 lint:
 	@unformatted=$$(gofmt -l .); \
@@ -26,7 +29,7 @@ bench:
 
 demo: build
 	@scripts/ensure-postgres.sh
-	bin/shop all
+	bin/shop all -demo
 
 clean:
 	rm -rf bin data

@@ -13,19 +13,26 @@ import (
 	"os/signal"
 	"slices"
 	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/migrations"
 )
 
 const usage = `shop: a teaching-reference e-commerce system (order, inventory, payment,
 fulfillment) built on a transactional outbox, idempotent consumers and JetStream.
 
 Usage:
-  shop all                 every service and its outbox relay in one process (the demo)
+  shop all [-demo]         every service in one process; -demo stocks a catalogue and prints curls
   shop order | inventory | payment | fulfillment
-                           one service: HTTP and its outbox relay
+                           one service: HTTP, its consumers and its outbox relay
   shop migrate [service…]  apply the migrations of each service's schema (default: all), then exit
-  shop verify              not yet implemented
+  shop verify [-wait 30s]  check the contract's invariants against the live schemas;
+                           exit 0 when they hold, 1 with a report when not
   shop outbox …            not yet implemented
   shop loadgen             not yet implemented
 
@@ -45,6 +52,8 @@ func main() {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 	case errors.Is(err, errUsage):
 		os.Exit(2)
+	case errors.Is(err, errViolations):
+		os.Exit(1)
 	default:
 		fmt.Fprintln(os.Stderr, "shop:", err)
 		os.Exit(1)
@@ -63,10 +72,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case cmd == "-h" || cmd == "-help" || cmd == "--help" || cmd == "help":
 		fmt.Fprint(stdout, usage)
 		return nil
-	case cmd == "verify" || cmd == "outbox" || cmd == "loadgen":
+	case cmd == "outbox" || cmd == "loadgen":
 		fmt.Fprintf(stderr, "shop %s: not yet implemented\n", cmd)
 		return errUsage
-	case cmd != "all" && cmd != "migrate" && !slices.Contains(app.Names, cmd):
+	case cmd != "all" && cmd != "migrate" && cmd != "verify" && !slices.Contains(app.Names, cmd):
 		fmt.Fprintf(stderr, "shop: unknown command %q\n\n%s", cmd, usage)
 		return errUsage
 	}
@@ -86,6 +95,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fs.PrintDefaults()
 	}
 	cfg.RegisterFlags(fs)
+	wait := fs.Duration("wait", 0, "verify: keep checking up to this long until the invariants hold (events in flight settle)")
+	demo := fs.Bool("demo", false, "all: stock a small catalogue and print curl commands to try")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -97,12 +108,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch cmd {
 	case "migrate":
 		return migrate(ctx, cfg, fs.Args(), log)
+	case "verify":
+		return runVerify(ctx, cfg, *wait, stdout)
 	case "all":
 		if fs.NArg() > 0 {
 			fmt.Fprintf(stderr, "shop all: unexpected arguments %q\n", fs.Args())
 			return errUsage
 		}
 		log.Info("starting", "services", app.Names, "config", cfg)
+		if *demo {
+			go func() {
+				if err := app.SeedDemo(ctx, cfg, stdout); err != nil && ctx.Err() == nil {
+					log.Error("demo seed failed", "err", err)
+				}
+			}()
+		}
 		return app.Run(ctx, cfg, app.Names, log)
 	default:
 		if fs.NArg() > 0 {
@@ -132,6 +152,33 @@ func migrate(ctx context.Context, cfg app.Config, names []string, log *slog.Logg
 		if err := app.Migrate(ctx, cfg.DatabaseURLOf(name), name, log.With("service", name)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// errViolations makes shop verify exit 1 after printing its report.
+var errViolations = errors.New("invariants violated")
+
+// runVerify checks the invariants and prints the report.
+func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, stdout io.Writer) error {
+	pools := map[string]*pgxpool.Pool{}
+	for _, name := range app.Names {
+		pool, err := database.NewPool(ctx, cfg.DatabaseURLOf(name), migrations.Schemas[name], 2)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		pools[name] = pool
+	}
+	report, err := verify.Wait(ctx, verify.Pools{
+		Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
+	}, app.OutboxRetention, wait)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	report.Write(stdout)
+	if !report.OK() {
+		return errViolations
 	}
 	return nil
 }

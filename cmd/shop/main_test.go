@@ -163,6 +163,47 @@ func TestMigrate(t *testing.T) {
 	})
 }
 
+func TestVerify(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := newDatabase(t)
+	vars := env(map[string]string{"DATABASE_URL": dbURL})
+	if err := run(ctx, []string{"migrate"}, vars, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := run(ctx, []string{"verify"}, vars, &out, io.Discard); err != nil {
+		t.Fatalf("verify on an empty shop: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "all invariants hold") {
+		t.Fatalf("report:\n%s", out.String())
+	}
+
+	// Stock held by no reservation, and an event intent never published.
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `
+		INSERT INTO inventory.stock (sku, on_hand, reserved, sold, price, supplied) VALUES ('SKU-X', 5, 2, 0, 100, 5);
+		INSERT INTO orders.outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version, subject, payload)
+		VALUES (gen_random_uuid(), 'order', 'o-1', 1, 'OrderCreated', 1, 'orders.o-1.OrderCreated', '{}');
+		INSERT INTO orders.outbox_sequences VALUES ('order', 'o-1', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	err = run(ctx, []string{"verify"}, vars, &out, io.Discard)
+	if !errors.Is(err, errViolations) {
+		t.Fatalf("err = %v, want errViolations\n%s", err, out.String())
+	}
+	for _, want := range []string{"SKU-X: reserved 2 but reservations hold 0", "is not yet published", "o-1 has 0 order and 1 OrderCreated events"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
 func TestUsage(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -171,7 +212,6 @@ func TestUsage(t *testing.T) {
 	}{
 		{nil, errUsage},
 		{[]string{"shipping"}, errUsage},
-		{[]string{"verify"}, errUsage}, // not yet implemented, and says so
 		{[]string{"loadgen"}, errUsage},
 		{[]string{"-h"}, nil},
 		{[]string{"order", "-h"}, flag.ErrHelp}, // main exits 0 on it

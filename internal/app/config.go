@@ -53,6 +53,9 @@ type Config struct {
 	// FulfillmentDelay is how long after FulfillmentStarted the simulated
 	// carrier delivers (FULFILLMENT_DELAY, default 2s).
 	FulfillmentDelay time.Duration
+	// IdempotencyKeyTTL is how long the order service remembers an
+	// Idempotency-Key (IDEMPOTENCY_KEY_TTL, default 24h).
+	IdempotencyKeyTTL time.Duration
 }
 
 // DefaultWebhookSecret is the demo's webhook key. Anyone who reads this
@@ -84,6 +87,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}{
 		{"PAYMENT_TIMEOUT", 15 * time.Minute, &cfg.PaymentTimeout},
 		{"FULFILLMENT_DELAY", 2 * time.Second, &cfg.FulfillmentDelay},
+		{"IDEMPOTENCY_KEY_TTL", 24 * time.Hour, &cfg.IdempotencyKeyTTL},
 	} {
 		*d.dst = d.def
 		if v := getenv(d.env); v != "" {
@@ -118,6 +122,7 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&cfg.PaymentTimeout, "payment-timeout", cfg.PaymentTimeout, "how long an order may wait for payment (PAYMENT_TIMEOUT)")
 	fs.Var(maskedFlag{&cfg.WebhookSecret}, "payment-webhook-secret", "HMAC `key` of payment callbacks (PAYMENT_WEBHOOK_SECRET)")
 	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
+	fs.DurationVar(&cfg.IdempotencyKeyTTL, "idempotency-key-ttl", cfg.IdempotencyKeyTTL, "how long Idempotency-Keys are remembered (IDEMPOTENCY_KEY_TTL)")
 }
 
 // DatabaseURLOf returns the database URL of service: its own, else the

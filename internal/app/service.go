@@ -30,6 +30,10 @@ import (
 // Names lists the services in start-up order.
 var Names = migrations.Services
 
+// OutboxRetention is how long published events stay in a service's outbox
+// (for audits, replays and `shop verify`) before the relay deletes them.
+const OutboxRetention = 72 * time.Hour
+
 // ShutdownTimeout bounds how long a stopping service waits for HTTP requests
 // in flight.
 const ShutdownTimeout = 10 * time.Second
@@ -45,6 +49,8 @@ type Service struct {
 	DatabaseURL string
 	NATS        *nats.Conn
 	Logger      *slog.Logger
+
+	cfg Config // the process's configuration, for the service's domain
 }
 
 // New returns the service called name, configured by cfg, publishing over nc.
@@ -64,6 +70,7 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 		DatabaseURL: cfg.DatabaseURLOf(name),
 		NATS:        nc,
 		Logger:      log.With("service", name),
+		cfg:         cfg,
 	}, nil
 }
 
@@ -75,7 +82,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := Migrate(ctx, s.DatabaseURL, s.Name, s.Logger); err != nil {
 		return err
 	}
-	pool, err := database.NewPool(ctx, s.DatabaseURL, s.Schema, 0)
+	pool, err := database.NewPool(ctx, s.DatabaseURL, s.Schema, poolSize(s.Name))
 	if err != nil {
 		return err
 	}
@@ -86,15 +93,21 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	// Name is left to the relay's default (host, pid, random), which keeps
 	// several copies of one service apart in claimed_by.
-	relay, err := outbox.NewRelay(pool, js, outbox.Config{Logger: s.Logger})
+	relay, err := outbox.NewRelay(pool, js, outbox.Config{Retention: OutboxRetention, Logger: s.Logger})
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.Name, err)
 	}
+	dom, err := newDomain(s.Name, pool, js, s.cfg, s.Logger)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.Name, err)
+	}
+	router := newRouter(pool, s.NATS)
+	dom.Routes(router)
 	ln, err := net.Listen("tcp", s.Addr)
 	if err != nil {
 		return fmt.Errorf("%s: listen: %w", s.Name, err)
 	}
-	srv := &http.Server{Handler: newRouter(pool, s.NATS), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: router, ReadHeaderTimeout: 5 * time.Second}
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -115,10 +128,17 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		// To the relay, a subject that no stream captures is a deterministic
-		// error that makes the event dead; so it starts once the stream exists.
-		if err := s.ensureStream(ctx, js); err != nil || ctx.Err() != nil {
+		// error that makes the event dead, and a consumer cannot start on a
+		// missing stream; so both start once the streams exist.
+		if err := s.ensureStreams(ctx, js); err != nil || ctx.Err() != nil {
 			return err
 		}
+		g.Go(func() error {
+			if err := dom.Run(ctx); err != nil && ctx.Err() == nil {
+				return fmt.Errorf("%s: %w", s.Name, err)
+			}
+			return nil
+		})
 		if err := relay.Run(ctx); err != nil && ctx.Err() == nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
 		}
@@ -129,21 +149,26 @@ func (s *Service) Run(ctx context.Context) error {
 	return err
 }
 
-// ensureStream creates or updates the service's stream, waiting for NATS
-// while it is unreachable: the service serves HTTP and commits events to its
-// outbox meanwhile, which is what the outbox is for. It returns nil once the
-// stream exists or ctx has ended, and an error at once when JetStream
+// ensureStreams creates or updates every producer's stream, waiting for
+// NATS while it is unreachable: the service serves HTTP and commits events to
+// its outbox meanwhile, which is what the outbox is for. It returns nil once
+// the streams exist or ctx has ended, and an error at once when JetStream
 // refuses the configuration.
-func (s *Service) ensureStream(ctx context.Context, js jetstream.JetStream) error {
+func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) error {
 	wait := 500 * time.Millisecond
 	for {
 		attemptCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := broker.EnsureStream(attemptCtx, js, s.Stream, s.Subjects...)
+		var err error
+		for name, subjects := range streams {
+			if _, err = broker.EnsureStream(attemptCtx, js, name, subjects...); err != nil {
+				break
+			}
+		}
 		cancel()
 		var apiErr *jetstream.APIError
 		switch {
 		case err == nil:
-			s.Logger.Info("stream ensured", "stream", s.Stream, "subjects", s.Subjects)
+			s.Logger.Info("streams ensured", "own", s.Stream)
 			return nil
 		case ctx.Err() != nil:
 			return nil // stopping before NATS came back is no failure

@@ -1,0 +1,59 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/services/fulfillment"
+	"github.com/shop-ref/shop/services/inventory"
+	"github.com/shop-ref/shop/services/order"
+	"github.com/shop-ref/shop/services/payment"
+)
+
+// domain is a service's business part: its HTTP routes and its background
+// work (consumers, timers), which returns when ctx ends.
+type domain interface {
+	Routes(r chi.Router)
+	Run(ctx context.Context) error
+}
+
+// newDomain builds the business part of the service called name.
+func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logger) (domain, error) {
+	switch name {
+	case "order":
+		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL, Logger: log})
+	case "inventory":
+		return inventory.New(pool, js, inventory.Config{Logger: log})
+	case "payment":
+		if cfg.WebhookSecret == DefaultWebhookSecret {
+			log.Warn("PAYMENT_WEBHOOK_SECRET is the public demo default: anyone can forge payment callbacks; set your own outside the demo")
+		}
+		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Logger: log})
+	case "fulfillment":
+		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log})
+	}
+	return nil, fmt.Errorf("unknown service %q", name)
+}
+
+// poolSize is how many connections a service's pool may open: each inbox
+// consumer needs its workers plus two, the relay its workers plus one.
+func poolSize(name string) int32 {
+	if name == "order" {
+		return order.PoolSize + 4 // three consumers, and the relay
+	}
+	return 14 // one consumer of 8 workers, the relay and the HTTP handlers
+}
+
+// streams are every producer's stream: a service ensures them all, because
+// its consumers read the others' streams and may start first.
+var streams = map[string][]string{
+	"ORDERS":      {"orders.>"},
+	"INVENTORY":   {"inventory.>"},
+	"PAYMENT":     {"payment.>"},
+	"FULFILLMENT": {"fulfillment.>"},
+}

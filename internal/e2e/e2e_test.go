@@ -1,0 +1,333 @@
+// Package e2e runs the whole shop — the four services as `shop all` runs
+// them, against real Postgres and a real NATS server — and drives it through
+// the public HTTP API only. Every test ends with the contract's invariants
+// checked by the same code as `shop verify`.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/verify"
+)
+
+const (
+	paymentTimeout = 3 * time.Second
+	webhookSecret  = "e2e-secret"
+)
+
+// shop is the running system every test in the package talks to.
+var shop struct {
+	order, inventory, payment, fulfillment string // base URLs
+	pools                                  verify.Pools
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// A throwaway database: the services use their fixed schema names.
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	dbName := "shop_e2e_" + hex.EncodeToString(b[:])
+	dbURL, err := withDatabase(pgtest.URL(), dbName)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := database.EnsureExists(ctx, dbURL); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e database:", err)
+		return 1
+	}
+	defer dropDatabase(dbName)
+
+	srv := natstest.New(&mainTB{})
+	defer srv.Stop()
+
+	env := map[string]string{
+		"DATABASE_URL":           dbURL,
+		"NATS_URL":               srv.URL(),
+		"PAYMENT_TIMEOUT":        paymentTimeout.String(),
+		"PAYMENT_WEBHOOK_SECRET": webhookSecret,
+		"FULFILLMENT_DELAY":      "200ms",
+	}
+	for _, name := range app.Names {
+		env[strings.ToUpper(name)+"_ADDR"] = freeAddr()
+	}
+	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if os.Getenv("E2E_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx, cfg, app.Names, log) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			fmt.Fprintln(os.Stderr, "shop:", err)
+		}
+	}()
+
+	url := func(name string) string { return "http://" + env[strings.ToUpper(name)+"_ADDR"] }
+	shop.order, shop.inventory, shop.payment, shop.fulfillment = url("order"), url("inventory"), url("payment"), url("fulfillment")
+	for _, base := range []string{shop.order, shop.inventory, shop.payment, shop.fulfillment} {
+		if !waitReady(base, 30*time.Second) {
+			fmt.Fprintln(os.Stderr, "e2e: service at", base, "never became ready")
+			return 1
+		}
+	}
+	pools := map[string]*pgxpool.Pool{}
+	for _, name := range app.Names {
+		pool, err := database.NewPool(ctx, dbURL, schemaOf(name), 2)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer pool.Close()
+		pools[name] = pool
+	}
+	shop.pools = verify.Pools{Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"]}
+	return m.Run()
+}
+
+// checkInvariants waits until the shop is quiet and every invariant holds.
+func checkInvariants(t *testing.T) {
+	t.Helper()
+	report, err := verify.Wait(context.Background(), shop.pools, 72*time.Hour, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !report.OK() {
+		var b strings.Builder
+		report.Write(&b)
+		t.Fatalf("invariants violated:\n%s", b.String())
+	}
+}
+
+// ---- HTTP helpers ----
+
+type response struct {
+	status int
+	header http.Header
+	body   map[string]any
+	raw    string
+}
+
+func do(t *testing.T, method, url string, header map[string]string, body any) response {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		js, _ := json.Marshal(b)
+		rd = bytes.NewReader(js)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	r := response{status: res.StatusCode, header: res.Header, raw: string(raw)}
+	_ = json.Unmarshal(raw, &r.body)
+	return r
+}
+
+func restock(t *testing.T, sku string, onHand, price int) {
+	t.Helper()
+	r := do(t, "PUT", shop.inventory+"/stock/"+sku, nil, map[string]int{"on_hand": onHand, "price": price})
+	if r.status != http.StatusOK {
+		t.Fatalf("restock %s: %d %s", sku, r.status, r.raw)
+	}
+	// The order service learns the SKU from ProductUpdated a moment later:
+	// until then an order for it is a 422. A probe order that gets through is
+	// cancelled at once, and we wait until its stock is back.
+	var probe string
+	eventually(t, 10*time.Second, "order service knows "+sku, func() bool {
+		r := placeOrder(t, "probe-"+randHex(), item(sku, 1))
+		if r.status == http.StatusCreated {
+			probe = r.body["order_id"].(string)
+			return true
+		}
+		return false
+	})
+	if r := do(t, "POST", shop.order+"/orders/"+probe+"/cancel", nil, nil); r.status != http.StatusAccepted {
+		t.Fatalf("cancel the probe order: %d %s", r.status, r.raw)
+	}
+	waitStatus(t, probe, "CLOSED")
+	eventually(t, 10*time.Second, "the probe's stock released", func() bool {
+		_, reserved, _ := stock(t, sku)
+		return reserved == 0
+	})
+}
+
+func placeOrder(t *testing.T, key string, items ...map[string]any) response {
+	t.Helper()
+	return do(t, "POST", shop.order+"/orders", map[string]string{"Idempotency-Key": key},
+		map[string]any{"customer_id": "c-1", "items": items})
+}
+
+func item(sku string, qty int) map[string]any { return map[string]any{"sku": sku, "quantity": qty} }
+
+func orderStatus(t *testing.T, id string) string {
+	t.Helper()
+	r := do(t, "GET", shop.order+"/orders/"+id, nil, nil)
+	s, _ := r.body["status"].(string)
+	return s
+}
+
+func waitStatus(t *testing.T, id, want string) {
+	t.Helper()
+	eventually(t, 20*time.Second, "order "+id+" "+want, func() bool { return orderStatus(t, id) == want })
+}
+
+func stock(t *testing.T, sku string) (onHand, reserved, sold int) {
+	t.Helper()
+	r := do(t, "GET", shop.inventory+"/stock/"+sku, nil, nil)
+	f := func(k string) int { v, _ := r.body[k].(float64); return int(v) }
+	return f("on_hand"), f("reserved"), f("sold")
+}
+
+// webhook sends a provider callback signed as the contract says.
+func webhook(t *testing.T, orderID, providerID, status string, amount int) response {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"order_id": orderID, "provider_payment_id": providerID, "status": status, "amount": amount})
+	ts := fmt.Sprint(time.Now().Unix())
+	mac := hmac.New(sha256.New, []byte(webhookSecret))
+	mac.Write([]byte(ts + "." + string(body)))
+	return do(t, "POST", shop.payment+"/webhooks/payment",
+		map[string]string{"Payment-Signature": "t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))}, body)
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func randHex() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// sku returns a SKU no other test uses.
+func sku(name string) string { return name + "-" + randHex() }
+
+// ---- plumbing ----
+
+func schemaOf(service string) string {
+	return map[string]string{"order": "orders", "inventory": "inventory", "payment": "payment", "fulfillment": "fulfillment"}[service]
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitReady(base string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		res, err := http.Get(base + "/readyz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return true
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+func withDatabase(url, name string) (string, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "", err
+	}
+	i := strings.LastIndex(url, "/"+cfg.Database)
+	if i < 0 {
+		return "", fmt.Errorf("cannot find the database name in %q", url)
+	}
+	return url[:i+1] + name + url[i+1+len(cfg.Database):], nil
+}
+
+func dropDatabase(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "drop e2e database:", err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		fmt.Fprintln(os.Stderr, "drop e2e database:", err)
+	}
+}
+
+// mainTB lets natstest run outside a test: TestMain has no testing.T.
+type mainTB struct {
+	testing.TB
+	mu       sync.Mutex
+	cleanups []func()
+}
+
+func (m *mainTB) Helper()                           {}
+func (m *mainTB) TempDir() string                   { d, _ := os.MkdirTemp("", "e2e-nats-*"); return d }
+func (m *mainTB) Cleanup(f func())                  { m.mu.Lock(); m.cleanups = append(m.cleanups, f); m.mu.Unlock() }
+func (m *mainTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (m *mainTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
