@@ -272,4 +272,5 @@ func TestBadInputWritesNothing(t *testing.T) {
 	if after := count(); after != before {
 		t.Fatalf("refused requests wrote %d rows", after-before)
 	}
+	checkInvariants(t)
 }
