@@ -4,12 +4,17 @@
 package natstest
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -92,4 +97,79 @@ func (s *Server) Stream(t testing.TB, js jetstream.JetStream, name string, subje
 		t.Fatal(err)
 	}
 	return st
+}
+
+// Event is an event as a producer's outbox relay publishes it, for tests
+// that play the producer.
+type Event struct {
+	ID            uuid.UUID // zero: a new UUIDv7
+	Prefix        string    // subject prefix: "orders", "inventory", …
+	AggregateType string    // "order", "product"
+	AggregateID   string
+	Type          string
+	Seq           int64
+	SchemaVersion int // zero: 1
+	Payload       any // []byte is sent as it is, anything else as JSON
+}
+
+// Msg builds the message with the contract's subject and headers.
+func (e Event) Msg(t testing.TB) *nats.Msg {
+	t.Helper()
+	if e.ID == uuid.Nil {
+		e.ID = uuid.Must(uuid.NewV7())
+	}
+	data, ok := e.Payload.([]byte)
+	if !ok {
+		var err error
+		if data, err = json.Marshal(e.Payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := nats.NewMsg(e.Prefix + "." + e.AggregateID + "." + e.Type)
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, e.ID.String())
+	m.Header.Set("Event-Type", e.Type)
+	m.Header.Set("Aggregate-Type", e.AggregateType)
+	m.Header.Set("Aggregate-Id", e.AggregateID)
+	m.Header.Set("Aggregate-Seq", strconv.FormatInt(e.Seq, 10))
+	m.Header.Set("Schema-Version", strconv.Itoa(cmp.Or(e.SchemaVersion, 1)))
+	m.Header.Set("Occurred-At", time.Now().UTC().Format(time.RFC3339Nano))
+	return m
+}
+
+// Publish publishes m to JetStream and returns the ack.
+func Publish(t testing.TB, js jetstream.JetStream, m *nats.Msg) *jetstream.PubAck {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ack, err := js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatalf("publish %s: %v", m.Subject, err)
+	}
+	return ack
+}
+
+// Settled reports whether the durable consumer has acked (or terminated)
+// every message of stream. It reads the ack floor, not NumPending: a
+// consumer still being created reports nothing pending.
+func Settled(t testing.TB, js jetstream.JetStream, stream, consumer string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := st.Consumer(ctx, consumer)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.NumAckPending == 0 && info.AckFloor.Stream >= st.CachedInfo().State.LastSeq
 }

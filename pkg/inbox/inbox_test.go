@@ -143,13 +143,7 @@ func (e *env) publish(t *testing.T, evs ...event) {
 
 func (e *env) publishMsg(t *testing.T, m *nats.Msg) *jetstream.PubAck {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ack, err := e.js.PublishMsg(ctx, m)
-	if err != nil {
-		t.Fatalf("publish %s: %v", m.Subject, err)
-	}
-	return ack
+	return natstest.Publish(t, e.js, m)
 }
 
 // eventually waits for cond, polling; it fails the test after 30s.
@@ -168,26 +162,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // every message in the stream.
 func (e *env) settled(t *testing.T) bool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := e.js.Stream(ctx, testStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := st.Consumer(ctx, testConsumer)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return false
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The ack floor, not NumPending: a consumer still being created reports
-	// nothing pending.
-	info, err := cons.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.NumAckPending == 0 && info.AckFloor.Stream >= st.CachedInfo().State.LastSeq
+	return natstest.Settled(t, e.js, testStream, testConsumer)
 }
 
 // seqs returns the sequences applied for agg, in the order they committed.

@@ -96,11 +96,7 @@ func orderPaidMsg(eventID, orderID uuid.UUID, seq int64, version int) *nats.Msg 
 
 func publish(t *testing.T, js jetstream.JetStream, m *nats.Msg) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := js.PublishMsg(ctx, m); err != nil {
-		t.Fatal(err)
-	}
+	natstest.Publish(t, js, m)
 }
 
 // startDirect applies an OrderPaid through the inbox handler in a

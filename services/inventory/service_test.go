@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"net/http/httptest"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/natstest"
@@ -83,20 +81,10 @@ func (f *fixture) publish(t *testing.T, orderID string, seq int64, typ string, p
 
 func (f *fixture) publishRaw(t *testing.T, eventID, orderID string, seq int64, typ string, data []byte) {
 	t.Helper()
-	msg := nats.NewMsg("orders." + orderID + "." + typ)
-	msg.Data = data
-	msg.Header.Set(jetstream.MsgIDHeader, eventID)
-	msg.Header.Set("Event-Type", typ)
-	msg.Header.Set("Aggregate-Type", "order")
-	msg.Header.Set("Aggregate-Id", orderID)
-	msg.Header.Set("Aggregate-Seq", strconv.FormatInt(seq, 10))
-	msg.Header.Set("Schema-Version", "1")
-	msg.Header.Set("Occurred-At", time.Now().UTC().Format(time.RFC3339))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := f.js.PublishMsg(ctx, msg); err != nil {
-		t.Fatalf("publish %s: %v", typ, err)
-	}
+	natstest.Publish(t, f.js, natstest.Event{
+		ID: uuid.MustParse(eventID), Prefix: "orders", AggregateType: "order", AggregateID: orderID,
+		Type: typ, Seq: seq, Payload: data,
+	}.Msg(t))
 }
 
 // apply calls the consumer's handler directly in a transaction of its own,

@@ -95,11 +95,7 @@ func (e *env) upstream(prefix, aggType, aggID, typ string, payload any) *nats.Ms
 
 func (e *env) send(t *testing.T, m *nats.Msg) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := e.js.PublishMsg(ctx, m); err != nil {
-		t.Fatal(err)
-	}
+	natstest.Publish(t, e.js, m)
 }
 
 // publish sends an upstream event about order id.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -216,37 +215,14 @@ func orderMsg(id uuid.UUID, orderID, typ string, seq int64, version int, data []
 
 func (e *env) publishMsg(t *testing.T, m *nats.Msg) *jetstream.PubAck {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ack, err := e.js.PublishMsg(ctx, m)
-	if err != nil {
-		t.Fatalf("publish %s: %v", m.Subject, err)
-	}
-	return ack
+	return natstest.Publish(t, e.js, m)
 }
 
 // settled reports whether payment-orders has acked (or terminated) every
 // message in ORDERS.
 func (e *env) settled(t *testing.T) bool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := e.js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := st.Consumer(ctx, ConsumerName)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return false
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.NumAckPending == 0 && info.AckFloor.Stream >= st.CachedInfo().State.LastSeq
+	return natstest.Settled(t, e.js, "ORDERS", ConsumerName)
 }
 
 // eventually polls cond until it holds; it fails the test after 30s.
