@@ -33,8 +33,10 @@ Usage:
   shop migrate [service…]  apply the migrations of each service's schema (default: all), then exit
   shop verify [-wait 30s]  check the contract's invariants against the live schemas;
                            exit 0 when they hold, 1 with a report when not
-  shop outbox …            not yet implemented
-  shop loadgen             not yet implemented
+  shop outbox <command>    operator commands: status, show <event-id>, requeue <event-id>,
+                           replay, dead-letters list|requeue; "shop outbox -h" for details
+  shop loadgen [-orders N] drive orders through the public HTTP API (local targets only),
+                           then print throughput and latency percentiles
 
 Configuration comes from the environment: DATABASE_URL, ORDER_DATABASE_URL (and
 INVENTORY_, PAYMENT_, FULFILLMENT_), NATS_URL, ORDER_ADDR (and the others).
@@ -72,9 +74,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case cmd == "-h" || cmd == "-help" || cmd == "--help" || cmd == "help":
 		fmt.Fprint(stdout, usage)
 		return nil
-	case cmd == "outbox" || cmd == "loadgen":
-		fmt.Fprintf(stderr, "shop %s: not yet implemented\n", cmd)
-		return errUsage
+	case cmd == "outbox":
+		return runOutbox(ctx, args, getenv, stdout, stderr)
+	case cmd == "loadgen":
+		return runLoadgen(ctx, args, getenv, stdout, stderr)
 	case cmd != "all" && cmd != "migrate" && cmd != "verify" && !slices.Contains(app.Names, cmd):
 		fmt.Fprintf(stderr, "shop: unknown command %q\n\n%s", cmd, usage)
 		return errUsage

@@ -212,7 +212,8 @@ func TestUsage(t *testing.T) {
 	}{
 		{nil, errUsage},
 		{[]string{"shipping"}, errUsage},
-		{[]string{"loadgen"}, errUsage},
+		{[]string{"outbox"}, errUsage},
+		{[]string{"loadgen", "-orders", "0"}, errUsage},
 		{[]string{"-h"}, nil},
 		{[]string{"order", "-h"}, flag.ErrHelp}, // main exits 0 on it
 		{[]string{"order", "-no-such-flag"}, errUsage},

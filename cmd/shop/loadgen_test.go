@@ -1,0 +1,282 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/natstest"
+)
+
+// testShop is a whole shop running in the test process, as internal/e2e
+// starts it.
+type testShop struct {
+	env                map[string]string
+	orderURL, stockURL string
+}
+
+// startShop runs every service against a throwaway database and a test NATS
+// server, on free loopback ports, until the test ends.
+func startShop(t *testing.T) *testShop {
+	t.Helper()
+	dbURL := newDatabase(t)
+	if err := database.EnsureExists(context.Background(), dbURL); err != nil {
+		t.Fatal(err)
+	}
+	ns := natstest.New(t)
+	vars := map[string]string{
+		"DATABASE_URL":      dbURL,
+		"NATS_URL":          ns.URL(),
+		"FULFILLMENT_DELAY": "100ms",
+	}
+	for _, name := range app.Names {
+		vars[strings.ToUpper(name)+"_ADDR"] = freeAddr(t)
+	}
+	cfg, err := app.LoadConfig(env(vars))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx, cfg, app.Names, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("shop: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("the shop did not stop within 30s")
+		}
+	})
+	for _, name := range app.Names {
+		addr := vars[strings.ToUpper(name)+"_ADDR"]
+		waitFor(t, name+" ready", 30*time.Second, func() bool {
+			select {
+			case err := <-done:
+				t.Fatalf("the shop stopped before it was ready: %v", err)
+			default:
+			}
+			res, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			res.Body.Close()
+			return res.StatusCode == http.StatusOK
+		})
+	}
+	return &testShop{env: vars, orderURL: "http://" + vars["ORDER_ADDR"], stockURL: "http://" + vars["INVENTORY_ADDR"] + "/stock/"}
+}
+
+// restock stocks sku and waits until the order service accepts orders for
+// it (it learns SKUs from inventory's events): a probe order gets through,
+// and is cancelled at once.
+func (s *testShop) restock(t *testing.T, sku string, onHand, price int) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]int{"on_hand": onHand, "price": price})
+	req, _ := http.NewRequest(http.MethodPut, s.stockURL+sku, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("restock %s: %s", sku, res.Status)
+	}
+	var probe string
+	waitFor(t, "the order service knows "+sku, 15*time.Second, func() bool {
+		body := fmt.Sprintf(`{"customer_id":"probe","items":[{"sku":%q,"quantity":1}]}`, sku)
+		req, _ := http.NewRequest(http.MethodPost, s.orderURL+"/orders", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "probe-"+sku+"-"+time.Now().Format(time.RFC3339Nano))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		var o struct {
+			OrderID string `json:"order_id"`
+		}
+		_ = json.NewDecoder(res.Body).Decode(&o)
+		probe = o.OrderID
+		return res.StatusCode == http.StatusCreated
+	})
+	waitFor(t, "the probe order cancelled", 15*time.Second, func() bool {
+		res, err := http.Post(s.orderURL+"/orders/"+probe+"/cancel", "application/json", nil)
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusAccepted
+	})
+}
+
+func TestLoadgen(t *testing.T) {
+	t.Parallel()
+	s := startShop(t)
+	s.restock(t, "SKU-LOAD", 1000, 250)
+
+	var out, errOut strings.Builder
+	err := run(context.Background(), []string{"loadgen", "--orders", "30", "--concurrency", "8", "--pay", "1",
+		"--sku", "SKU-LOAD", "--timeout", "90s"}, env(s.env), &out, &errOut)
+	if err != nil {
+		t.Fatalf("loadgen: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
+	}
+	report := out.String()
+	t.Logf("loadgen output:\n%s", report)
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^orders created: +30 ok, 0 failed`),
+		regexp.MustCompile(`(?m)^creation: +30 in \S+ = [0-9.]+ orders/s`),
+		regexp.MustCompile(`(?m)^creation latency: +p50 \S+ +p90 \S+ +p99 \S+ +max \S+`),
+		regexp.MustCompile(`(?m)^order→COMPLETED: +30 completed +p50 \S+ +p99 \S+ +max \S+`),
+		regexp.MustCompile(`(?m)^final status: +COMPLETED 30$`),
+	} {
+		if !want.MatchString(report) {
+			t.Errorf("report does not match %s", want)
+		}
+	}
+	// Not a terminal: no carriage returns or escape sequences.
+	if strings.ContainsAny(report, "\r\033") {
+		t.Error("progress drew a terminal bar into a non-terminal")
+	}
+}
+
+func TestLoadgenArguments(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--order-url", "http://example.com:8081"}, "only local targets"},
+		{[]string{"--payment-url", "http://10.0.0.7:8083"}, "only local targets"},
+		{[]string{"--order-url", "ftp://127.0.0.1/"}, "want an http:// URL"},
+		{[]string{"--orders", "0"}, "-orders 0"},
+		{[]string{"--concurrency", "0"}, "-concurrency 0"},
+		{[]string{"--pay", "1.5"}, "-pay 1.5"},
+		{[]string{"--rate", "-1"}, "-rate -1"},
+		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"--no-such-flag"}, "not defined"},
+	} {
+		var errOut strings.Builder
+		err := run(context.Background(), append([]string{"loadgen"}, tc.args...), env(nil), io.Discard, &errOut)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("loadgen %q: err = %v, want errUsage", tc.args, err)
+			continue
+		}
+		if !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("loadgen %q: stderr %q lacks %q", tc.args, errOut.String(), tc.want)
+		}
+	}
+	// The environment's address counts as local when it is a bare port.
+	if got := localURL(":8081"); got != "http://127.0.0.1:8081" {
+		t.Errorf("localURL(:8081) = %s", got)
+	}
+	// Nothing listening: a clear failure, not a usage error, and no hang.
+	var out strings.Builder
+	err := run(context.Background(), []string{"loadgen", "--order-url", "http://" + freeAddr(t), "--payment-url", "http://" + freeAddr(t)}, env(nil), &out, &out)
+	if err == nil || errors.Is(err, errUsage) || !strings.Contains(err.Error(), "no shop service answers") {
+		t.Errorf("loadgen against nothing: err = %v", err)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	t.Parallel()
+	var ds []time.Duration
+	for i := 1; i <= 100; i++ {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	for p, want := range map[float64]time.Duration{.5: 50 * time.Millisecond, .9: 90 * time.Millisecond, .99: 99 * time.Millisecond, 1: 100 * time.Millisecond} {
+		if got := percentile(ds, p); got != want {
+			t.Errorf("p%v = %v, want %v", p*100, got, want)
+		}
+	}
+	if percentile(nil, .5) != 0 {
+		t.Error("percentile of nothing is not 0")
+	}
+	paid := 0
+	g := &loadgen{cfg: loadgenConfig{pay: 0.9}}
+	for i := range 1000 {
+		if g.paid(i) {
+			paid++
+		}
+	}
+	if paid != 900 {
+		t.Errorf("pay 0.9 of 1000 pays %d", paid)
+	}
+}
+
+// A fake order service: the first POST of every key hangs past the request
+// timeout, orders never leave PENDING. loadgen must retry with the same key
+// and stop by itself at -timeout.
+func TestLoadgenRetriesWithTheSameKeyAndStopsAtTimeout(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/healthz":
+		case r.Method == http.MethodPost && r.URL.Path == "/orders":
+			key := r.Header.Get("Idempotency-Key")
+			mu.Lock()
+			seen[key]++
+			first := seen[key] == 1
+			mu.Unlock()
+			if first {
+				select {
+				case <-time.After(2 * time.Second):
+				case <-r.Context().Done():
+				}
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"order_id":%q,"status":"PENDING"}`, "o-"+key)
+		case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/orders/"):
+			fmt.Fprint(w, `{"status":"PENDING"}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+
+	var out strings.Builder
+	start := time.Now()
+	err := run(context.Background(), []string{"loadgen", "-orders", "5", "-concurrency", "5", "-pay", "1",
+		"-order-url", srv.URL, "-payment-url", srv.URL, "-request-timeout", "200ms", "-timeout", "1500ms"}, env(nil), &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "-timeout") {
+		t.Fatalf("err = %v, want a stop by -timeout\n%s", err, out.String())
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("loadgen took %v with -timeout 1.5s", el)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 5 {
+		t.Errorf("%d distinct keys, want 5: %v", len(seen), seen)
+	}
+	for key, n := range seen {
+		if n != 2 {
+			t.Errorf("key %s sent %d times, want 2 (a timeout, then the retry with the same key)", key, n)
+		}
+	}
+	report := out.String()
+	for _, want := range []string{"orders created:    5 ok, 0 failed (5 retried requests)", "stopped by -timeout", "final status:      PENDING 5", "0 completed"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+}
