@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,20 +23,25 @@ type domain interface {
 	Run(ctx context.Context) error
 }
 
-// newDomain builds the business part of the service called name.
-func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logger) (domain, error) {
+// newDomain builds the business part of the service called name;
+// observe (may be nil) receives its consumers' processing times. Every
+// domain also has Consumers() []*inbox.Consumer, and the order domain
+// TimeoutsFired() int64, which the metrics read (see metrics.watch).
+func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logger,
+	observe func(consumer string, d time.Duration)) (domain, error) {
 	switch name {
 	case "order":
-		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL, Logger: log})
+		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL,
+			Logger: log, ObserveInboxFunc: observe})
 	case "inventory":
-		return inventory.New(pool, js, inventory.Config{Logger: log})
+		return inventory.New(pool, js, inventory.Config{Logger: log, ObserveInboxFunc: observe})
 	case "payment":
 		if cfg.WebhookSecret == DefaultWebhookSecret {
 			log.Warn("PAYMENT_WEBHOOK_SECRET is the public demo default: anyone can forge payment callbacks; set your own outside the demo")
 		}
-		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Logger: log})
+		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Logger: log, ObserveInboxFunc: observe})
 	case "fulfillment":
-		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log})
+		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log, ObserveInboxFunc: observe})
 	}
 	return nil, fmt.Errorf("unknown service %q", name)
 }

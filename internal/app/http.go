@@ -15,9 +15,11 @@ type pinger interface {
 	Ping(ctx context.Context) error
 }
 
-// newRouter returns the routes every service has: /healthz and /readyz.
-func newRouter(db pinger, nc *nats.Conn) chi.Router {
+// newRouter returns the routes every service has: /healthz and /readyz,
+// behind middlewares (chi wants them before the first route).
+func newRouter(db pinger, nc *nats.Conn, middlewares ...func(http.Handler) http.Handler) chi.Router {
 	r := chi.NewRouter()
+	r.Use(middlewares...)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

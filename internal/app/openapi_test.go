@@ -140,12 +140,19 @@ func TestOpenAPI(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t, name)
-			dom, err := newDomain(name, db.Pool, js, cfg, log)
+			// The router exactly as a running service assembles it.
+			svc, err := New(name, cfg, nc, log)
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := newRouter(db.Pool, nc)
-			dom.Routes(r)
+			_, _, handler, err := svc.assemble(db.Pool, js)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, ok := handler.(chi.Routes)
+			if !ok {
+				t.Fatalf("the %s service's handler is a %T, not a chi router", name, handler)
+			}
 
 			served := map[string]bool{}
 			err = chi.Walk(r, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {

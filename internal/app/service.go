@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -91,18 +92,10 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: jetstream: %w", s.Name, err)
 	}
-	// Name is left to the relay's default (host, pid, random), which keeps
-	// several copies of one service apart in claimed_by.
-	relay, err := outbox.NewRelay(pool, js, outbox.Config{Retention: OutboxRetention, Logger: s.Logger})
+	relay, dom, router, err := s.assemble(pool, js)
 	if err != nil {
-		return fmt.Errorf("%s: %w", s.Name, err)
+		return err
 	}
-	dom, err := newDomain(s.Name, pool, js, s.cfg, s.Logger)
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.Name, err)
-	}
-	router := newRouter(pool, s.NATS)
-	dom.Routes(router)
 	ln, err := net.Listen("tcp", s.Addr)
 	if err != nil {
 		return fmt.Errorf("%s: listen: %w", s.Name, err)
@@ -147,6 +140,31 @@ func (s *Service) Run(ctx context.Context) error {
 	err = g.Wait()
 	s.Logger.Info("service stopped")
 	return err
+}
+
+// assemble builds the service's parts over pool and js, wired to one
+// metrics registry: the outbox relay, the domain and the HTTP router
+// (/healthz, /readyz, /metrics and the domain's routes). It does no I/O.
+func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.Relay, domain, http.Handler, error) {
+	m := newMetrics(s.Name, s.Logger)
+	// Name is left to the relay's default (host, pid, random), which keeps
+	// several copies of one service apart in claimed_by.
+	relay, err := outbox.NewRelay(pool, js, outbox.Config{
+		Retention: OutboxRetention, Logger: s.Logger, ObservePublishFunc: m.observePublish,
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
+	}
+	dom, err := newDomain(s.Name, pool, js, s.cfg, s.Logger, m.observeProcess)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
+	}
+	m.watch(pool, relay, dom)
+	router := newRouter(pool, s.NATS, m.instrument)
+	router.Method(http.MethodGet, "/metrics", m.handler())
+	dom.Routes(router)
+	m.initRoutes(router)
+	return relay, dom, router, nil
 }
 
 // ensureStreams creates or updates every producer's stream, waiting for

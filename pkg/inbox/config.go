@@ -62,6 +62,11 @@ type Config struct {
 	SkipSequenceCheck bool
 	// Logger receives the consumer's logs; nil discards them.
 	Logger *slog.Logger
+	// ObserveFunc, when set, is called with Name and the processing time of
+	// every delivery that committed (applied or absorbed as a duplicate):
+	// from a worker taking it to the commit. It is called from the workers
+	// and must be safe for concurrent use and quick. Default: none.
+	ObserveFunc func(consumer string, d time.Duration)
 }
 
 const day = 24 * time.Hour

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,7 @@ type Consumer struct {
 	requeueEvery time.Duration // how often requeued dead letters are looked for
 	cleanupEvery time.Duration // how often old processed_events rows are deleted
 	queueDepth   int           // events waiting per worker
+	stats        counters
 
 	// crash, set by tests only, is asked at each crashPoint whether the
 	// process "dies" there: the transaction is rolled back, as a lost
@@ -47,6 +49,48 @@ const (
 	beforeCommit crashPoint = iota
 	afterCommit
 )
+
+type counters struct{ processed, duplicates, retries, deadLetters atomic.Int64 }
+
+// Counters are running totals of one Consumer instance, for metrics and
+// tests. Several instances sharing a Name each count their own share.
+type Counters struct {
+	Processed   int64 // events applied and committed, requeued dead letters included
+	Duplicates  int64 // copies absorbed without effect: the event id was already processed, or its sequence was already passed
+	Retries     int64 // failed deliveries handed back to JetStream for another attempt after a backoff
+	DeadLetters int64 // events dead-lettered, by their last delivery or by a requeue that failed again
+}
+
+// Counters returns the consumer's running totals.
+func (c *Consumer) Counters() Counters {
+	return Counters{
+		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(),
+		Retries: c.stats.retries.Load(), DeadLetters: c.stats.deadLetters.Load(),
+	}
+}
+
+// Name returns the consumer's Config.Name.
+func (c *Consumer) Name() string { return c.cfg.Name }
+
+// Stream returns the consumer's Config.Stream.
+func (c *Consumer) Stream() string { return c.cfg.Stream }
+
+// Lag asks JetStream how many messages of the stream the durable consumer
+// has yet to settle: those not yet delivered (NumPending) plus those
+// delivered and not yet acked (NumAckPending). It counts for every instance
+// sharing the Name. Before Run has created the durable consumer it returns
+// an error wrapping jetstream.ErrConsumerNotFound.
+func (c *Consumer) Lag(ctx context.Context) (uint64, error) {
+	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Name)
+	if err != nil {
+		return 0, fmt.Errorf("look up consumer %s on %s: %w", c.cfg.Name, c.cfg.Stream, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("consumer %s info: %w", c.cfg.Name, err)
+	}
+	return info.NumPending + uint64(max(info.NumAckPending, 0)), nil
+}
 
 // NewConsumer checks cfg and returns a Consumer; it does no I/O. The pool
 // needs at least cfg.Workers+2 connections.
@@ -308,6 +352,7 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 		c.failed(ctx, d, meta, d.err)
 		return
 	}
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckWait)
 	defer cancel()
 	log := c.log.With("event_id", d.m.EventID, "type", d.m.Type, "aggregate_id", d.m.AggregateID, "seq", d.m.Seq)
@@ -350,10 +395,17 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 		return
 	}
 	switch out {
+	case applied:
+		c.stats.processed.Add(1)
 	case duplicate:
+		c.stats.duplicates.Add(1)
 		log.Debug("inbox event already processed")
 	case stale:
+		c.stats.duplicates.Add(1)
 		log.Info("inbox event older than the aggregate's cursor skipped")
+	}
+	if c.cfg.ObserveFunc != nil {
+		c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
 	}
 	// A lost ack only means one more delivery, which the inbox row absorbs.
 	if err := d.msg.Ack(); err != nil {
@@ -371,6 +423,7 @@ func (c *Consumer) failed(ctx context.Context, d delivery, meta *jetstream.MsgMe
 		// or overloaded. Retry, but do not count it: an outage must not turn
 		// every event in flight into a dead letter.
 		delay := c.backoff(int(min(meta.NumDelivered, 64)))
+		c.stats.retries.Add(1)
 		log.Error("inbox transaction failed before the handler; will retry", "err", cause, "delay", delay)
 		_ = d.msg.NakWithDelay(delay)
 		return
@@ -380,11 +433,13 @@ func (c *Consumer) failed(ctx context.Context, d delivery, meta *jetstream.MsgMe
 		// Cannot even write down the failure: the database is likely down.
 		// Retry later; this delivery does not count as an attempt.
 		delay := c.backoff(int(min(meta.NumDelivered, 64)))
+		c.stats.retries.Add(1)
 		log.Error("inbox failure not recorded; will retry", "err", err, "cause", cause, "delay", delay)
 		_ = d.msg.NakWithDelay(delay)
 		return
 	}
 	if dead {
+		c.stats.deadLetters.Add(1)
 		log.Error("inbox event dead-lettered", "attempts", attempts, "err", cause)
 		// Should the Term be lost, the redelivered copy fails again and
 		// updates the same dead letter (unique per stream sequence).
@@ -392,6 +447,7 @@ func (c *Consumer) failed(ctx context.Context, d delivery, meta *jetstream.MsgMe
 		return
 	}
 	delay := c.backoff(attempts)
+	c.stats.retries.Add(1)
 	log.Warn("inbox handler failed; will retry", "attempts", attempts, "delay", delay, "err", cause)
 	_ = d.msg.NakWithDelay(delay)
 }

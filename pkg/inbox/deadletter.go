@@ -298,5 +298,13 @@ func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("commit dead letter %d: %w", id, err)
 	}
+	switch {
+	case err != nil:
+		c.stats.deadLetters.Add(1)
+	case out == applied:
+		c.stats.processed.Add(1)
+	default:
+		c.stats.duplicates.Add(1)
+	}
 	return id, nil
 }

@@ -236,7 +236,15 @@ func TestDuplicateDeliveryAppliedOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	shortDuplicateWindow(t, e)
-	run(t, e.consumer(t, e.pool, e.js, e.config(t, record(""))))
+	var observed atomic.Int32
+	cfg := e.config(t, record(""))
+	cfg.ObserveFunc = func(consumer string, d time.Duration) {
+		if consumer == testConsumer && d > 0 {
+			observed.Add(1)
+		}
+	}
+	c := e.consumer(t, e.pool, e.js, cfg)
+	run(t, c)
 
 	ev := newEvent("a", 1)
 	e.publish(t, ev)
@@ -245,6 +253,16 @@ func TestDuplicateDeliveryAppliedOnce(t *testing.T) {
 	eventually(t, "the copy is acked", func() bool { return e.settled(t) })
 
 	wantSeqs(t, e, "a", 1)
+	eventually(t, "the copy is counted", func() bool { return c.Counters().Duplicates == 1 })
+	if got := c.Counters(); got != (Counters{Processed: 1, Duplicates: 1}) {
+		t.Errorf("counters %+v, want 1 processed and 1 duplicate", got)
+	}
+	if n := observed.Load(); n != 2 {
+		t.Errorf("ObserveFunc called %d times, want 2 (the event and its copy)", n)
+	}
+	if lag, err := c.Lag(context.Background()); err != nil || lag != 0 {
+		t.Errorf("Lag = %d, %v; want 0 once settled", lag, err)
+	}
 }
 
 func TestReplayOlderThanRetentionSkippedBySequence(t *testing.T) {
@@ -407,11 +425,16 @@ func TestTooManyFailuresDeadLetter(t *testing.T) {
 		return record("")(ctx, tx, m)
 	})
 	cfg.MaxDeliver = 3
-	run(t, e.consumer(t, e.pool, e.js, cfg))
+	c := e.consumer(t, e.pool, e.js, cfg)
+	run(t, c)
 
 	ev := newEvent("bad", 1)
 	e.publish(t, ev, newEvent("ok", 1))
 	eventually(t, "all messages are settled", func() bool { return e.settled(t) })
+	eventually(t, "the dead letter is counted", func() bool { return c.Counters().DeadLetters == 1 })
+	if got := c.Counters(); got != (Counters{Processed: 1, Retries: 2, DeadLetters: 1}) {
+		t.Errorf("counters %+v, want 1 processed, 2 retries, 1 dead letter", got)
+	}
 
 	wantSeqs(t, e, "ok", 1)
 	wantSeqs(t, e, "bad")

@@ -326,7 +326,7 @@ func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, res := range crashed.publish(context.Background(), batch) {
+	for _, res := range crashed.publish(context.Background(), batch, time.Now()) {
 		if res.err != nil {
 			t.Fatal(res.err)
 		}
@@ -337,8 +337,8 @@ func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
 	eventually(t, 10*time.Second, "event marked by the survivor", func() (bool, error) {
 		return count(t, e.db.Pool, "published_at IS NOT NULL") == 1, nil
 	})
-	if got := survivor.Counters().Duplicates; got != 1 {
-		t.Fatalf("survivor saw %d duplicate acks, want 1", got)
+	if got := survivor.Counters(); got.Duplicates != 1 || got.TakenOver != 1 {
+		t.Fatalf("survivor counted %d duplicate acks and %d expired leases taken over, want 1 and 1", got.Duplicates, got.TakenOver)
 	}
 	if got := streamMsgs(t, e.stream); got != 1 {
 		t.Fatalf("stream holds %d messages; the duplicate window should have dropped the copy", got)

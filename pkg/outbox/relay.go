@@ -38,6 +38,12 @@ type Config struct {
 	RetentionBatch    int           // rows per delete statement; default 1000
 
 	Logger *slog.Logger // default slog.Default()
+
+	// ObservePublishFunc, when set, is called once per acked event with the
+	// time from the commit of its claim to the relay reading its ack: the
+	// publish latency of the event. It is called from the relay's workers
+	// and must be safe for concurrent use and quick. Default: none.
+	ObservePublishFunc func(time.Duration)
 }
 
 func (c *Config) setDefaults() {
@@ -97,7 +103,7 @@ type Relay struct {
 	stats  counters
 }
 
-type counters struct{ published, duplicates, retried, dead, lostLeases atomic.Int64 }
+type counters struct{ published, duplicates, retried, dead, lostLeases, takenOver atomic.Int64 }
 
 // Counters are running totals of one relay, for metrics and tests.
 type Counters struct {
@@ -106,6 +112,7 @@ type Counters struct {
 	Retried    int64 // transient failures scheduled for another attempt
 	Dead       int64 // events made dead
 	LostLeases int64 // acked events whose lease had passed to another relay before marking
+	TakenOver  int64 // claims of events whose earlier lease had expired unsettled (a relay died or stalled)
 }
 
 // NewRelay returns a relay for the outbox in the schema that pool's
@@ -133,6 +140,7 @@ func (r *Relay) Counters() Counters {
 	return Counters{
 		Published: r.stats.published.Load(), Duplicates: r.stats.duplicates.Load(),
 		Retried: r.stats.retried.Load(), Dead: r.stats.dead.Load(), LostLeases: r.stats.lostLeases.Load(),
+		TakenOver: r.stats.takenOver.Load(),
 	}
 }
 
@@ -199,11 +207,12 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 	if err != nil || len(batch) == 0 {
 		return 0, err
 	}
+	claimed := time.Now()
 	// The claim is committed. From here the batch is finished even if ctx
 	// ends, so a shutdown leaves no claimed-but-unmarked rows behind.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+r.cfg.LeaseDuration/2)
 	defer cancel()
-	results := r.publish(ctx, batch)
+	results := r.publish(ctx, batch, claimed)
 	return len(batch), r.settle(ctx, token, batch, results)
 }
 
@@ -220,6 +229,7 @@ type row struct {
 	headers  map[string]string
 	occurred time.Time
 	attempts int
+	takeover bool // the row carried an expired lease of an earlier claim
 }
 
 // claim takes a batch in one short transaction: each row is the oldest
@@ -234,18 +244,23 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
 	}
 	batch, err := pgx.CollectRows(rows, func(rs pgx.CollectableRow) (row, error) {
 		var x row
-		err := rs.Scan(&x.id, &x.aggType, &x.aggID, &x.seq, &x.typ, &x.version, &x.subject, &x.payload, &x.headers, &x.occurred, &x.attempts)
+		err := rs.Scan(&x.id, &x.aggType, &x.aggID, &x.seq, &x.typ, &x.version, &x.subject, &x.payload, &x.headers, &x.occurred, &x.attempts, &x.takeover)
 		return x, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	for _, ev := range batch {
+		if ev.takeover {
+			r.stats.takenOver.Add(1)
+		}
 	}
 	return batch, nil
 }
 
 const claimSQL = `
 WITH claimable AS (
-	SELECT o.event_id FROM outbox o
+	SELECT o.event_id, o.claim_until IS NOT NULL AS takeover FROM outbox o
 	WHERE o.published_at IS NULL AND o.dead_at IS NULL
 	  AND o.available_at <= now()
 	  AND (o.claim_until IS NULL OR o.claim_until < now())
@@ -264,18 +279,21 @@ SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 mi
 FROM claimable c
 WHERE o.event_id = c.event_id
 RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_type,
-          o.schema_version, o.subject, o.payload, o.headers, o.occurred_at, o.attempts`
+          o.schema_version, o.subject, o.payload, o.headers, o.occurred_at, o.attempts,
+          c.takeover`
 
 // result is the outcome of publishing one event.
 type result struct {
 	err       error // nil: acked
 	permanent bool  // err will not go away by retrying
 	duplicate bool
+	latency   time.Duration // claim to ack, when acked
 }
 
 // publish sends the whole batch without waiting in between, then collects
-// the acks: one round trip's latency per batch, not per event.
-func (r *Relay) publish(ctx context.Context, batch []row) []result {
+// the acks: one round trip's latency per batch, not per event. claimed is
+// when the batch's claim committed, the start of each event's latency.
+func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) []result {
 	results := make([]result, len(batch))
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	for i, ev := range batch {
@@ -303,7 +321,7 @@ func (r *Relay) publish(ctx context.Context, batch []row) []result {
 		if expired {
 			select {
 			case ack := <-f.Ok():
-				results[i] = result{duplicate: ack.Duplicate}
+				results[i] = result{duplicate: ack.Duplicate, latency: time.Since(claimed)}
 			case err := <-f.Err():
 				results[i] = r.classify(ctx, batch[i], err)
 			default:
@@ -313,7 +331,7 @@ func (r *Relay) publish(ctx context.Context, batch []row) []result {
 		}
 		select {
 		case ack := <-f.Ok():
-			results[i] = result{duplicate: ack.Duplicate}
+			results[i] = result{duplicate: ack.Duplicate, latency: time.Since(claimed)}
 		case err := <-f.Err():
 			results[i] = r.classify(ctx, batch[i], err)
 		case <-timeout.C:
@@ -386,6 +404,9 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 			acked = append(acked, ev.id)
 			if res.duplicate {
 				r.stats.duplicates.Add(1)
+			}
+			if r.cfg.ObservePublishFunc != nil {
+				r.cfg.ObservePublishFunc(res.latency)
 			}
 			continue
 		}

@@ -119,7 +119,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func runScanner(t *testing.T, pool *pgxpool.Pool, sg *saga.Saga) {
+func runScanner(t *testing.T, pool *pgxpool.Pool, sg *saga.Saga) *saga.Scanner {
 	t.Helper()
 	sc, err := saga.NewScanner(pool, saga.ScannerConfig{PollInterval: 10 * time.Millisecond}, sg)
 	if err != nil {
@@ -134,6 +134,7 @@ func runScanner(t *testing.T, pool *pgxpool.Pool, sg *saga.Saga) {
 			t.Errorf("Run: %v", err)
 		}
 	})
+	return sc
 }
 
 func TestEveryTransition(t *testing.T) {
@@ -245,13 +246,15 @@ func TestFuncErrorRollsBack(t *testing.T) {
 func TestTimeoutFires(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 100*time.Millisecond)
-	runScanner(t, e.db.Pool, e.ticket)
+	sc := runScanner(t, e.db.Pool, e.ticket)
 	e.start(t, "a")
 	e.apply(t, "a", "Reserve")
 	eventually(t, "the hold to expire", func() bool {
 		in, err := saga.Load(context.Background(), e.db.Pool, "a")
 		return err == nil && in.State == "EXPIRED"
 	})
+	// Counted just after the commit that made the state visible.
+	eventually(t, "the timeout to be counted", func() bool { return sc.Fired() == 1 })
 	if n := e.count(t, `SELECT count(*) FROM saga_timeouts`); n != 0 {
 		t.Fatalf("%d timeouts left after firing", n)
 	}

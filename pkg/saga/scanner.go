@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,7 @@ type Scanner struct {
 	sagas map[string]*Saga
 	types []string
 	cfg   ScannerConfig
+	fired atomic.Int64
 }
 
 // NewScanner returns a Scanner for the timeouts of sagas; it does no I/O.
@@ -51,6 +53,10 @@ func NewScanner(pool *pgxpool.Pool, cfg ScannerConfig, sagas ...*Saga) (*Scanner
 	}
 	return s, nil
 }
+
+// Fired returns how many timeouts this scanner has fired (committed) since
+// it was created, for metrics and tests.
+func (s *Scanner) Fired() int64 { return s.fired.Load() }
 
 // Run fires due timeouts until ctx ends, then returns nil. Timeouts that fell
 // due while no scanner ran fire on the first scan. A failing timeout is
@@ -117,6 +123,7 @@ func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("saga scanner: commit timeout %s/%s: %w", id, name, err)
 	}
+	s.fired.Add(1)
 	s.cfg.Logger.Info("saga timeout fired", "saga", id, "timeout", name, "applied", res.Applied, "from", res.From, "to", res.To)
 	return true, nil
 }

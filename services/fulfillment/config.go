@@ -15,6 +15,9 @@ type Config struct {
 	Delay time.Duration
 	// Logger receives the service's logs; nil discards them.
 	Logger *slog.Logger
+	// ObserveInboxFunc, when set, observes the consumer's processing times
+	// (inbox.Config.ObserveFunc). Default: none.
+	ObserveInboxFunc func(consumer string, d time.Duration)
 }
 
 // DefaultDelay is the contract's default FULFILLMENT_DELAY.

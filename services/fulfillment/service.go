@@ -69,6 +69,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		// long; the inbox must remember event ids for longer.
 		PublishHorizon: (outbox.Config{}).RetryHorizon(),
 		Logger:         cfg.Logger,
+		ObserveFunc:    cfg.ObserveInboxFunc,
 	})
 	if err != nil {
 		return nil, err
@@ -76,6 +77,10 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 	s.consumer = c
 	return s, nil
 }
+
+// Consumers returns the service's inbox consumers, for their counters and
+// lag; Run runs them.
+func (s *Service) Consumers() []*inbox.Consumer { return []*inbox.Consumer{s.consumer} }
 
 // Run consumes ORDERS and delivers due shipments until ctx ends, then returns
 // nil. It returns an error only when the consumer cannot run (no stream, a

@@ -48,6 +48,9 @@ const OrdersStream = "ORDERS"
 type Config struct {
 	// Logger receives the service's logs; nil discards them.
 	Logger *slog.Logger
+	// ObserveInboxFunc, when set, observes the consumer's processing times
+	// (inbox.Config.ObserveFunc). Default: none.
+	ObserveInboxFunc func(consumer string, d time.Duration)
 }
 
 // Service is the inventory service: its HTTP routes and its consumer.
@@ -87,6 +90,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		// long after the first; the inbox must remember ids longer.
 		PublishHorizon: (outbox.Config{}).RetryHorizon(),
 		Logger:         log,
+		ObserveFunc:    cfg.ObserveInboxFunc,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inventory: %w", err)
@@ -94,6 +98,10 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 	s.consumer = c
 	return s, nil
 }
+
+// Consumers returns the service's inbox consumers, for their counters and
+// lag; Run runs them.
+func (s *Service) Consumers() []*inbox.Consumer { return []*inbox.Consumer{s.consumer} }
 
 // Run consumes order events until ctx ends, then returns nil. When the
 // ORDERS stream does not exist yet (the order service, which creates it, is

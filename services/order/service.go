@@ -43,6 +43,10 @@ type Config struct {
 	PaymentTimeout time.Duration // PAYMENT_TIMEOUT: how long an order may wait in WAIT_PAY; default 15m
 	KeyTTL         time.Duration // how long an Idempotency-Key is remembered; default 24h
 	Logger         *slog.Logger  // nil: discard
+
+	// ObserveInboxFunc, when set, observes the consumers' processing times
+	// (inbox.Config.ObserveFunc). Default: none.
+	ObserveInboxFunc func(consumer string, d time.Duration)
 }
 
 func (c *Config) setDefaults() {
@@ -75,8 +79,10 @@ type Service struct {
 	cfg  Config
 	log  *slog.Logger
 
-	outbox outbox.Writer
-	saga   *saga.Saga
+	outbox    outbox.Writer
+	saga      *saga.Saga
+	consumers []*inbox.Consumer
+	scanner   *saga.Scanner
 
 	scanEvery    time.Duration // how often the saga scanner looks for due timeouts
 	cleanupEvery time.Duration // how often expired idempotency keys are deleted
@@ -106,45 +112,57 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 	if s.saga, err = s.newSaga(); err != nil {
 		return nil, err
 	}
-	return s, nil
-}
-
-// Run consumes the INVENTORY, PAYMENT and FULFILLMENT streams, fires payment
-// timeouts and deletes expired idempotency keys until ctx ends; it then
-// returns nil. It returns an error when a part cannot start or fails.
-func (s *Service) Run(ctx context.Context) error {
 	consumers := []inbox.Config{
 		{Name: "order-inventory", Stream: "INVENTORY", Handler: s.handleInventory},
 		{Name: "order-payment", Stream: "PAYMENT", Handler: s.handlePayment},
 		{Name: "order-fulfillment", Stream: "FULFILLMENT", Handler: s.handleFulfillment},
 	}
-	scanner, err := saga.NewScanner(s.pool, saga.ScannerConfig{PollInterval: s.scanEvery, Logger: s.log}, s.saga)
-	if err != nil {
-		return fmt.Errorf("order: %w", err)
-	}
-	g, ctx := errgroup.WithContext(ctx)
-	for _, cfg := range consumers {
-		cfg.Workers = consumerWorkers
-		cfg.DuplicateWindow = broker.DuplicateWindow
+	for _, c := range consumers {
+		c.Workers = consumerWorkers
+		c.DuplicateWindow = broker.DuplicateWindow
 		// Producers may republish an event this long after its first
 		// publish; the inbox must remember ids longer than that.
-		cfg.PublishHorizon = (outbox.Config{}).RetryHorizon()
-		cfg.Logger = s.log
-		c, err := inbox.NewConsumer(s.pool, s.js, cfg)
+		c.PublishHorizon = (outbox.Config{}).RetryHorizon()
+		c.Logger = s.log
+		c.ObserveFunc = cfg.ObserveInboxFunc
+		consumer, err := inbox.NewConsumer(s.pool, s.js, c)
 		if err != nil {
-			return fmt.Errorf("order: %w", err)
+			return nil, fmt.Errorf("order: %w", err)
 		}
+		s.consumers = append(s.consumers, consumer)
+	}
+	s.scanner, err = saga.NewScanner(s.pool, saga.ScannerConfig{PollInterval: s.scanEvery, Logger: s.log}, s.saga)
+	if err != nil {
+		return nil, fmt.Errorf("order: %w", err)
+	}
+	return s, nil
+}
+
+// Consumers returns the service's inbox consumers, for their counters and
+// lag; Run runs them.
+func (s *Service) Consumers() []*inbox.Consumer { return s.consumers }
+
+// TimeoutsFired returns how many saga timeouts (payment deadlines) this
+// instance has fired.
+func (s *Service) TimeoutsFired() int64 { return s.scanner.Fired() }
+
+// Run consumes the INVENTORY, PAYMENT and FULFILLMENT streams, fires payment
+// timeouts and deletes expired idempotency keys until ctx ends; it then
+// returns nil. It returns an error when a part cannot start or fails.
+func (s *Service) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for _, c := range s.consumers {
 		g.Go(func() error {
-			if !s.waitStream(ctx, cfg.Stream) {
+			if !s.waitStream(ctx, c.Stream()) {
 				return nil
 			}
 			if err := c.Run(ctx); err != nil {
-				return fmt.Errorf("order: consumer %s: %w", cfg.Name, err)
+				return fmt.Errorf("order: consumer %s: %w", c.Name(), err)
 			}
 			return nil
 		})
 	}
-	g.Go(func() error { return scanner.Run(ctx) })
+	g.Go(func() error { return s.scanner.Run(ctx) })
 	g.Go(func() error { s.cleanKeys(ctx); return nil })
 	return g.Wait()
 }

@@ -36,6 +36,10 @@ type Config struct {
 	Provider      *FakeProvider    // nil: a new FakeProvider
 	Logger        *slog.Logger     // nil: discard
 	Now           func() time.Time // nil: time.Now; tests move the clock to expire signatures
+
+	// ObserveInboxFunc, when set, observes the consumer's processing times
+	// (inbox.Config.ObserveFunc). Default: none.
+	ObserveInboxFunc func(consumer string, d time.Duration)
 }
 
 // Service is the payment service. Its HTTP handlers are mounted by Routes;
@@ -98,6 +102,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		// first; the inbox must remember event ids longer than that.
 		PublishHorizon: (outbox.Config{}).RetryHorizon(),
 		Logger:         cfg.Logger,
+		ObserveFunc:    cfg.ObserveInboxFunc,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("payment consumer: %w", err)
@@ -105,6 +110,10 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 	s.consumer = c
 	return s, nil
 }
+
+// Consumers returns the service's inbox consumers, for their counters and
+// lag; Run runs them.
+func (s *Service) Consumers() []*inbox.Consumer { return []*inbox.Consumer{s.consumer} }
 
 // consumerWorkers sizes the consumer to the pool: the inbox needs
 // Workers+2 connections, and a pool opened with pgx's default size (four on

@@ -1,0 +1,294 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+// metrics is one service's Prometheus registry and the instruments that the
+// service's parts feed while they run. Everything else is read when
+// Prometheus scrapes: the outbox backlog from Postgres, the consumers' lag
+// from JetStream, the libraries' running totals from memory.
+//
+// The libraries know nothing of Prometheus: pkg/outbox, pkg/inbox and
+// pkg/saga keep plain counters and call optional observer funcs, and this
+// file adapts them. Each service has a registry of its own, so that `shop
+// all` serves four separate /metrics, like four processes would.
+type metrics struct {
+	reg *prometheus.Registry
+	r   prometheus.Registerer // reg, adding the service label to every metric
+	log *slog.Logger
+
+	publish  prometheus.Histogram     // outbox claim → broker ack, per event
+	process  *prometheus.HistogramVec // inbox processing time, by consumer
+	requests *prometheus.CounterVec   // HTTP requests by method, route, code
+	failures *prometheus.CounterVec   // HTTP 5xx answers by method, route
+	duration *prometheus.HistogramVec // HTTP latency by method, route
+}
+
+// newMetrics returns the metrics of the service called service.
+func newMetrics(service string, log *slog.Logger) *metrics {
+	reg := prometheus.NewRegistry()
+	m := &metrics{
+		reg: reg,
+		r:   prometheus.WrapRegistererWith(prometheus.Labels{"service": service}, reg),
+		log: log,
+		publish: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "shop_outbox_publish_latency_seconds",
+			Help:    "Time from the commit of an event's claim to the relay reading the broker's ack, per event.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 15), // 0.5ms … 8s
+		}),
+		process: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shop_consumer_processing_seconds",
+			Help:    "Time from a worker taking a delivery to the commit of its inbox transaction (applied or duplicate).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 15),
+		}, []string{"consumer"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_http_requests_total",
+			Help: "HTTP requests answered, by method, route pattern and status code.",
+		}, []string{"method", "route", "code"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_http_request_errors_total",
+			Help: "HTTP requests answered with a 5xx status, by method and route pattern.",
+		}, []string{"method", "route"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shop_http_request_duration_seconds",
+			Help:    "Time to answer an HTTP request, by method and route pattern.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"method", "route"}),
+	}
+	m.r.MustRegister(m.publish, m.process, m.requests, m.failures, m.duration)
+	// The runtime's own metrics, without the service label: under `shop
+	// all` the four services share one process.
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// observePublish is the relay's outbox.Config.ObservePublishFunc.
+func (m *metrics) observePublish(d time.Duration) { m.publish.Observe(d.Seconds()) }
+
+// observeProcess is the consumers' inbox.Config.ObserveFunc.
+func (m *metrics) observeProcess(consumer string, d time.Duration) {
+	m.process.WithLabelValues(consumer).Observe(d.Seconds())
+}
+
+// handler serves the registry in the Prometheus text format. A part that
+// cannot be read (the database or NATS is down) is left out and logged;
+// the rest is still served, because an outage is when metrics matter most.
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError,
+	})
+}
+
+// instrument is the router middleware that counts and times requests by
+// chi route pattern ("/orders/{id}"), read after the handler ran, when
+// routing has filled it in. Paths no route matched share one label value,
+// so that scanners probing random URLs cannot grow the series without end.
+func (m *metrics) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+		next.ServeHTTP(ww, r)
+
+		route := "unmatched"
+		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
+			route = rc.RoutePattern()
+		}
+		method := r.Method
+		switch method {
+		case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+			http.MethodPatch, http.MethodDelete, http.MethodOptions:
+		default:
+			method = "OTHER" // the method is the client's choice too
+		}
+		code := ww.Status()
+		if code == 0 {
+			code = http.StatusOK // the handler wrote nothing
+		}
+		m.requests.WithLabelValues(method, route, strconv.Itoa(code)).Inc()
+		if code >= 500 {
+			m.failures.WithLabelValues(method, route).Inc()
+		}
+		m.duration.WithLabelValues(method, route).Observe(time.Since(start).Seconds())
+	})
+}
+
+// initRoutes creates the error and latency series of every route r serves,
+// so that a route's error count reads 0 instead of being absent until its
+// first failure (absent series make rate() and alerts blind).
+func (m *metrics) initRoutes(r chi.Routes) {
+	_ = chi.Walk(r, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		m.failures.WithLabelValues(method, route)
+		m.duration.WithLabelValues(method, route)
+		return nil
+	})
+}
+
+// scrapeTimeout bounds the queries one scrape makes.
+const scrapeTimeout = 5 * time.Second
+
+// watch registers what is read at scrape time: the outbox of db and the
+// totals of relay, the counters and lag of the domain's consumers and, when
+// the domain runs sagas, their instances per state and the timeouts fired.
+func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom domain) {
+	c := &scrapeCollector{db: db, relay: relay, seenStates: map[string]bool{}}
+	if d, ok := dom.(interface{ Consumers() []*inbox.Consumer }); ok {
+		c.consumers = d.Consumers()
+		for _, cons := range c.consumers {
+			m.process.WithLabelValues(cons.Name()) // a series from the start, empty until the first event
+		}
+	}
+	if d, ok := dom.(interface{ TimeoutsFired() int64 }); ok {
+		c.timeoutsFired = d.TimeoutsFired
+	}
+	m.r.MustRegister(c)
+}
+
+// The metrics of scrapeCollector.
+var (
+	descBacklog = prometheus.NewDesc("shop_outbox_backlog_events",
+		"Outbox events committed and not yet published (dead ones excluded).", nil, nil)
+	descOldest = prometheus.NewDesc("shop_outbox_oldest_pending_age_seconds",
+		"Age of the oldest event in the backlog; 0 when it is empty.", nil, nil)
+	descDead = prometheus.NewDesc("shop_outbox_dead_events",
+		"Outbox events given up on, waiting for an operator.", nil, nil)
+	descPublished = prometheus.NewDesc("shop_outbox_published_events_total",
+		"Events this process's relay published and marked.", nil, nil)
+	descPublishFailures = prometheus.NewDesc("shop_outbox_publish_failures_total",
+		"Failed publish attempts of this process's relay (retried or made dead).", nil, nil)
+	descMadeDead = prometheus.NewDesc("shop_outbox_events_made_dead_total",
+		"Events this process's relay made dead.", nil, nil)
+	descExpiredLeases = prometheus.NewDesc("shop_outbox_expired_leases_total",
+		"Events this process's relay claimed over an earlier claim's expired lease (that relay died or stalled).", nil, nil)
+	descLostLeases = prometheus.NewDesc("shop_outbox_lost_leases_total",
+		"Events this process's relay published but could not mark, its lease having passed to another relay.", nil, nil)
+
+	descProcessed = prometheus.NewDesc("shop_consumer_processed_total",
+		"Events a consumer applied and committed.", []string{"consumer"}, nil)
+	descDuplicates = prometheus.NewDesc("shop_consumer_duplicates_total",
+		"Copies of events a consumer absorbed without effect.", []string{"consumer"}, nil)
+	descRetries = prometheus.NewDesc("shop_consumer_retries_total",
+		"Failed deliveries a consumer handed back for another attempt.", []string{"consumer"}, nil)
+	descDeadLetters = prometheus.NewDesc("shop_consumer_dead_letters_total",
+		"Events a consumer dead-lettered.", []string{"consumer"}, nil)
+	descLag = prometheus.NewDesc("shop_consumer_lag_messages",
+		"Messages of the stream the durable consumer has not settled yet (JetStream NumPending + NumAckPending).", []string{"consumer"}, nil)
+
+	descSagas = prometheus.NewDesc("shop_saga_instances",
+		"Saga instances by current state.", []string{"state"}, nil)
+	descTimeouts = prometheus.NewDesc("shop_saga_timeouts_fired_total",
+		"Saga timeouts this process's scanner fired.", nil, nil)
+)
+
+// scrapeCollector reads its metrics when Prometheus scrapes. The libraries'
+// totals count from this process's start, as counters should.
+type scrapeCollector struct {
+	db            outbox.DB
+	relay         *outbox.Relay
+	consumers     []*inbox.Consumer
+	timeoutsFired func() int64 // nil: the domain runs no sagas
+
+	mu         sync.Mutex
+	seenStates map[string]bool // saga states reported before: they read 0 once empty, rather than vanish
+}
+
+// Describe implements prometheus.Collector.
+func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBacklog, descOldest, descDead, descPublished, descPublishFailures,
+		descMadeDead, descExpiredLeases, descLostLeases} {
+		ch <- d
+	}
+	if len(c.consumers) > 0 {
+		for _, d := range []*prometheus.Desc{descProcessed, descDuplicates, descRetries, descDeadLetters, descLag} {
+			ch <- d
+		}
+	}
+	if c.timeoutsFired != nil {
+		ch <- descSagas
+		ch <- descTimeouts
+	}
+}
+
+// Collect implements prometheus.Collector. A failed read becomes an invalid
+// metric, which the handler logs and leaves out.
+func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+
+	if st, err := outbox.ReadStats(ctx, c.db); err != nil {
+		ch <- prometheus.NewInvalidMetric(descBacklog, err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(descBacklog, prometheus.GaugeValue, float64(st.Pending))
+		ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, st.OldestPending.Seconds())
+		ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(st.Dead))
+	}
+	rc := c.relay.Counters()
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	counter(descPublished, rc.Published)
+	counter(descPublishFailures, rc.Retried+rc.Dead)
+	counter(descMadeDead, rc.Dead)
+	counter(descExpiredLeases, rc.TakenOver)
+	counter(descLostLeases, rc.LostLeases)
+
+	for _, cons := range c.consumers {
+		name := cons.Name()
+		cc := cons.Counters()
+		counter(descProcessed, cc.Processed, name)
+		counter(descDuplicates, cc.Duplicates, name)
+		counter(descRetries, cc.Retries, name)
+		counter(descDeadLetters, cc.DeadLetters, name)
+		if lag, err := cons.Lag(ctx); err != nil {
+			ch <- prometheus.NewInvalidMetric(descLag, err)
+		} else {
+			ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(lag), name)
+		}
+	}
+
+	if c.timeoutsFired != nil {
+		counter(descTimeouts, c.timeoutsFired())
+		c.collectSagas(ctx, ch)
+	}
+}
+
+func (c *scrapeCollector) collectSagas(ctx context.Context, ch chan<- prometheus.Metric) {
+	rows, err := c.db.Query(ctx, `SELECT state, count(*) FROM saga_instances GROUP BY state`)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descSagas, err)
+		return
+	}
+	counts := map[string]int64{}
+	var (
+		state string
+		n     int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&state, &n}, func() error { counts[state] = n; return nil }); err != nil {
+		ch <- prometheus.NewInvalidMetric(descSagas, err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s := range counts {
+		c.seenStates[s] = true
+	}
+	for s := range c.seenStates {
+		ch <- prometheus.MustNewConstMetric(descSagas, prometheus.GaugeValue, float64(counts[s]), s)
+	}
+}
