@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/url"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,6 +58,9 @@ type Config struct {
 	// IdempotencyKeyTTL is how long the order service remembers an
 	// Idempotency-Key (IDEMPOTENCY_KEY_TTL, default 24h).
 	IdempotencyKeyTTL time.Duration
+	// NATSReplicas is how many copies JetStream keeps of each stream
+	// (NATS_REPLICAS, default 1): 3 on a three-node cluster.
+	NATSReplicas int
 }
 
 // DefaultWebhookSecret is the demo's webhook key. Anyone who reads this
@@ -79,6 +84,14 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		NATSURL:       getenv("NATS_URL"),
 		Services:      make(map[string]*ServiceConfig, len(migrations.Services)),
 		WebhookSecret: cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
+		NATSReplicas:  1,
+	}
+	if v := getenv("NATS_REPLICAS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 5 {
+			return Config{}, fmt.Errorf("NATS_REPLICAS=%q: want 1 to 5 (JetStream's limit), 3 on a three-node cluster", v)
+		}
+		cfg.NATSReplicas = n
 	}
 	for _, d := range []struct {
 		env string
@@ -108,6 +121,22 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	return cfg, nil
 }
 
+// EnvVars lists every environment variable LoadConfig reads, in the order it
+// reads them. It is derived from LoadConfig itself, run once with an
+// environment that records each name and answers empty, so the list cannot
+// drift from what the code reads. That holds as long as LoadConfig reads
+// every variable unconditionally (none only when another is set): keep it so.
+func EnvVars() []string {
+	var names []string
+	_, _ = LoadConfig(func(name string) string { // empty values never fail
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+		return ""
+	})
+	return names
+}
+
 // RegisterFlags adds a flag for every setting to fs, defaulting to the value
 // cfg has now, so that a flag given on the command line wins over the
 // environment.
@@ -122,6 +151,7 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&cfg.PaymentTimeout, "payment-timeout", cfg.PaymentTimeout, "how long an order may wait for payment (PAYMENT_TIMEOUT)")
 	fs.Var(maskedFlag{&cfg.WebhookSecret}, "payment-webhook-secret", "HMAC `key` of payment callbacks (PAYMENT_WEBHOOK_SECRET)")
 	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
+	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
 	fs.DurationVar(&cfg.IdempotencyKeyTTL, "idempotency-key-ttl", cfg.IdempotencyKeyTTL, "how long Idempotency-Keys are remembered (IDEMPOTENCY_KEY_TTL)")
 }
 

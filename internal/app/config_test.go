@@ -111,3 +111,22 @@ func TestMaskURL(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadConfigRefusesBadValues(t *testing.T) {
+	for k, v := range map[string]string{
+		"PAYMENT_TIMEOUT":     "soon",
+		"FULFILLMENT_DELAY":   "-2s",
+		"IDEMPOTENCY_KEY_TTL": "0",
+		"NATS_REPLICAS":       "7",
+	} {
+		_, err := LoadConfig(func(name string) string {
+			if name == k {
+				return v
+			}
+			return ""
+		})
+		if err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("%s=%q: err = %v, want an error naming %s", k, v, err, k)
+		}
+	}
+}

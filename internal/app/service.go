@@ -178,7 +178,7 @@ func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) err
 		attemptCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		var err error
 		for name, subjects := range streams {
-			if _, err = broker.EnsureStream(attemptCtx, js, name, subjects...); err != nil {
+			if _, err = broker.EnsureStream(attemptCtx, js, name, s.cfg.NATSReplicas, subjects...); err != nil {
 				break
 			}
 		}

@@ -41,14 +41,17 @@ const DuplicateWindow = 10 * time.Minute
 
 // EnsureStream creates the stream of one producing service, or updates it to
 // this configuration: file storage, limits retention (messages stay after
-// they are consumed, so any consumer can replay) and the duplicate window.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, subjects ...string) (jetstream.Stream, error) {
+// they are consumed, so any consumer can replay), the duplicate window, and
+// replicas copies (1 on a single server; 3 on a three-node cluster, so the
+// stream survives the loss of a node; durable consumers inherit it).
+func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, replicas int, subjects ...string) (jetstream.Stream, error) {
 	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:       name,
 		Subjects:   subjects,
 		Storage:    jetstream.FileStorage,
 		Retention:  jetstream.LimitsPolicy,
 		Duplicates: DuplicateWindow,
+		Replicas:   max(replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ensure stream %s: %w", name, err)

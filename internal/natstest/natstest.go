@@ -92,7 +92,7 @@ func (s *Server) Stream(t testing.TB, js jetstream.JetStream, name string, subje
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := broker.EnsureStream(ctx, js, name, subjects...)
+	st, err := broker.EnsureStream(ctx, js, name, 1, subjects...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,660 @@
+package app
+
+// There is no Docker engine where these tests run, so they check the
+// deployment files against the code instead: docker-compose.yml (read with a
+// small parser of the restricted layout its header describes, to need no
+// YAML library), the Dockerfile, deploy/nats/cluster.conf (with nats-server's
+// own parser) and deploy/seed.sh. The shop binary is built the way the
+// Dockerfile builds it and asked about each command the file runs.
+
+import (
+	"bufio"
+	"debug/elf"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// repoRoot is where go.mod, the Dockerfile and docker-compose.yml live,
+// relative to this package's directory (go test runs in it).
+const repoRoot = "../.."
+
+// shopCommands are the subcommands of cmd/shop (a package main, so not
+// importable): the operator commands and one per service. The test checks the
+// services against Names and each command the compose file runs against the
+// built binary itself.
+var shopCommands = []string{"all", "migrate", "verify", "outbox", "loadgen", "order", "inventory", "payment", "fulfillment"}
+
+// operatorCommands are the commands of shopCommands that are not a service.
+var operatorCommands = []string{"all", "migrate", "verify", "outbox", "loadgen"}
+
+// oneShot are the compose services that run to completion; every other one
+// is long-running and must have a health check.
+var oneShot = []string{"migrate", "seed"}
+
+// composeNode is one key of the compose file: a scalar, a list (a one-line
+// JSON array) or a mapping of further keys.
+type composeNode struct {
+	line   int
+	scalar string
+	list   []string
+	isList bool
+	keys   []string // of kids, in file order
+	kids   map[string]*composeNode
+}
+
+func (n *composeNode) child(key string) *composeNode {
+	if n == nil {
+		return nil
+	}
+	return n.kids[key]
+}
+
+// parseCompose reads the restricted YAML layout documented at the top of
+// docker-compose.yml into a tree, and fails on anything outside it rather
+// than misreading it.
+func parseCompose(data string) (*composeNode, error) {
+	root := &composeNode{kids: map[string]*composeNode{}}
+	type open struct {
+		indent int
+		node   *composeNode
+	}
+	stack := []open{{-2, root}}
+	sc := bufio.NewScanner(strings.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "#") {
+			continue
+		}
+		if strings.ContainsRune(line, '\t') {
+			return nil, fmt.Errorf("line %d: tab (indent with two spaces)", n)
+		}
+		indent := len(line) - len(strings.TrimLeft(line, " "))
+		if strings.HasPrefix(trimmed, "-") {
+			return nil, fmt.Errorf("line %d: block sequence item (write lists as one-line JSON arrays)", n)
+		}
+		key, rest, ok := strings.Cut(trimmed, ":")
+		if !ok || key == "" || strings.ContainsAny(key, " \"'[]{}#&*!|>") || (rest != "" && rest[0] != ' ') {
+			return nil, fmt.Errorf("line %d: want `key:` or `key: value`, got %q", n, trimmed)
+		}
+		rest = strings.TrimSpace(rest)
+		for stack[len(stack)-1].indent >= indent {
+			stack = stack[:len(stack)-1]
+		}
+		parent := stack[len(stack)-1]
+		if indent != parent.indent+2 {
+			return nil, fmt.Errorf("line %d: indented %d spaces under a key indented %d (want two more)", n, indent, parent.indent)
+		}
+		if parent.node.scalar != "" || parent.node.isList {
+			return nil, fmt.Errorf("line %d: key under a key that has a value", n)
+		}
+		if _, dup := parent.node.kids[key]; dup {
+			return nil, fmt.Errorf("line %d: duplicate key %q", n, key)
+		}
+		node := &composeNode{line: n, kids: map[string]*composeNode{}}
+		parent.node.kids[key] = node
+		parent.node.keys = append(parent.node.keys, key)
+		switch {
+		case rest == "":
+			stack = append(stack, open{indent, node})
+		case rest[0] == '[':
+			node.isList = true
+			if err := json.Unmarshal([]byte(rest), &node.list); err != nil {
+				return nil, fmt.Errorf("line %d: list %s is not a one-line JSON array of strings: %v", n, rest, err)
+			}
+		case rest[0] == '"':
+			if err := json.Unmarshal([]byte(rest), &node.scalar); err != nil {
+				return nil, fmt.Errorf("line %d: %s is not a JSON string: %v", n, rest, err)
+			}
+		case strings.ContainsAny(rest[:1], "'{&*!|>%@`") || strings.Contains(rest, " #"):
+			return nil, fmt.Errorf("line %d: value %q is outside the layout (plain or JSON-quoted, no trailing comment)", n, rest)
+		default:
+			node.scalar = rest
+		}
+	}
+	return root, sc.Err()
+}
+
+// composeService is what the checks need of one compose service.
+type composeService struct {
+	name                                       string
+	line                                       int
+	build, image, restart                      string
+	command, entrypoint, ports, volumes, profs []string
+	env                                        map[string]string
+	envKeys                                    []string
+	healthcheck                                []string // its test
+	dependsOn                                  map[string]composeDep
+}
+
+type composeDep struct {
+	condition string
+	required  bool
+}
+
+var composeServiceKeys = []string{"build", "image", "restart", "command", "entrypoint", "ports", "volumes", "profiles", "environment", "healthcheck", "depends_on"}
+
+// loadCompose parses docker-compose.yml into its services, in file order, and
+// the names of its top-level volumes.
+func loadCompose(t *testing.T) (services []*composeService, byName map[string]*composeService, volumes []string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := parseCompose(string(data))
+	if err != nil {
+		t.Fatalf("docker-compose.yml breaks its layout rules: %v", err)
+	}
+	for _, k := range root.keys {
+		if k != "services" && k != "volumes" {
+			t.Errorf("docker-compose.yml: unexpected top-level key %q", k)
+		}
+	}
+	if v := root.child("volumes"); v != nil {
+		volumes = v.keys
+	}
+	list := func(s *composeService, n *composeNode, key string) []string {
+		c := n.child(key)
+		if c == nil {
+			return nil
+		}
+		if !c.isList {
+			t.Errorf("service %s: %s (line %d) is not a one-line JSON array", s.name, key, c.line)
+		}
+		return c.list
+	}
+	byName = map[string]*composeService{}
+	svcs := root.child("services")
+	if svcs == nil {
+		t.Fatal("docker-compose.yml has no services")
+	}
+	for _, name := range svcs.keys {
+		n := svcs.kids[name]
+		s := &composeService{name: name, line: n.line, env: map[string]string{}, dependsOn: map[string]composeDep{}}
+		for _, k := range n.keys {
+			if !slices.Contains(composeServiceKeys, k) {
+				t.Errorf("service %s: key %q (line %d) is unknown to the parser in compose_test.go: teach it first", name, k, n.kids[k].line)
+			}
+		}
+		s.build = n.child("build").scalarOr("")
+		s.image = n.child("image").scalarOr("")
+		s.restart = n.child("restart").scalarOr("")
+		s.command = list(s, n, "command")
+		s.entrypoint = list(s, n, "entrypoint")
+		s.ports = list(s, n, "ports")
+		s.volumes = list(s, n, "volumes")
+		s.profs = list(s, n, "profiles")
+		if env := n.child("environment"); env != nil {
+			for _, k := range env.keys {
+				if env.kids[k].isList || len(env.kids[k].keys) > 0 {
+					t.Errorf("service %s: environment %s (line %d) is not a scalar", name, k, env.kids[k].line)
+				}
+				s.env[k] = env.kids[k].scalar
+				s.envKeys = append(s.envKeys, k)
+			}
+		}
+		if hc := n.child("healthcheck"); hc != nil {
+			s.healthcheck = list(s, hc, "test")
+			if len(s.healthcheck) == 0 {
+				t.Errorf("service %s: healthcheck (line %d) without a test", name, hc.line)
+			}
+		}
+		if deps := n.child("depends_on"); deps != nil {
+			for _, d := range deps.keys {
+				dn := deps.kids[d]
+				s.dependsOn[d] = composeDep{
+					condition: dn.child("condition").scalarOr(""),
+					required:  dn.child("required").scalarOr("true") == "true",
+				}
+			}
+		}
+		services = append(services, s)
+		byName[name] = s
+	}
+	return services, byName, volumes
+}
+
+func (n *composeNode) scalarOr(def string) string {
+	if n == nil || n.scalar == "" {
+		return def
+	}
+	return n.scalar
+}
+
+// isShop reports whether the service runs the image built from this
+// repository: a shop process.
+func (s *composeService) isShop() bool { return s.build == "." }
+
+// interpolation matches Compose's ${VAR}, ${VAR-default} and ${VAR:-default}.
+var interpolation = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}`)
+
+// interpolationDefault resolves each interpolation in v to its default, as
+// `docker compose up` does with the variables unset.
+func interpolationDefault(v string) string {
+	return interpolation.ReplaceAllString(v, "$2")
+}
+
+// portOf returns the port of a listen address such as ":8081".
+func portOf(t *testing.T, addr string) string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("address %q: %v", addr, err)
+	}
+	return port
+}
+
+func TestComposeEnvVars(t *testing.T) {
+	vars := EnvVars()
+	// The contract's configuration table.
+	want := []string{"DATABASE_URL", "NATS_URL", "PAYMENT_TIMEOUT", "PAYMENT_WEBHOOK_SECRET", "FULFILLMENT_DELAY"}
+	for _, name := range Names {
+		p := strings.ToUpper(name)
+		want = append(want, p+"_ADDR", p+"_DATABASE_URL")
+	}
+	for _, v := range want {
+		if !slices.Contains(vars, v) {
+			t.Errorf("EnvVars() = %v lacks %s", vars, v)
+		}
+	}
+	// Nothing but those: every variable EnvVars names changes the
+	// configuration LoadConfig returns.
+	base, err := LoadConfig(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vars {
+		value := "42h" // a duration, and a string
+		if v == "NATS_REPLICAS" {
+			value = "3" // a count
+		}
+		cfg, err := LoadConfig(func(k string) string {
+			if k == v {
+				return value
+			}
+			return ""
+		})
+		if err != nil {
+			t.Errorf("%s=%s: %v", v, value, err)
+		} else if reflect.DeepEqual(cfg, base) {
+			t.Errorf("EnvVars names %s, but LoadConfig ignores it", v)
+		}
+	}
+}
+
+func TestComposeServices(t *testing.T) {
+	services, byName, volumes := loadCompose(t)
+
+	// The shop's commands: the test's list against the code's services.
+	for _, name := range Names {
+		if !slices.Contains(shopCommands, name) {
+			t.Errorf("service %s is missing from shopCommands", name)
+		}
+	}
+	for _, c := range shopCommands {
+		if !slices.Contains(Names, c) && !slices.Contains(operatorCommands, c) {
+			t.Errorf("shopCommands has %q, neither a service nor an operator command", c)
+		}
+	}
+
+	for _, want := range append([]string{"postgres", "nats", "migrate", "seed", "nats-1", "nats-2", "nats-3"}, Names...) {
+		if byName[want] == nil {
+			t.Errorf("docker-compose.yml has no service %s", want)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	envVars := EnvVars()
+	pg, nats := byName["postgres"], byName["nats"]
+	for _, s := range services {
+		// Long-running services report their health; one-shots do not run long.
+		if !slices.Contains(oneShot, s.name) && len(s.healthcheck) == 0 {
+			t.Errorf("service %s (line %d) runs for good but has no healthcheck", s.name, s.line)
+		}
+		if slices.Contains(oneShot, s.name) && s.restart != "" && s.restart != "no" {
+			t.Errorf("one-shot service %s restarts (%s)", s.name, s.restart)
+		}
+		for d, dep := range s.dependsOn {
+			target := byName[d]
+			switch {
+			case target == nil:
+				t.Errorf("service %s depends on unknown service %s", s.name, d)
+			case dep.condition == "service_healthy" && len(target.healthcheck) == 0:
+				t.Errorf("service %s waits for %s to be healthy, which has no healthcheck", s.name, d)
+			case dep.condition == "service_completed_successfully" && !slices.Contains(oneShot, d):
+				t.Errorf("service %s waits for long-running %s to complete", s.name, d)
+			case len(target.profs) > 0 && dep.required && len(s.profs) == 0:
+				t.Errorf("service %s requires %s, which only runs in profile %v: mark it `required: false`", s.name, d, target.profs)
+			}
+		}
+		for _, v := range s.volumes {
+			src, _, _ := strings.Cut(v, ":")
+			if strings.HasPrefix(src, ".") || strings.HasPrefix(src, "/") {
+				if _, err := os.Stat(filepath.Join(repoRoot, src)); err != nil {
+					t.Errorf("service %s mounts %s: %v", s.name, src, err)
+				}
+			} else if !slices.Contains(volumes, src) {
+				t.Errorf("service %s uses volume %s, not declared under volumes", s.name, src)
+			}
+		}
+
+		if !s.isShop() {
+			continue
+		}
+		// A shop process: a real subcommand, only variables the code reads.
+		if s.image != byName["migrate"].image {
+			t.Errorf("service %s: image %q, want the one image %q", s.name, s.image, byName["migrate"].image)
+		}
+		if len(s.entrypoint) > 0 {
+			t.Errorf("service %s overrides the image's ENTRYPOINT [\"/shop\"]", s.name)
+		}
+		if len(s.command) == 0 || !slices.Contains(shopCommands, s.command[0]) {
+			t.Errorf("service %s: command %q is not a shop subcommand (%v)", s.name, s.command, shopCommands)
+			continue
+		}
+		for _, k := range s.envKeys {
+			if !slices.Contains(envVars, k) {
+				t.Errorf("service %s sets %s, which the shop does not read (it reads %v)", s.name, k, envVars)
+			}
+		}
+		env := map[string]string{}
+		for k, v := range s.env {
+			env[k] = interpolationDefault(v)
+		}
+		cfg, err := LoadConfig(func(k string) string { return env[k] })
+		if err != nil {
+			t.Errorf("service %s: its environment does not load: %v", s.name, err)
+			continue
+		}
+		if dep := s.dependsOn["postgres"]; dep.condition != "service_healthy" || !dep.required {
+			t.Errorf("service %s: depends_on postgres %+v, want condition service_healthy", s.name, dep)
+		}
+		db, err := url.Parse(cfg.DatabaseURL)
+		if err != nil || db.Hostname() != "postgres" || db.Port() != "5432" {
+			t.Errorf("service %s: DATABASE_URL %q, want the postgres service at postgres:5432", s.name, cfg.DatabaseURL)
+		} else if pw, _ := db.User.Password(); pw != pg.env["POSTGRES_PASSWORD"] {
+			t.Errorf("service %s: DATABASE_URL password differs from the postgres service's POSTGRES_PASSWORD", s.name)
+		}
+
+		name := s.command[0]
+		if name == "migrate" {
+			if len(s.ports) > 0 || len(s.healthcheck) > 0 {
+				t.Errorf("service migrate is a one-shot: no ports, no healthcheck")
+			}
+			continue
+		}
+		if !slices.Contains(Names, name) {
+			t.Errorf("service %s runs `shop %s`; compose runs the services one by one", s.name, name)
+			continue
+		}
+		// A service: the broker, its listen address, its port, its health.
+		for _, d := range []string{"nats", "migrate"} {
+			want := map[string]string{"nats": "service_healthy", "migrate": "service_completed_successfully"}[d]
+			if dep := s.dependsOn[d]; dep.condition != want || !dep.required {
+				t.Errorf("service %s: depends_on %s %+v, want condition %s", s.name, d, dep, want)
+			}
+		}
+		for _, d := range []string{"nats-1", "nats-2", "nats-3"} {
+			if dep, ok := s.dependsOn[d]; !ok || dep.condition != "service_healthy" || dep.required {
+				t.Errorf("service %s: depends_on %s %+v, want service_healthy and required: false (profile cluster)", s.name, d, dep)
+			}
+		}
+		if nu, err := url.Parse(cfg.NATSURL); err != nil || nu.Hostname() != "nats" || nu.Port() != "4222" {
+			t.Errorf("service %s: NATS_URL defaults to %q, want nats://nats:4222", s.name, cfg.NATSURL)
+		}
+		addrVar := strings.ToUpper(name) + "_ADDR"
+		if _, ok := s.env[addrVar]; !ok {
+			t.Errorf("service %s does not set %s", s.name, addrVar)
+		}
+		if got, want := cfg.Services[name].Addr, defaultAddrs[name]; got != want {
+			t.Errorf("service %s: %s=%s, the contract's default is %s", s.name, addrVar, got, want)
+		}
+		port := portOf(t, cfg.Services[name].Addr)
+		if want := []string{port + ":" + port}; !slices.Equal(s.ports, want) {
+			t.Errorf("service %s: ports %q, want %q (%s)", s.name, s.ports, want, addrVar)
+		}
+		if want := "http://127.0.0.1:" + port + "/readyz"; len(s.healthcheck) == 0 || s.healthcheck[len(s.healthcheck)-1] != want || s.healthcheck[0] != "CMD" || s.healthcheck[1] != "curl" {
+			t.Errorf("service %s: healthcheck %q, want [CMD curl … %s]", s.name, s.healthcheck, want)
+		}
+		if s.restart == "" || s.restart == "no" {
+			t.Errorf("service %s does not restart after a crash", s.name)
+		}
+	}
+
+	// The dependencies the services lean on.
+	if !slices.Contains(pg.healthcheck, "pg_isready") {
+		t.Errorf("postgres healthcheck %q does not use pg_isready", pg.healthcheck)
+	}
+	if !strings.HasPrefix(pg.image, "postgres:") || pg.env["POSTGRES_PASSWORD"] == "" {
+		t.Errorf("postgres: image %q, POSTGRES_PASSWORD %q", pg.image, pg.env["POSTGRES_PASSWORD"])
+	}
+	for _, n := range []*composeService{nats, byName["nats-1"], byName["nats-2"], byName["nats-3"]} {
+		if !strings.HasSuffix(n.image, "-alpine") {
+			t.Errorf("service %s: image %q; the health check needs the alpine image's wget", n.name, n.image)
+		}
+		if len(n.healthcheck) < 2 || n.healthcheck[1] != "wget" || !strings.HasSuffix(n.healthcheck[len(n.healthcheck)-1], ":8222/healthz") {
+			t.Errorf("service %s: healthcheck %q, want wget of the monitoring port's /healthz", n.name, n.healthcheck)
+		}
+	}
+	if c := strings.Join(nats.command, " "); !strings.Contains(c, "-js") || !strings.Contains(c, "-sd /data") || !strings.Contains(c, "-m 8222") {
+		t.Errorf("nats command %q, want JetStream (-js) storing in the volume (-sd /data) with monitoring (-m 8222)", c)
+	}
+	if !slices.Contains(nats.volumes, "nats:/data") {
+		t.Errorf("nats volumes %q, want nats:/data", nats.volumes)
+	}
+	if len(nats.profs) > 0 || len(pg.profs) > 0 {
+		t.Error("postgres and nats must run without a profile")
+	}
+	for _, n := range Names {
+		if len(byName[n].profs) > 0 {
+			t.Errorf("service %s runs only in profiles %v", n, byName[n].profs)
+		}
+	}
+}
+
+func TestComposeSeed(t *testing.T) {
+	_, byName, _ := loadCompose(t)
+	seed := byName["seed"]
+	if seed == nil {
+		t.Fatal("no seed service")
+	}
+	if dep := seed.dependsOn["inventory"]; dep.condition != "service_healthy" {
+		t.Errorf("seed: depends_on inventory %+v, want service_healthy", dep)
+	}
+	u, err := url.Parse(seed.env["INVENTORY_URL"])
+	if err != nil || u.Hostname() != "inventory" || u.Port() != portOf(t, defaultAddrs["inventory"]) {
+		t.Errorf("seed: INVENTORY_URL %q, want the inventory service on %s", seed.env["INVENTORY_URL"], defaultAddrs["inventory"])
+	}
+	if !slices.Contains(seed.volumes, "./deploy/seed.sh:/seed.sh:ro") || !slices.Equal(seed.entrypoint, []string{"/bin/sh", "/seed.sh"}) {
+		t.Errorf("seed: volumes %q, entrypoint %q: want deploy/seed.sh run as /seed.sh", seed.volumes, seed.entrypoint)
+	}
+
+	// deploy/seed.sh stocks the catalogue `shop all -demo` stocks.
+	data, err := os.ReadFile(filepath.Join(repoRoot, "deploy/seed.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range regexp.MustCompile(`(?m)^seed (\S+) (\d+) (\d+)$`).FindAllStringSubmatch(string(data), -1) {
+		got = append(got, m[1]+" "+m[2]+" "+m[3])
+	}
+	var want []string
+	for _, p := range demoCatalogue {
+		want = append(want, fmt.Sprintf("%s %d %d", p.sku, p.onHand, p.price))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("deploy/seed.sh stocks %q, the demo catalogue (demo.go) is %q", got, want)
+	}
+}
+
+func TestComposeNATSCluster(t *testing.T) {
+	_, byName, _ := loadCompose(t)
+	nodes := []string{"nats-1", "nats-2", "nats-3"}
+	var routes []string
+	for _, n := range nodes {
+		routes = append(routes, "nats-route://"+n+":6222")
+	}
+	for _, name := range nodes {
+		s := byName[name]
+		if s == nil {
+			t.Fatalf("no service %s", name)
+		}
+		if !slices.Equal(s.profs, []string{"cluster"}) {
+			t.Errorf("service %s: profiles %q, want [cluster]", name, s.profs)
+		}
+		if s.env["NATS_SERVER_NAME"] != name {
+			t.Errorf("service %s: NATS_SERVER_NAME=%q, want its own name", name, s.env["NATS_SERVER_NAME"])
+		}
+		if !slices.Contains(s.volumes, "./deploy/nats/cluster.conf:/etc/nats/cluster.conf:ro") || !slices.Contains(s.volumes, name+":/data") {
+			t.Errorf("service %s: volumes %q, want the cluster config and its own data volume", name, s.volumes)
+		}
+		if !slices.Equal(s.command, []string{"nats-server", "-c", "/etc/nats/cluster.conf"}) {
+			t.Errorf("service %s: command %q", name, s.command)
+		}
+
+		// The config as nats-server itself reads it, in this container.
+		t.Setenv("NATS_SERVER_NAME", name)
+		opts, err := server.ProcessConfigFile(filepath.Join(repoRoot, "deploy/nats/cluster.conf"))
+		if err != nil {
+			t.Fatalf("deploy/nats/cluster.conf: %v", err)
+		}
+		var gotRoutes []string
+		for _, r := range opts.Routes {
+			gotRoutes = append(gotRoutes, r.String())
+		}
+		switch {
+		case opts.ServerName != name:
+			t.Errorf("%s: server_name %q", name, opts.ServerName)
+		case !opts.JetStream || opts.StoreDir != "/data":
+			t.Errorf("%s: jetstream %v in %q, want JetStream in /data (the volume)", name, opts.JetStream, opts.StoreDir)
+		case opts.Port != 4222 || opts.HTTPPort != 8222:
+			t.Errorf("%s: client port %d, monitoring port %d; want 4222 and 8222", name, opts.Port, opts.HTTPPort)
+		case opts.Cluster.Name == "" || opts.Cluster.Port != 6222:
+			t.Errorf("%s: cluster %q on port %d, want a named cluster on 6222", name, opts.Cluster.Name, opts.Cluster.Port)
+		case !slices.Equal(gotRoutes, routes):
+			t.Errorf("%s: routes %q, want %q", name, gotRoutes, routes)
+		}
+	}
+}
+
+func TestComposeDockerfile(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(data)
+	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(string(gomod))
+	if goVersion == nil {
+		t.Fatal("go.mod has no go directive")
+	}
+	if want := "FROM golang:" + goVersion[1] + " AS build"; !strings.Contains(df, want) {
+		t.Errorf("Dockerfile lacks %q (go.mod says go %s)", want, goVersion[1])
+	}
+	for _, want := range []string{
+		`CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/shop ./cmd/shop`, // as shopBinary builds it
+		"COPY --from=build /out/shop /shop",
+		`ENTRYPOINT ["/shop"]`,
+	} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+	users := regexp.MustCompile(`(?m)^USER (\S+)`).FindAllStringSubmatch(df, -1)
+	if len(users) == 0 {
+		t.Error("Dockerfile sets no USER: the shop would run as root")
+	} else if u := users[len(users)-1][1]; u == "root" || u == "0" || strings.HasPrefix(u, "0:") {
+		t.Errorf("Dockerfile runs as %s", u)
+	}
+	// EXPOSE covers exactly the services' ports.
+	var ports []int
+	for _, name := range Names {
+		p, _ := strconv.Atoi(portOf(t, defaultAddrs[name]))
+		ports = append(ports, p)
+	}
+	slices.Sort(ports)
+	want := fmt.Sprintf("EXPOSE %d-%d", ports[0], ports[len(ports)-1])
+	if ports[len(ports)-1]-ports[0] != len(ports)-1 {
+		t.Fatalf("service ports %v are not contiguous; EXPOSE them one by one", ports)
+	}
+	if !regexp.MustCompile(`(?m)^` + want + `$`).MatchString(df) {
+		t.Errorf("Dockerfile lacks %q", want)
+	}
+}
+
+// TestComposeBinary builds shop as the Dockerfile does (static, no cgo) and
+// asks it about each command docker-compose.yml runs: it must know the command
+// and accept the service's environment.
+func TestComposeBinary(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "shop")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/shop")
+	build.Dir = repoRoot
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build ./cmd/shop: %v\n%s", err, out)
+	}
+	// Static: no dynamic loader, no shared libraries, so it runs on any base.
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatalf("%s: %v", bin, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Error("the binary wants a dynamic loader (PT_INTERP): not static")
+		}
+	}
+	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+		t.Errorf("the binary links %v: not static", libs)
+	}
+
+	services, _, _ := loadCompose(t)
+	for _, s := range services {
+		if !s.isShop() || len(s.command) == 0 {
+			continue
+		}
+		cmd := exec.Command(bin, append(slices.Clone(s.command), "-h")...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		for k, v := range s.env {
+			cmd.Env = append(cmd.Env, k+"="+interpolationDefault(v))
+		}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("service %s: shop %s -h: %v\n%s", s.name, strings.Join(s.command, " "), err, out)
+			continue
+		}
+		if want := "Usage: shop " + s.command[0]; !strings.Contains(string(out), want) {
+			t.Errorf("service %s: shop %s -h printed no %q:\n%s", s.name, s.command[0], want, out)
+		}
+	}
+	// The test's list of commands is the binary's: each one is known.
+	for _, c := range shopCommands {
+		out, _ := exec.Command(bin, c, "-h").CombinedOutput()
+		if strings.Contains(string(out), "unknown command") {
+			t.Errorf("shop does not know %q, which shopCommands lists", c)
+		}
+	}
+	out, _ := exec.Command(bin, "no-such-command").CombinedOutput()
+	if !strings.Contains(string(out), "unknown command") {
+		t.Errorf("shop no-such-command did not say it is unknown (the check above would be blind):\n%s", out)
+	}
+}
