@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -45,16 +46,37 @@ const DuplicateWindow = 10 * time.Minute
 // replicas copies (1 on a single server; 3 on a three-node cluster, so the
 // stream survives the loss of a node; durable consumers inherit it).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, replicas int, subjects ...string) (jetstream.Stream, error) {
-	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	want := jetstream.StreamConfig{
 		Name:       name,
 		Subjects:   subjects,
 		Storage:    jetstream.FileStorage,
 		Retention:  jetstream.LimitsPolicy,
 		Duplicates: DuplicateWindow,
 		Replicas:   max(replicas, 1),
-	})
+	}
+	// Look first and change only what differs: every service ensures every
+	// stream at start-up, and an update of a stream while another process
+	// creates a consumer on it is needless churn (nats-server 2.15 even races
+	// on it internally).
+	st, err := js.Stream(ctx, name)
+	switch {
+	case err == nil && sameStream(st.CachedInfo().Config, want):
+		return st, nil
+	case err == nil:
+		st, err = js.UpdateStream(ctx, want)
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		st, err = js.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return EnsureStream(ctx, js, name, replicas, subjects...) // another process created it just now
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ensure stream %s: %w", name, err)
 	}
 	return st, nil
+}
+
+func sameStream(have, want jetstream.StreamConfig) bool {
+	return slices.Equal(have.Subjects, want.Subjects) && have.Storage == want.Storage &&
+		have.Retention == want.Retention && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas
 }
