@@ -19,6 +19,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/migrations"
 )
@@ -27,7 +28,8 @@ const usage = `shop: a teaching-reference e-commerce system (order, inventory, p
 fulfillment) built on a transactional outbox, idempotent consumers and JetStream.
 
 Usage:
-  shop all [-demo]         every service in one process; -demo stocks a catalogue and prints curls
+  shop all [-demo]         every service in one process; -demo stocks a catalogue and prints curls;
+                           a live dashboard on DASHBOARD_ADDR (default :8080)
   shop order | inventory | payment | fulfillment
                            one service: HTTP, its consumers and its outbox relay
   shop migrate [service…]  apply the migrations of each service's schema (default: all), then exit
@@ -40,6 +42,7 @@ Usage:
 
 Configuration comes from the environment: DATABASE_URL, ORDER_DATABASE_URL (and
 INVENTORY_, PAYMENT_, FULFILLMENT_), NATS_URL, ORDER_ADDR (and the others).
+SHOP_FAILPOINTS (testing only) arms crash points, e.g. outbox.after_claim=crash@3.
 Flags override it; "shop <command> -h" lists them.
 `
 
@@ -107,6 +110,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errUsage // the flag package has said what was wrong
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if cmd != "migrate" && cmd != "verify" {
+		// The failpoints are armed once, here, from SHOP_FAILPOINTS; a
+		// name that no failpoint has stops the start-up.
+		if err := failpoint.Init(getenv); err != nil {
+			return err
+		}
+		if spec := failpoint.Spec(); spec != "" {
+			log.Warn("failpoints armed: this process will fail or crash on purpose", "SHOP_FAILPOINTS", spec)
+		}
+	}
 
 	switch cmd {
 	case "migrate":

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/services/fulfillment"
 	"github.com/shop-ref/shop/services/inventory"
 	"github.com/shop-ref/shop/services/order"
@@ -24,7 +25,9 @@ type domain interface {
 }
 
 // newDomain builds the business part of the service called name;
-// observe (may be nil) receives its consumers' processing times. Every
+// observe (may be nil) receives its consumers' processing times. Its
+// failpoints go to internal/failpoint, armed by cmd/shop from
+// SHOP_FAILPOINTS and inert otherwise. Every
 // domain also has Consumers() []*inbox.Consumer, and the order domain
 // TimeoutsFired() int64, which the metrics read (see metrics.watch).
 func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logger,
@@ -32,16 +35,19 @@ func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Conf
 	switch name {
 	case "order":
 		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL,
-			Logger: log, ObserveInboxFunc: observe})
+			Logger: log, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
 	case "inventory":
-		return inventory.New(pool, js, inventory.Config{Logger: log, ObserveInboxFunc: observe})
+		return inventory.New(pool, js, inventory.Config{Logger: log, ObserveInboxFunc: observe,
+			FailpointFunc: failpoint.Inject})
 	case "payment":
 		if cfg.WebhookSecret == DefaultWebhookSecret {
 			log.Warn("PAYMENT_WEBHOOK_SECRET is the public demo default: anyone can forge payment callbacks; set your own outside the demo")
 		}
-		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Logger: log, ObserveInboxFunc: observe})
+		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Logger: log, ObserveInboxFunc: observe,
+			FailpointFunc: failpoint.Inject})
 	case "fulfillment":
-		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log, ObserveInboxFunc: observe})
+		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log, ObserveInboxFunc: observe,
+			FailpointFunc: failpoint.Inject})
 	}
 	return nil, fmt.Errorf("unknown service %q", name)
 }

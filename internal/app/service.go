@@ -24,6 +24,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -151,6 +152,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	// several copies of one service apart in claimed_by.
 	relay, err := outbox.NewRelay(pool, js, outbox.Config{
 		Retention: OutboxRetention, Logger: s.Logger, ObservePublishFunc: m.observePublish,
+		FailpointFunc: failpoint.Inject,
 	})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)

@@ -67,7 +67,26 @@ type Config struct {
 	// from a worker taking it to the commit. It is called from the workers
 	// and must be safe for concurrent use and quick. Default: none.
 	ObserveFunc func(consumer string, d time.Duration)
+	// FailpointFunc, when set, is called with the name of each failpoint a
+	// delivery passes (FailpointBeforeCommit, FailpointAfterCommitBeforeAck).
+	// A non-nil error makes the consumer behave as if the process died
+	// there: the transaction is rolled back if it has not committed, and
+	// the message is neither acked nor nak'ed, so JetStream redelivers it
+	// after AckWait. The shop sets it to internal/failpoint.Inject.
+	// Default: none.
+	FailpointFunc func(name string) error
 }
+
+// The failpoints of the inbox, passed to Config.FailpointFunc once per
+// delivery that gets that far.
+const (
+	// FailpointBeforeCommit is hit after the handler ran, before the inbox
+	// transaction commits.
+	FailpointBeforeCommit = "inbox.before_commit"
+	// FailpointAfterCommitBeforeAck is hit after the inbox transaction
+	// committed, before the message is acked.
+	FailpointAfterCommitBeforeAck = "inbox.after_commit_before_ack"
+)
 
 const day = 24 * time.Hour
 

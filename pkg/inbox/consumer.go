@@ -50,6 +50,28 @@ const (
 	afterCommit
 )
 
+// crashed reports whether the consumer "dies" at p with m: the test hook
+// says so, or Config.FailpointFunc returns an error. The caller then
+// returns without settling the message.
+func (c *Consumer) crashed(p crashPoint, m Message) bool {
+	if c.crash != nil && c.crash(p, m) {
+		return true
+	}
+	if c.cfg.FailpointFunc == nil {
+		return false
+	}
+	name := FailpointBeforeCommit
+	if p == afterCommit {
+		name = FailpointAfterCommitBeforeAck
+	}
+	if err := c.cfg.FailpointFunc(name); err != nil {
+		c.log.Warn("inbox failpoint: abandoning the delivery as a crash would; JetStream redelivers it after AckWait",
+			"event_id", m.EventID, "err", err)
+		return true
+	}
+	return false
+}
+
 type counters struct{ processed, duplicates, retries, deadLetters atomic.Int64 }
 
 // Counters are running totals of one Consumer instance, for metrics and
@@ -383,7 +405,9 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 		_ = d.msg.NakWithDelay(delay)
 		return
 	}
-	if c.crash != nil && c.crash(beforeCommit, d.m) {
+	// Failure window: the handler's effects are in the transaction, not
+	// committed. Dying here rolls them back; the redelivery applies them.
+	if c.crashed(beforeCommit, d.m) {
 		return
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -391,7 +415,9 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 		c.failed(ctx, d, meta, attemptError{fmt.Errorf("commit inbox tx: %w", err)})
 		return
 	}
-	if c.crash != nil && c.crash(afterCommit, d.m) {
+	// Failure window: committed, not acked. The redelivery finds the
+	// processed_events row and is absorbed as a duplicate.
+	if c.crashed(afterCommit, d.m) {
 		return
 	}
 	switch out {

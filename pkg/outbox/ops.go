@@ -138,8 +138,21 @@ func Republish(ctx context.Context, db DB, eventID uuid.UUID) error {
 // than olderThan ago and returns how many went. Pending and dead events are
 // never deleted; sequence counters stay, so numbering continues gap-free.
 func DeleteExpired(ctx context.Context, db DB, olderThan time.Duration, batch int) (int64, error) {
+	return deleteExpired(ctx, db, olderThan, batch, nil)
+}
+
+// deleteExpired is DeleteExpired with the relay's failpoint hook (nil: none).
+func deleteExpired(ctx context.Context, db DB, olderThan time.Duration, batch int, failpoint func(string) error) (int64, error) {
 	var total int64
 	for {
+		if total > 0 && failpoint != nil {
+			// Failure window: some batches are deleted (each its own
+			// statement, committed), the rest are not. The next run
+			// deletes them; pending and dead rows are never candidates.
+			if err := failpoint(FailpointRetentionMidBatch); err != nil {
+				return total, err
+			}
+		}
 		tag, err := db.Exec(ctx, `
 			DELETE FROM outbox WHERE event_id IN (
 				SELECT event_id FROM outbox

@@ -326,7 +326,11 @@ func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, res := range crashed.publish(context.Background(), batch, time.Now()) {
+	results, err := crashed.publish(context.Background(), batch, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range results {
 		if res.err != nil {
 			t.Fatal(res.err)
 		}

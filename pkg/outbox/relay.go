@@ -44,6 +44,38 @@ type Config struct {
 	// publish latency of the event. It is called from the relay's workers
 	// and must be safe for concurrent use and quick. Default: none.
 	ObservePublishFunc func(time.Duration)
+
+	// FailpointFunc, when set, is called with the name of each failpoint
+	// the relay passes (the Failpoint* constants); a non-nil error makes
+	// the relay behave as if it died there: it abandons the batch without
+	// publishing or marking the rest, and the lease expires. The shop sets
+	// it to internal/failpoint.Inject; the library never needs it.
+	// Default: none.
+	FailpointFunc func(name string) error
+}
+
+// The failpoints of the outbox, passed to Config.FailpointFunc.
+const (
+	// FailpointAfterClaim is hit once per batch, after its claim committed
+	// and before anything is published.
+	FailpointAfterClaim = "outbox.after_claim"
+	// FailpointBeforePublish is hit once per event, just before the event
+	// is handed to the broker: dying there leaves the earlier events of the
+	// batch perhaps stored in the stream and the later ones not.
+	FailpointBeforePublish = "outbox.before_publish"
+	// FailpointAfterAckBeforeMark is hit once per batch with at least one
+	// acked event, after the acks were read and before they are marked.
+	FailpointAfterAckBeforeMark = "outbox.after_ack_before_mark"
+	// FailpointRetentionMidBatch is hit by the relay's retention between
+	// two delete statements, after a full batch was deleted.
+	FailpointRetentionMidBatch = "outbox.retention_mid_batch"
+)
+
+func (c *Config) failpoint(name string) error {
+	if c.FailpointFunc == nil {
+		return nil
+	}
+	return c.FailpointFunc(name)
 }
 
 func (c *Config) setDefaults() {
@@ -207,12 +239,20 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 	if err != nil || len(batch) == 0 {
 		return 0, err
 	}
+	// Failure window: the lease is committed, nothing is published. The
+	// batch waits for the lease to expire; then any relay takes it over.
+	if err := r.cfg.failpoint(FailpointAfterClaim); err != nil {
+		return len(batch), err
+	}
 	claimed := time.Now()
 	// The claim is committed. From here the batch is finished even if ctx
 	// ends, so a shutdown leaves no claimed-but-unmarked rows behind.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+r.cfg.LeaseDuration/2)
 	defer cancel()
-	results := r.publish(ctx, batch, claimed)
+	results, err := r.publish(ctx, batch, claimed)
+	if err != nil {
+		return len(batch), err // "died" part way: nothing is settled, the lease expires
+	}
 	return len(batch), r.settle(ctx, token, batch, results)
 }
 
@@ -292,11 +332,20 @@ type result struct {
 
 // publish sends the whole batch without waiting in between, then collects
 // the acks: one round trip's latency per batch, not per event. claimed is
-// when the batch's claim committed, the start of each event's latency.
-func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) []result {
+// when the batch's claim committed, the start of each event's latency. It
+// returns an error only when a failpoint fired: the relay then abandons the
+// batch as if it had died.
+func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]result, error) {
 	results := make([]result, len(batch))
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	for i, ev := range batch {
+		// Failure window: the events before this one may be stored in the
+		// stream, this one and the rest are not; none is marked. After the
+		// lease, all are published again with their ids, and the stream's
+		// duplicate window drops the copies it holds.
+		if err := r.cfg.failpoint(FailpointBeforePublish); err != nil {
+			return nil, err
+		}
 		msg, err := ev.message()
 		if err != nil {
 			results[i] = result{err: err, permanent: true}
@@ -344,7 +393,7 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) []r
 			results[i] = result{err: ctx.Err()}
 		}
 	}
-	return results
+	return results, nil
 }
 
 var errAckTimeout = errors.New("no ack from the broker in time (result unknown)")
@@ -429,6 +478,13 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 		})
 	}
 	if len(acked) > 0 {
+		// Failure window: the broker stored the events, the outbox does not
+		// know. An error here "dies": neither the acks nor the failures are
+		// recorded, the lease expires, the events are published again (the
+		// duplicate window or the consumers' inbox absorbs the copies).
+		if err := r.cfg.failpoint(FailpointAfterAckBeforeMark); err != nil {
+			return err
+		}
 		// Marked only now, after the ack: a crash before this line leaves the
 		// events claimed; the lease expires and they are published again.
 		tag, err := r.pool.Exec(ctx, markSQL, acked, token)
@@ -524,7 +580,7 @@ func (r *Relay) retain(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := DeleteExpired(ctx, r.pool, r.cfg.Retention, r.cfg.RetentionBatch)
+		n, err := deleteExpired(ctx, r.pool, r.cfg.Retention, r.cfg.RetentionBatch, r.cfg.failpoint)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("outbox retention failed", "err", err)
 		} else if n > 0 {

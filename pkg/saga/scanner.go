@@ -24,7 +24,17 @@ type ScannerConfig struct {
 	RetryDelay time.Duration
 	// Logger receives the scanner's logs; nil discards them.
 	Logger *slog.Logger
+	// FailpointFunc, when set, is called with FailpointAfterClaimTimeout
+	// each time the scanner has claimed a due timeout. A non-nil error makes
+	// the scanner behave as if it died there: the claim is rolled back, the
+	// timeout is not postponed, and it fires on a later scan. The shop sets
+	// it to internal/failpoint.Inject. Default: none.
+	FailpointFunc func(name string) error
 }
+
+// FailpointAfterClaimTimeout is the scanner's failpoint: a due timeout and
+// its instance are locked (uncommitted), nothing has been applied.
+const FailpointAfterClaimTimeout = "saga.after_claim_timeout"
 
 // Scanner fires due timeouts of its sagas. Several scanners, in one process
 // or many, may run against one schema: each timeout fires once.
@@ -106,6 +116,14 @@ func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
 	}
 	if err != nil {
 		return false, fmt.Errorf("saga scanner: claim: %w", err)
+	}
+	// Failure window: the timeout is claimed by row locks only. Dying here
+	// rolls the claim back (the locks go with the connection) and the
+	// timeout stays due for the next scan, this scanner's or another's.
+	if s.cfg.FailpointFunc != nil {
+		if err := s.cfg.FailpointFunc(FailpointAfterClaimTimeout); err != nil {
+			return false, fmt.Errorf("saga scanner: timeout %s/%s: %w", id, name, err)
+		}
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM saga_timeouts WHERE saga_id = $1 AND name = $2`, id, name); err != nil {
 		return false, fmt.Errorf("saga scanner: delete timeout %s/%s: %w", id, name, err)

@@ -18,6 +18,11 @@ type Config struct {
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
+
+	// FailpointFunc, when set, is handed to the service's inbox consumer
+	// (inbox.Config.FailpointFunc); internal/app sets it to
+	// internal/failpoint.Inject. Default: none.
+	FailpointFunc func(name string) error
 }
 
 // DefaultDelay is the contract's default FULFILLMENT_DELAY.

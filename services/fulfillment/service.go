@@ -70,6 +70,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		PublishHorizon: (outbox.Config{}).RetryHorizon(),
 		Logger:         cfg.Logger,
 		ObserveFunc:    cfg.ObserveInboxFunc,
+		FailpointFunc:  cfg.FailpointFunc,
 	})
 	if err != nil {
 		return nil, err

@@ -51,6 +51,11 @@ type Config struct {
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
+
+	// FailpointFunc, when set, is handed to the service's inbox consumer
+	// (inbox.Config.FailpointFunc); internal/app sets it to
+	// internal/failpoint.Inject. Default: none.
+	FailpointFunc func(name string) error
 }
 
 // Service is the inventory service: its HTTP routes and its consumer.
@@ -91,6 +96,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		PublishHorizon: (outbox.Config{}).RetryHorizon(),
 		Logger:         log,
 		ObserveFunc:    cfg.ObserveInboxFunc,
+		FailpointFunc:  cfg.FailpointFunc,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inventory: %w", err)

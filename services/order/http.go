@@ -9,11 +9,14 @@ import (
 	"math"
 	"net/http"
 	"regexp"
+	"strings"
+	"unicode"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/saga"
@@ -70,6 +73,15 @@ func (s *Service) createOrder(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteProblem(w, r, s.log, err)
 		return
 	}
+	// Failure window: the order (or the replay's read) is committed, the
+	// client has no answer. It retries with the same Idempotency-Key and
+	// gets the stored response: the same order, not a second one. An
+	// injected error drops the connection without a response, as a crash
+	// would.
+	if err := s.cfg.failpoint(failpoint.OrderAfterCommitBeforeResponse); err != nil {
+		s.log.Warn("order failpoint: dropping the response", "err", err)
+		panic(http.ErrAbortHandler)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
@@ -101,6 +113,10 @@ func (req *createRequest) validate() error {
 	switch {
 	case req.CustomerID == "" || len(req.CustomerID) > maxCustomerLen:
 		return httpx.Invalid("customer_id must be 1 to %d characters", maxCustomerLen)
+	case strings.ContainsFunc(req.CustomerID, func(r rune) bool { return !unicode.IsPrint(r) }):
+		// Control characters (NUL above all, which Postgres text cannot
+		// hold) are no one's customer id; found by FuzzOrderRequest.
+		return httpx.Invalid("customer_id may hold printable characters only")
 	case len(req.Items) == 0 || len(req.Items) > maxLines:
 		return httpx.Invalid("an order needs 1 to %d lines, not %d", maxLines, len(req.Items))
 	}

@@ -47,6 +47,19 @@ type Config struct {
 	// ObserveInboxFunc, when set, observes the consumers' processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
+
+	// FailpointFunc, when set, is called at the service's failpoints (see
+	// internal/failpoint) and handed to its inbox consumers and saga
+	// scanner; internal/app sets it to failpoint.Inject. Default: none.
+	FailpointFunc func(name string) error
+}
+
+// failpoint calls Config.FailpointFunc, if any.
+func (c *Config) failpoint(name string) error {
+	if c.FailpointFunc == nil {
+		return nil
+	}
+	return c.FailpointFunc(name)
 }
 
 func (c *Config) setDefaults() {
@@ -125,13 +138,15 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		c.PublishHorizon = (outbox.Config{}).RetryHorizon()
 		c.Logger = s.log
 		c.ObserveFunc = cfg.ObserveInboxFunc
+		c.FailpointFunc = cfg.FailpointFunc
 		consumer, err := inbox.NewConsumer(s.pool, s.js, c)
 		if err != nil {
 			return nil, fmt.Errorf("order: %w", err)
 		}
 		s.consumers = append(s.consumers, consumer)
 	}
-	s.scanner, err = saga.NewScanner(s.pool, saga.ScannerConfig{PollInterval: s.scanEvery, Logger: s.log}, s.saga)
+	s.scanner, err = saga.NewScanner(s.pool, saga.ScannerConfig{PollInterval: s.scanEvery, Logger: s.log,
+		FailpointFunc: cfg.FailpointFunc}, s.saga)
 	if err != nil {
 		return nil, fmt.Errorf("order: %w", err)
 	}

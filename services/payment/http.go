@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
+	"strings"
+	"unicode"
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
 )
 
@@ -55,6 +58,14 @@ func (s *Service) handleWebhook(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteProblem(w, r, s.log, problemOf(err))
 		return
 	}
+	// Failure window: the payment and its event are committed, the
+	// provider has no answer. It sends the callback again; the provider
+	// payment id makes that a harmless replay. An injected error drops the
+	// connection without a response, as a crash would.
+	if err := s.cfg.failpoint(failpoint.PaymentWebhookAfterCommitBeforeResponse); err != nil {
+		s.log.Warn("payment failpoint: dropping the webhook response", "err", err)
+		panic(http.ErrAbortHandler)
+	}
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
@@ -71,8 +82,17 @@ func validateCallback(cb Callback) error {
 		return httpx.Invalid("status must be %q or %q", StatusSucceeded, StatusFailed)
 	case cb.Amount < 0:
 		return httpx.Invalid("amount must not be negative")
+	case !printable(cb.OrderID) || !printable(cb.ProviderPaymentID):
+		// Control characters (NUL above all, which Postgres text cannot
+		// hold) would fail the database with a 500, and a provider retries
+		// a 500 for ever; found by FuzzWebhook.
+		return httpx.Invalid("order_id and provider_payment_id may hold printable characters only")
 	}
 	return nil
+}
+
+func printable(s string) bool {
+	return !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) })
 }
 
 // handleSimulate asks the fake provider to charge the order. The provider

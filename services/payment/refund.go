@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/failpoint"
 )
 
 // refundKickDelay is how long after a kick the refund loop looks. The kick
@@ -88,6 +90,14 @@ func (s *Service) attemptRefund(ctx context.Context, r Refund) {
 		if err := failRefund(ctx, s.pool, r.RefundID, callErr.Error(), retryIn); err != nil {
 			log.Error("record refund failure", "err", err) // the lease expires and it is retried anyway
 		}
+		return
+	}
+	// Failure window: the provider has refunded, we have not stored it. An
+	// injected error abandons the refund as a crash would: it stays
+	// REQUESTED under its lease, and once the lease expires the retry asks
+	// the provider again with the same key and gets the same refund back.
+	if err := s.cfg.failpoint(failpoint.PaymentRefundAfterProviderBeforeStore); err != nil {
+		log.Warn("payment failpoint: refund outcome not stored", "err", err)
 		return
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {

@@ -40,6 +40,19 @@ type Config struct {
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
+
+	// FailpointFunc, when set, is called at the service's failpoints (see
+	// internal/failpoint) and handed to its inbox consumer; internal/app
+	// sets it to failpoint.Inject. Default: none.
+	FailpointFunc func(name string) error
+}
+
+// failpoint calls Config.FailpointFunc, if any.
+func (c *Config) failpoint(name string) error {
+	if c.FailpointFunc == nil {
+		return nil
+	}
+	return c.FailpointFunc(name)
 }
 
 // Service is the payment service. Its HTTP handlers are mounted by Routes;
@@ -103,6 +116,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		PublishHorizon: (outbox.Config{}).RetryHorizon(),
 		Logger:         cfg.Logger,
 		ObserveFunc:    cfg.ObserveInboxFunc,
+		FailpointFunc:  cfg.FailpointFunc,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("payment consumer: %w", err)
