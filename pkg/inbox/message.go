@@ -70,6 +70,9 @@ func decode(subject string, h nats.Header, data []byte) (Message, error) {
 	var err error
 	if m.EventID, err = uuid.Parse(h.Get(hdrEventID)); err != nil {
 		bad(hdrEventID, err)
+	} else if m.EventID == uuid.Nil {
+		// Every producer's copy of "no id" would count as one event.
+		bad(hdrEventID, errors.New("the nil UUID is no event id"))
 	}
 	if m.Type == "" {
 		bad(hdrEventType, errors.New("missing"))
@@ -84,6 +87,8 @@ func decode(subject string, h nats.Header, data []byte) (Message, error) {
 	}
 	if m.SchemaVersion, err = strconv.Atoi(h.Get(hdrSchemaVersion)); err != nil {
 		bad(hdrSchemaVersion, err)
+	} else if m.SchemaVersion < 1 {
+		bad(hdrSchemaVersion, errors.New("must be at least 1"))
 	}
 	if m.OccurredAt, err = time.Parse(time.RFC3339, h.Get(hdrOccurredAt)); err != nil {
 		bad(hdrOccurredAt, err)
