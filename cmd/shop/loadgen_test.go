@@ -41,6 +41,7 @@ func startShop(t *testing.T) *testShop {
 		"DATABASE_URL":      dbURL,
 		"NATS_URL":          ns.URL(),
 		"FULFILLMENT_DELAY": "100ms",
+		"DASHBOARD_ADDR":    freeAddr(t), // not the machine's :8080
 	}
 	for _, name := range app.Names {
 		vars[strings.ToUpper(name)+"_ADDR"] = freeAddr(t)

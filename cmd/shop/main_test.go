@@ -260,7 +260,7 @@ func TestAll(t *testing.T) {
 	t.Parallel()
 	dbURL := newDatabase(t)
 	ns := natstest.New(t)
-	vars := map[string]string{"DATABASE_URL": dbURL, "NATS_URL": ns.URL()}
+	vars := map[string]string{"DATABASE_URL": dbURL, "NATS_URL": ns.URL(), "DASHBOARD_ADDR": freeAddr(t)}
 	addrs := map[string]string{}
 	for _, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
 		addrs[name] = freeAddr(t)

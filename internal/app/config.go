@@ -61,6 +61,9 @@ type Config struct {
 	// NATSReplicas is how many copies JetStream keeps of each stream
 	// (NATS_REPLICAS, default 1): 3 on a three-node cluster.
 	NATSReplicas int
+	// DashboardAddr is where `shop all` serves the live dashboard
+	// (DASHBOARD_ADDR, default :8080).
+	DashboardAddr string
 }
 
 // DefaultWebhookSecret is the demo's webhook key. Anyone who reads this
@@ -85,6 +88,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		Services:      make(map[string]*ServiceConfig, len(migrations.Services)),
 		WebhookSecret: cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
 		NATSReplicas:  1,
+		DashboardAddr: cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
 	}
 	if v := getenv("NATS_REPLICAS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -152,6 +156,7 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(maskedFlag{&cfg.WebhookSecret}, "payment-webhook-secret", "HMAC `key` of payment callbacks (PAYMENT_WEBHOOK_SECRET)")
 	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
+	fs.StringVar(&cfg.DashboardAddr, "dashboard-addr", cfg.DashboardAddr, "HTTP listen `address` of the dashboard of shop all (DASHBOARD_ADDR)")
 	fs.DurationVar(&cfg.IdempotencyKeyTTL, "idempotency-key-ttl", cfg.IdempotencyKeyTTL, "how long Idempotency-Keys are remembered (IDEMPOTENCY_KEY_TTL)")
 }
 

@@ -18,7 +18,8 @@ import (
 // connection: `shop all` passes every name, `shop order` one. When
 // cfg.NATSURL is empty it first starts an embedded NATS server with
 // JetStream on 127.0.0.1:4222 (a free port if that is taken), storing
-// under EmbeddedNATSDir. When one
+// under EmbeddedNATSDir. Running every service, it serves the dashboard on
+// cfg.DashboardAddr too. When one
 // service fails, the others are stopped too and Run returns the error.
 func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) error {
 	url := cfg.NATSURL
@@ -52,6 +53,9 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 	g, ctx := errgroup.WithContext(ctx)
 	for _, s := range services {
 		g.Go(func() error { return s.Run(ctx) })
+	}
+	if runsAll(names) {
+		g.Go(func() error { return runDashboard(ctx, cfg, log) })
 	}
 	return g.Wait()
 }

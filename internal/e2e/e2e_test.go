@@ -76,6 +76,7 @@ func runMain(m *testing.M) int {
 		"PAYMENT_TIMEOUT":        paymentTimeout.String(),
 		"PAYMENT_WEBHOOK_SECRET": webhookSecret,
 		"FULFILLMENT_DELAY":      "200ms",
+		"DASHBOARD_ADDR":         freeAddr(), // not the machine's :8080
 	}
 	for _, name := range app.Names {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr()

@@ -1,0 +1,84 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/shop-ref/shop/internal/dashboard"
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/migrations"
+)
+
+// runsAll reports whether names holds every service: `shop all`, the one
+// process that serves the dashboard.
+func runsAll(names []string) bool {
+	for _, n := range Names {
+		if !slices.Contains(names, n) {
+			return false
+		}
+	}
+	return true
+}
+
+// runDashboard serves the live dashboard on cfg.DashboardAddr until ctx
+// ends. It reads every service's schema through a small pool of its own
+// (connected lazily, so reads simply fail until the services have migrated)
+// and acts through the order and payment services' public APIs.
+//
+// The page is a convenience, not a service: when its address is taken (8080
+// often is) it listens on a free loopback port instead and says where,
+// rather than stopping the shop.
+func runDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
+	log = log.With("service", "dashboard")
+	pools := make(map[string]dashboard.DB, len(Names))
+	for _, name := range Names {
+		pool, err := database.NewPool(ctx, cfg.DatabaseURLOf(name), migrations.Schemas[name], 2)
+		if err != nil {
+			return fmt.Errorf("dashboard: %w", err)
+		}
+		defer pool.Close()
+		pools[name] = pool
+	}
+	d, err := dashboard.New(dashboard.Config{
+		Pools:          pools,
+		OrderURL:       baseURL(cfg.Services["order"].Addr),
+		PaymentURL:     baseURL(cfg.Services["payment"].Addr),
+		PaymentTimeout: cfg.PaymentTimeout,
+		Logger:         log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.DashboardAddr)
+	if err != nil {
+		log.Warn(cfg.DashboardAddr+" is taken; the dashboard listens on a free port instead "+
+			"(set DASHBOARD_ADDR to choose one)", "err", err)
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return fmt.Errorf("dashboard: listen: %w", err)
+		}
+	}
+	srv := &http.Server{
+		Handler:           d,
+		ReadHeaderTimeout: 5 * time.Second,
+		// Requests share ctx, so the page's open event streams end with the
+		// process instead of holding Shutdown for its whole timeout.
+		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx) // its requests have ended with ctx
+	}()
+	log.Info("dashboard listening", "url", "http://"+ln.Addr().String())
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("dashboard: serve http: %w", err)
+	}
+	return nil
+}

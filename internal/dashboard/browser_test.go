@@ -1,0 +1,302 @@
+package dashboard_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+)
+
+// TestBrowser runs the whole shop as `shop all` does, opens the dashboard in
+// headless Chromium and does what a visitor would: place an order with a
+// click, pay it with a click, and watch it reach COMPLETED on the page.
+//
+// Set DASHBOARD_SCREENSHOT=/tmp/dashboard.png to keep a picture of the page
+// at the end.
+func TestBrowser(t *testing.T) {
+	t.Parallel()
+	chromium := findChromium(t)
+	begin := time.Now()
+	sh := startShop(t)
+	restock(t, sh, "SKU-1")
+	t.Logf("shop up and SKU-1 on sale after %v", time.Since(begin).Round(time.Millisecond))
+
+	alloc, cancel := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium),
+		chromedp.Headless,
+		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox refuses to start
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1400, 900),
+	)
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(alloc)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+
+	// A script error on the page fails the test even when the clicks work.
+	var (
+		mu         sync.Mutex
+		exceptions []string
+	)
+	err := chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*runtime.EventExceptionThrown); ok {
+			mu.Lock()
+			exceptions = append(exceptions, (&chromedp.ExceptionError{ExceptionDetails: e.ExceptionDetails}).Error())
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+
+	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		start := time.Now()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		t.Logf("%s: %v", what, time.Since(start).Round(time.Millisecond))
+	}
+	step("open the page and see it live",
+		chromedp.Navigate(sh.dashboard),
+		chromedp.WaitVisible(chromedp.CSS(`#conn.live`)),
+		chromedp.WaitVisible(chromedp.CSS(`#col-CLOSED li[data-order-id]`)), // restock's probe order
+	)
+	step(`click "Place an order"`,
+		chromedp.Click(chromedp.CSS(`#place`)),
+		chromedp.WaitVisible(chromedp.CSS(`#message[data-order-id]:not([data-order-id=""])`)),
+	)
+	attr, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`#message`), "data-order-id"))
+	if err != nil || attr.Value == "" {
+		t.Fatalf("the page names no placed order: %v", err)
+	}
+	orderID := attr.Value
+	card := `li[data-order-id="` + orderID + `"]`
+	step(`wait for WAIT_PAY and click "Pay"`,
+		chromedp.Click(chromedp.CSS(`#col-WAIT_PAY `+card+` button.pay`)),
+	)
+	step("wait for COMPLETED",
+		chromedp.WaitVisible(chromedp.CSS(`#col-COMPLETED `+card)),
+	)
+	message, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#message`)))
+	if err != nil || !strings.Contains(message, "Paid order "+orderID) {
+		t.Errorf("message %q (%v): want it to say the order was paid", message, err)
+	}
+	if path := os.Getenv("DASHBOARD_SCREENSHOT"); path != "" {
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err == nil {
+			err = os.WriteFile(path, png, 0o644)
+		}
+		if err != nil {
+			t.Errorf("screenshot: %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range exceptions {
+		t.Errorf("script error on the page: %s", e)
+	}
+	t.Logf("browser test took %v", time.Since(begin).Round(time.Millisecond))
+}
+
+// findChromium returns Chromium's path. Its absence fails the test rather
+// than skipping it, so that a CI without it cannot pass silently.
+func findChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	t.Fatal("the dashboard's browser test needs Chromium, and none is on PATH. " +
+		"Install it with: apt-get update && apt-get install -y chromium (.ci/run does this)")
+	return ""
+}
+
+type shopURLs struct{ dashboard, order, inventory string }
+
+// startShop runs every service and the dashboard in this process, as `shop
+// all` does, over a throwaway database and a test NATS server, and waits
+// until they serve.
+func startShop(t *testing.T) shopURLs {
+	t.Helper()
+	dbURL := throwawayDatabase(t)
+	nats := natstest.New(t)
+	env := map[string]string{
+		"DATABASE_URL":      dbURL,
+		"NATS_URL":          nats.URL(),
+		"PAYMENT_TIMEOUT":   "1m",
+		"FULFILLMENT_DELAY": "200ms",
+		"DASHBOARD_ADDR":    freeAddr(t),
+	}
+	for _, name := range app.Names {
+		env[strings.ToUpper(name)+"_ADDR"] = freeAddr(t)
+	}
+	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	if os.Getenv("DASHBOARD_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx, cfg, app.Names, log) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("shop: %v", err)
+		}
+	})
+	for _, name := range app.Names {
+		waitFor(t, 30*time.Second, name+" ready", func() bool {
+			return get("http://"+env[strings.ToUpper(name)+"_ADDR"]+"/readyz") == http.StatusOK
+		})
+	}
+	sh := shopURLs{
+		dashboard: "http://" + env["DASHBOARD_ADDR"],
+		order:     "http://" + env["ORDER_ADDR"],
+		inventory: "http://" + env["INVENTORY_ADDR"],
+	}
+	waitFor(t, 30*time.Second, "dashboard state", func() bool { return get(sh.dashboard+"/api/state") == http.StatusOK })
+	return sh
+}
+
+// restock puts sku on sale and waits until the order service has learned
+// it from ProductUpdated: until then an order for it is refused. The probe
+// order that gets through is cancelled.
+func restock(t *testing.T, sh shopURLs, sku string) {
+	t.Helper()
+	if status, body := call(t, "PUT", sh.inventory+"/stock/"+sku, nil, `{"on_hand":100,"price":1999}`); status != http.StatusOK {
+		t.Fatalf("restock %s: %d %s", sku, status, body)
+	}
+	var probe struct {
+		OrderID string `json:"order_id"`
+	}
+	waitFor(t, 10*time.Second, "the order service knows "+sku, func() bool {
+		status, body := call(t, "POST", sh.order+"/orders", map[string]string{"Idempotency-Key": "probe-" + randHex()},
+			`{"customer_id":"c-1","items":[{"sku":"`+sku+`","quantity":1}]}`)
+		return status == http.StatusCreated && json.Unmarshal(body, &probe) == nil
+	})
+	if status, body := call(t, "POST", sh.order+"/orders/"+probe.OrderID+"/cancel", nil, ""); status != http.StatusAccepted {
+		t.Fatalf("cancel the probe order: %d %s", status, body)
+	}
+}
+
+// throwawayDatabase returns the URL of a database of its own, dropped when
+// the test ends: the services use fixed schema names.
+func throwawayDatabase(t *testing.T) string {
+	t.Helper()
+	name := "shop_dashboard_" + randHex()
+	u, err := url.Parse(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := database.EnsureExists(ctx, u.String()); err != nil {
+		t.Fatalf("test database (set TEST_DATABASE_URL to use another): %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, pgtest.URL())
+		if err != nil {
+			t.Errorf("drop %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+	return u.String()
+}
+
+func call(t *testing.T, method, url string, header map[string]string, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, bytes.TrimSpace(b)
+}
+
+func get(url string) int {
+	res, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func randHex() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,290 @@
+// Package dashboard serves the shop's live web page: orders moving through
+// the saga's states, each service's outbox backlog, the latest published
+// events and the open dead letters, with buttons that place a demo order and
+// pay it.
+//
+// It is an operator's view, like `shop verify`: it reads every service's
+// schema directly, read-only, for display. To act it goes through the
+// services' public HTTP APIs only, exactly as a client would, so what the
+// page shows is the system's own behaviour and not a shortcut around it.
+//
+// The page is plain HTML, CSS and a little JavaScript embedded in the binary
+// (no build step). It follows the state over server-sent events and falls
+// back to polling where those do not get through.
+package dashboard
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+//go:embed static
+var static embed.FS
+
+// DB is what the dashboard reads a schema through; a *pgxpool.Pool
+// satisfies it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config configures a Server.
+type Config struct {
+	// Pools holds one read pool per service, by service name ("order",
+	// "inventory", …), each bound to that service's schema. "order" is
+	// required: the orders are read from it.
+	Pools map[string]DB
+	// OrderURL and PaymentURL are the base URLs of the order and payment
+	// services' public APIs ("http://127.0.0.1:8081"). Required.
+	OrderURL, PaymentURL string
+	// PaymentTimeout is the saga's PAYMENT_TIMEOUT, shown on the page: an
+	// order that is not paid closes after it.
+	PaymentTimeout time.Duration
+	// Interval is how often the server-sent events push the state (default
+	// 1s).
+	Interval time.Duration
+	// Client calls the services (default: a client with a 10s timeout).
+	Client *http.Client
+	// Logger logs failed reads and calls (default: discard).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	c.Interval = cmp.Or(c.Interval, time.Second)
+	if c.Client == nil {
+		c.Client = &http.Client{Timeout: 10 * time.Second}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.OrderURL = strings.TrimRight(c.OrderURL, "/")
+	c.PaymentURL = strings.TrimRight(c.PaymentURL, "/")
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Pools["order"] == nil:
+		return errors.New("dashboard: Pools must hold the order service's pool")
+	case c.OrderURL == "" || c.PaymentURL == "":
+		return errors.New("dashboard: OrderURL and PaymentURL are required")
+	}
+	return nil
+}
+
+// Server is the dashboard's HTTP handler. It is safe for concurrent use.
+type Server struct {
+	cfg      Config
+	services []string // the pools' names, in the order the page lists them
+	mux      *http.ServeMux
+
+	// The state is read at most once per half interval, however many pages
+	// are open, so each extra viewer costs the databases nothing.
+	mu     sync.Mutex
+	cached State
+	readAt time.Time
+}
+
+// New returns a dashboard configured by cfg. It does no I/O.
+func New(cfg Config) (*Server, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		services: serviceNames(cfg.Pools, []string{"order", "inventory", "payment", "fulfillment"}),
+		mux:      http.NewServeMux(),
+	}
+	files, _ := fs.Sub(static, "static") // static is embedded: cannot fail
+	s.mux.Handle("GET /{$}", http.FileServerFS(files))
+	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(files)))
+	s.mux.HandleFunc("GET /api/state", s.handleState)
+	s.mux.HandleFunc("GET /api/events", s.handleEvents)
+	s.mux.HandleFunc("POST /api/demo/order", s.handleOrder)
+	s.mux.HandleFunc("POST /api/demo/pay/{id}", s.handlePay)
+	return s, nil
+}
+
+// ServeHTTP serves the page and its API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// state returns the state, read afresh unless a read of the last half
+// interval can serve.
+func (s *Server) state(ctx context.Context) (State, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Since(s.readAt) < s.cfg.Interval/2 {
+		return s.cached, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := s.readState(ctx)
+	if err != nil {
+		return State{}, err
+	}
+	s.cached, s.readAt = st, time.Now()
+	return st, nil
+}
+
+func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
+	st, err := s.state(r.Context())
+	if err != nil {
+		s.cfg.Logger.Warn("dashboard state not read", "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// handleEvents pushes the state every interval as a server-sent event until
+// the client goes away or the server stops (the request's context ends). A
+// failed read becomes a "problem" event (not "error", which EventSource
+// uses for a broken connection), and the stream carries on.
+func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no") // a proxy in front must not buffer the stream
+	w.WriteHeader(http.StatusOK)
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for {
+		event, data := "", []byte(nil)
+		st, err := s.state(r.Context())
+		if err != nil {
+			if r.Context().Err() != nil {
+				return
+			}
+			s.cfg.Logger.Warn("dashboard state not read", "err", err)
+			event, data = "event: problem\n", mustJSON(map[string]string{"error": err.Error()})
+		} else {
+			data = mustJSON(st)
+		}
+		if _, err := fmt.Fprintf(w, "%sdata: %s\n\n", event, data); err != nil {
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// handleOrder places a demo order, one unit of SKU-1, through the order
+// service's POST /orders, and answers with the service's own response. The
+// fresh Idempotency-Key makes each click a new order; the service still
+// dedups a retry of one request.
+func (s *Server) handleOrder(w http.ResponseWriter, r *http.Request) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	body := `{"customer_id":"dashboard","items":[{"sku":"SKU-1","quantity":1}]}`
+	s.forward(w, r, s.cfg.OrderURL+"/orders", body, map[string]string{"Idempotency-Key": "dashboard-" + hex.EncodeToString(b[:])})
+}
+
+// payRetry bounds how long handlePay waits for the payment service to learn
+// of an order.
+const payRetry = 5 * time.Second
+
+// handlePay pays order {id} through the payment service's fake provider
+// (POST /payments/{id}/simulate, outcome succeeded). The order shows
+// WAIT_PAY a moment before payment has consumed OrderAwaitingPayment; in
+// that window payment answers 404 or 409, so the call is retried briefly
+// rather than making the operator click again.
+func (s *Server) handlePay(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "order id must be a UUID"})
+		return
+	}
+	url := s.cfg.PaymentURL + "/payments/" + id.String() + "/simulate"
+	deadline := time.Now().Add(payRetry)
+	for {
+		status, header, body, err := s.call(r.Context(), url, `{"outcome":"succeeded"}`, nil)
+		retry := (status == http.StatusNotFound || status == http.StatusConflict) && time.Now().Before(deadline)
+		if err == nil && retry {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+				continue
+			}
+		}
+		s.reply(w, url, status, header, body, err)
+		return
+	}
+}
+
+// forward POSTs body to url and copies the answer to w.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, url, body string, header map[string]string) {
+	status, h, b, err := s.call(r.Context(), url, body, header)
+	s.reply(w, url, status, h, b, err)
+}
+
+func (s *Server) call(ctx context.Context, url, body string, header map[string]string) (int, http.Header, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	res, err := s.cfg.Client.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	return res.StatusCode, res.Header, b, err
+}
+
+// reply writes a service's answer, or a 502 when it could not be had.
+func (s *Server) reply(w http.ResponseWriter, url string, status int, header http.Header, body []byte, err error) {
+	if err != nil {
+		s.cfg.Logger.Warn("dashboard call failed", "url", url, "err", err)
+		writeJSON(w, http.StatusBadGateway, map[string]string{"error": fmt.Sprintf("POST %s: %v", url, err)})
+		return
+	}
+	w.Header().Set("Content-Type", cmp.Or(header.Get("Content-Type"), "application/json"))
+	w.WriteHeader(status)
+	_, _ = io.Copy(w, bytes.NewReader(body))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(mustJSON(v))
+}
+
+// mustJSON encodes v, which is always one of this package's plain types.
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -1,0 +1,156 @@
+package dashboard
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+// States are the saga states an order moves through, in the order the page
+// shows them as columns.
+var States = []string{"PENDING", "WAIT_PAY", "PAID", "FULFILLING", "COMPLETED", "REJECTED", "CLOSED"}
+
+// How much of each list the state carries.
+const (
+	recentOrders = 20
+	recentEvents = 20
+)
+
+// State is what the page shows, as GET /api/state and every server-sent
+// event carry it.
+type State struct {
+	At             time.Time      `json:"at"`
+	PaymentTimeout string         `json:"payment_timeout"` // PAYMENT_TIMEOUT, such as "15m0s"
+	Counts         map[string]int `json:"counts"`          // orders per saga state; every state present
+	Orders         []Order        `json:"orders"`          // the most recently updated, newest first
+	Outbox         []Backlog      `json:"outbox"`          // one per service
+	Events         []Event        `json:"events"`          // the most recently published, newest first
+	DeadLetters    []DeadLetters  `json:"dead_letters"`    // one per service
+}
+
+// Order is one order as orders.orders holds it.
+type Order struct {
+	ID        string    `json:"order_id"`
+	Status    string    `json:"status"`
+	Total     int64     `json:"total"` // cents
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Backlog is one service's outbox, from outbox.ReadStats.
+type Backlog struct {
+	Service       string  `json:"service"`
+	Pending       int64   `json:"pending"`
+	OldestPending float64 `json:"oldest_pending_seconds"` // 0 when nothing is pending
+	Dead          int64   `json:"dead"`
+}
+
+// Event is one published outbox row.
+type Event struct {
+	Service     string    `json:"service"`
+	Subject     string    `json:"subject"`
+	Type        string    `json:"type"`
+	PublishedAt time.Time `json:"published_at"`
+}
+
+// DeadLetters counts the open (unresolved) dead letters of one service's
+// consumers.
+type DeadLetters struct {
+	Service string `json:"service"`
+	Open    int64  `json:"open"`
+}
+
+// readState reads the state from every service's schema. Each query is
+// small: the outbox ones use its partial indexes, and the two over
+// orders.orders scan a table that, in a demo, stays small.
+func (s *Server) readState(ctx context.Context) (State, error) {
+	st := State{
+		At:             time.Now().UTC(),
+		PaymentTimeout: s.cfg.PaymentTimeout.String(),
+		Counts:         make(map[string]int, len(States)),
+		Orders:         []Order{},
+		Events:         []Event{},
+	}
+	for _, state := range States {
+		st.Counts[state] = 0
+	}
+	orders := s.cfg.Pools["order"]
+	rows, err := orders.Query(ctx, `SELECT status, count(*) FROM orders GROUP BY status`)
+	if err != nil {
+		return State{}, fmt.Errorf("count orders: %w", err)
+	}
+	var (
+		status string
+		n      int
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Counts[status] = n; return nil }); err != nil {
+		return State{}, fmt.Errorf("count orders: %w", err)
+	}
+	rows, err = orders.Query(ctx, `SELECT order_id::text, status, total, updated_at FROM orders
+		ORDER BY updated_at DESC, order_id LIMIT $1`, recentOrders)
+	if err != nil {
+		return State{}, fmt.Errorf("list orders: %w", err)
+	}
+	st.Orders, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Order])
+	if err != nil {
+		return State{}, fmt.Errorf("list orders: %w", err)
+	}
+
+	for _, name := range s.services {
+		db := s.cfg.Pools[name]
+		stats, err := outbox.ReadStats(ctx, db)
+		if err != nil {
+			return State{}, fmt.Errorf("%s: %w", name, err)
+		}
+		st.Outbox = append(st.Outbox, Backlog{
+			Service: name, Pending: stats.Pending, Dead: stats.Dead,
+			OldestPending: stats.OldestPending.Seconds(),
+		})
+		// outbox_published indexes published_at, so this reads 20 index
+		// entries however long the retention.
+		rows, err := db.Query(ctx, `SELECT $1::text, subject, event_type, published_at FROM outbox
+			WHERE published_at IS NOT NULL ORDER BY published_at DESC LIMIT $2`, name, recentEvents)
+		if err != nil {
+			return State{}, fmt.Errorf("%s: latest events: %w", name, err)
+		}
+		events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Event])
+		if err != nil {
+			return State{}, fmt.Errorf("%s: latest events: %w", name, err)
+		}
+		st.Events = append(st.Events, events...)
+
+		// dead_letters_open is a partial index of exactly these rows.
+		dl := DeadLetters{Service: name}
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`).Scan(&dl.Open); err != nil {
+			return State{}, fmt.Errorf("%s: count dead letters: %w", name, err)
+		}
+		st.DeadLetters = append(st.DeadLetters, dl)
+	}
+	slices.SortStableFunc(st.Events, func(a, b Event) int { return b.PublishedAt.Compare(a.PublishedAt) })
+	st.Events = st.Events[:min(len(st.Events), recentEvents)]
+	return st, nil
+}
+
+// serviceNames returns the services of pools in a fixed order: the given
+// order first, then any others by name.
+func serviceNames[V any](pools map[string]V, order []string) []string {
+	names := make([]string, 0, len(pools))
+	for _, n := range order {
+		if _, ok := pools[n]; ok {
+			names = append(names, n)
+		}
+	}
+	var rest []string
+	for n := range pools {
+		if !slices.Contains(order, n) {
+			rest = append(rest, n)
+		}
+	}
+	slices.SortFunc(rest, cmp.Compare)
+	return append(names, rest...)
+}

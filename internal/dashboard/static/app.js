@@ -1,0 +1,193 @@
+// The dashboard's page: follows /api/events (server-sent events), falls back
+// to polling /api/state, and renders the state into the board and panels.
+// Cards are kept per order id and moved between columns, so a button does not
+// vanish under the pointer when the next update arrives.
+"use strict";
+
+const STATES = ["PENDING", "WAIT_PAY", "PAID", "FULFILLING", "COMPLETED", "REJECTED", "CLOSED"];
+const $ = (sel) => document.querySelector(sel);
+const cards = new Map(); // order id -> <li>
+const mine = new Set();  // orders placed from this page
+const columns = {};
+
+function el(tag, props = {}, ...children) {
+  const e = document.createElement(tag);
+  Object.assign(e, props);
+  for (const c of children) e.append(c);
+  return e;
+}
+
+function buildBoard() {
+  for (const s of STATES) {
+    const count = el("span", { className: "count", textContent: "0" });
+    const list = el("ul", { className: "cards" });
+    const col = el("section", { className: "col", id: "col-" + s }, el("h2", {}, s, count), list);
+    col.dataset.state = s;
+    $("#board").append(col);
+    columns[s] = { count, list };
+  }
+}
+
+const money = (cents) => (cents / 100).toFixed(2);
+
+function ago(iso) {
+  const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+  if (s < 60) return s + "s ago";
+  if (s < 3600) return Math.floor(s / 60) + "m ago";
+  return Math.floor(s / 3600) + "h ago";
+}
+
+function duration(seconds) {
+  if (!seconds) return "–";
+  return seconds < 60 ? seconds.toFixed(1) + "s" : Math.floor(seconds / 60) + "m " + Math.round(seconds % 60) + "s";
+}
+
+function card(o) {
+  let c = cards.get(o.order_id);
+  if (!c) {
+    const pay = el("button", { className: "pay", type: "button", textContent: "Pay" });
+    pay.addEventListener("click", () => payOrder(o.order_id, pay));
+    c = el("li", { className: "card" },
+      el("span", { className: "id", title: o.order_id, textContent: "…" + o.order_id.slice(-8) }),
+      el("span", { className: "total" }), pay, el("span", { className: "meta" }));
+    c.dataset.orderId = o.order_id;
+    cards.set(o.order_id, c);
+  }
+  c.dataset.status = o.status;
+  c.classList.toggle("mine", mine.has(o.order_id));
+  c.querySelector(".total").textContent = money(o.total);
+  c.querySelector(".meta").textContent = "updated " + ago(o.updated_at);
+  const pay = c.querySelector(".pay");
+  pay.hidden = o.status !== "WAIT_PAY";
+  return c;
+}
+
+function rows(tbody, items, cells) {
+  tbody.replaceChildren(...items.map((it) => el("tr", {}, ...cells(it))));
+}
+
+function td(text, className = "") {
+  return el("td", { textContent: String(text), className });
+}
+
+function render(st) {
+  $("#timeout").textContent = st.payment_timeout;
+  const seen = new Set();
+  const by = Object.fromEntries(STATES.map((s) => [s, []]));
+  for (const o of st.orders) (by[o.status] ||= []).push(o);
+  for (const s of STATES) {
+    columns[s].count.textContent = st.counts[s] ?? 0;
+    const list = columns[s].list;
+    by[s].forEach((o, i) => {
+      seen.add(o.order_id);
+      const c = card(o);
+      if (list.children[i] !== c) list.insertBefore(c, list.children[i] || null);
+    });
+  }
+  for (const [id, c] of cards) {
+    if (!seen.has(id)) { c.remove(); cards.delete(id); }
+  }
+  rows($("#outbox"), st.outbox, (b) => [
+    td(b.service), td(b.pending, "num"), td(duration(b.oldest_pending_seconds), "num"),
+    td(b.dead, b.dead > 0 ? "num alert" : "num"),
+  ]);
+  rows($("#deadletters"), st.dead_letters, (d) => [td(d.service), td(d.open, d.open > 0 ? "num alert" : "num")]);
+  rows($("#events"), st.events, (e) => [
+    td(new Date(e.published_at).toLocaleTimeString()), td(e.subject), td(e.type),
+  ]);
+}
+
+function say(text, error = false, orderId = "") {
+  const m = $("#message");
+  m.textContent = text;
+  m.classList.toggle("error", error);
+  m.dataset.orderId = orderId;
+}
+
+async function post(url) {
+  const res = await fetch(url, { method: "POST" });
+  let body = {};
+  try { body = await res.json(); } catch { /* not JSON */ }
+  if (!res.ok) throw new Error(body.detail || body.error || res.status + " " + res.statusText);
+  return body;
+}
+
+async function placeOrder() {
+  const b = $("#place");
+  b.disabled = true;
+  try {
+    const o = await post("/api/demo/order");
+    mine.add(o.order_id);
+    say("Placed order " + o.order_id + " (" + (o.status || "PENDING") + "). Pay it once it is in WAIT_PAY.", false, o.order_id);
+    refresh();
+  } catch (e) {
+    say("Could not place an order: " + e.message + " (is SKU-1 stocked? `shop all -demo` stocks it)", true);
+  } finally {
+    b.disabled = false;
+  }
+}
+
+async function payOrder(id, button) {
+  button.disabled = true;
+  button.textContent = "Paying…";
+  try {
+    await post("/api/demo/pay/" + id);
+    say("Paid order " + id + ".", false, id);
+    refresh();
+  } catch (e) {
+    say("Could not pay order " + id + ": " + e.message, true, id);
+  } finally {
+    button.disabled = false;
+    button.textContent = "Pay";
+  }
+}
+
+function status(text, cls) {
+  const c = $("#conn");
+  c.textContent = text;
+  c.className = "conn " + cls;
+}
+
+async function refresh() {
+  try {
+    const res = await fetch("/api/state", { cache: "no-store" });
+    const st = await res.json();
+    if (!res.ok) throw new Error(st.error || res.statusText);
+    render(st);
+    return true;
+  } catch (e) {
+    status("cannot read the state: " + e.message, "down");
+    return false;
+  }
+}
+
+let polling = false;
+function poll() {
+  if (polling) return;
+  polling = true;
+  const tick = async () => {
+    if (await refresh()) status("live (polling every second)", "poll");
+    setTimeout(tick, 1000);
+  };
+  tick();
+}
+
+function follow() {
+  if (!window.EventSource) return poll();
+  const es = new EventSource("/api/events");
+  es.onmessage = (e) => {
+    render(JSON.parse(e.data));
+    status("live (server-sent events)", "live");
+  };
+  es.addEventListener("problem", (e) => status("cannot read the state: " + JSON.parse(e.data).error, "down"));
+  // A stream that breaks (a proxy that buffers it, a restart) is replaced by
+  // polling, which works wherever plain requests do.
+  es.onerror = () => {
+    es.close();
+    poll();
+  };
+}
+
+buildBoard();
+$("#place").addEventListener("click", placeOrder);
+follow();
