@@ -16,6 +16,7 @@ build:
 # connections, and together they would pass Postgres's default limit of 100.
 test:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
+	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -timeout 20m ./...
 
 lint:
