@@ -66,7 +66,9 @@ Try, in another terminal:
   # 3. watch it go PENDING → WAIT_PAY → PAID → FULFILLING → COMPLETED
   curl -s %[1]s/orders/$ORDER
 
-`, ord, pay)
+Or watch and click in the dashboard: %[3]s
+
+`, ord, pay, baseURL(cfg.DashboardAddr))
 	return nil
 }
 
