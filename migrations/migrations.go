@@ -8,7 +8,9 @@
 // migrations/<service>/*.sql hold the service's own tables from version 2 on.
 //
 // Apply is idempotent and safe to run from several processes at once: goose
-// takes a Postgres advisory lock per schema for the duration.
+// takes a Postgres advisory lock per schema for the duration. Run by a role
+// that may not create in an existing schema (a service's least-privilege
+// role, see `shop migrate -roles`), it only checks that nothing is pending.
 package migrations
 
 import (
@@ -57,12 +59,25 @@ func Apply(ctx context.Context, connString, service, schema string, log *slog.Lo
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
 
-	// IF NOT EXISTS does not cover two creators in flight at once: the
-	// loser fails on pg_namespace's unique index, and the schema exists.
-	_, err = db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
-	var pgErr *pgconn.PgError
-	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "23505") { // unique_violation
-		return fmt.Errorf("create schema %s: %w", schema, err)
+	// A service running with its own least-privilege role (shop migrate
+	// -roles) may not create anything: the owner migrates. Such a role only
+	// checks that nothing is pending, and stops the start-up if something is.
+	var exists, mayCreate bool
+	err = db.QueryRowContext(ctx, `SELECT n.oid IS NOT NULL, COALESCE(has_schema_privilege(n.oid, 'CREATE'), false)
+		FROM (SELECT 1) AS one LEFT JOIN pg_namespace n ON n.nspname = $1`, schema).Scan(&exists, &mayCreate)
+	if err != nil {
+		return fmt.Errorf("inspect schema %s: %w", schema, err)
+	}
+	readOnly := exists && !mayCreate
+
+	if !readOnly {
+		// IF NOT EXISTS does not cover two creators in flight at once: the
+		// loser fails on pg_namespace's unique index, and the schema exists.
+		_, err = db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+		var pgErr *pgconn.PgError
+		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "23505") { // unique_violation
+			return fmt.Errorf("create schema %s: %w", schema, err)
+		}
 	}
 
 	var migrationFS fs.FS = emptyFS{}
@@ -100,6 +115,19 @@ func Apply(ctx context.Context, connString, service, schema string, log *slog.Lo
 	p, err := goose.NewProvider(goose.DialectPostgres, db, migrationFS, opts...)
 	if err != nil {
 		return fmt.Errorf("goose provider for %s: %w", schema, err)
+	}
+	if readOnly {
+		pending, err := p.HasPending(ctx)
+		if err != nil {
+			return fmt.Errorf("check migrations of %s: %w", schema, err)
+		}
+		if pending {
+			return fmt.Errorf("schema %s has pending migrations and this role may not create in it: run `shop migrate` with the owner's DATABASE_URL first", schema)
+		}
+		if log != nil {
+			log.Info("schema is current; not its owner, so not migrating", "schema", schema)
+		}
+		return nil
 	}
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrate %s: %w", schema, err)
