@@ -76,6 +76,70 @@ type InventoryRejected struct {
 type orderEvent struct {
 	OrderID string `json:"order_id"`
 	Items   []Item `json:"items"`
+	// Currency is OrderCreated's from version 2 on (ISO 4217, the unit of
+	// its prices and total; DefaultCurrency when absent); version 1 is
+	// always in DefaultCurrency.
+	// Inventory holds units, not money: it checks the field and logs it.
+	Currency string `json:"currency"`
+}
+
+// DefaultCurrency is the currency of an OrderCreated of version 1, which has
+// no currency field.
+const DefaultCurrency = "EUR"
+
+// readVersions is the newest schema version this service reads of each
+// event type it handles: OrderCreated 1 and 2, the others 1 only. Older
+// versions stay readable for good (events published before a bump may be
+// replayed weeks later); a newer one needs newer code, so it is a dead
+// letter until an upgrade requeues it.
+var readVersions = map[string]int{
+	TypeOrderCreated:  2,
+	TypeOrderRejected: 1,
+	TypeOrderClosed:   1,
+	TypeOrderPaid:     1,
+}
+
+// decodeOrderEvent reads m's payload by its schema version.
+func decodeOrderEvent(m inbox.Message) (orderEvent, error) {
+	var ev orderEvent
+	if newest := readVersions[m.Type]; m.SchemaVersion < 1 || m.SchemaVersion > newest {
+		// Retrying this binary cannot help: poison, not a retry.
+		return ev, inbox.Poison(fmt.Errorf("%s schema version %d: this service reads versions 1 to %d", m.Type, m.SchemaVersion, newest))
+	}
+	if err := json.Unmarshal(m.Data, &ev); err != nil {
+		return ev, inbox.Poison(fmt.Errorf("decode %s v%d: %w", m.Type, m.SchemaVersion, err))
+	}
+	if m.Type != TypeOrderCreated {
+		return ev, nil
+	}
+	switch m.SchemaVersion {
+	case 1:
+		ev.Currency = DefaultCurrency // v1 predates the field; anything sent in it is not v1's
+	case 2:
+		// The field is optional even in v2 (EUR when absent): inventory does
+		// not need it, so only a value that cannot be a currency, a sign of
+		// a broken producer, stops the event.
+		if ev.Currency == "" {
+			ev.Currency = DefaultCurrency
+		} else if !validCurrency(ev.Currency) {
+			return ev, inbox.Poison(fmt.Errorf("%s v2: currency %q is not an ISO 4217 code", m.Type, ev.Currency))
+		}
+	}
+	return ev, nil
+}
+
+// validCurrency reports whether c looks like an ISO 4217 code: three
+// capital letters.
+func validCurrency(c string) bool {
+	if len(c) != 3 {
+		return false
+	}
+	for _, r := range []byte(c) {
+		if r < 'A' || r > 'Z' {
+			return false
+		}
+	}
+	return true
 }
 
 // handle applies one order event inside the inbox transaction tx: the stock
@@ -87,13 +151,9 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 	default:
 		return nil // the sequence check needs every event; we act on four
 	}
-	if m.SchemaVersion != 1 {
-		// A newer schema needs newer code; retrying this binary cannot help.
-		return inbox.Poison(fmt.Errorf("%s schema version %d: this service reads version 1", m.Type, m.SchemaVersion))
-	}
-	var ev orderEvent
-	if err := json.Unmarshal(m.Data, &ev); err != nil {
-		return inbox.Poison(fmt.Errorf("decode %s: %w", m.Type, err))
+	ev, err := decodeOrderEvent(m)
+	if err != nil {
+		return err
 	}
 	if err := validOrderID(ev.OrderID, m.AggregateID); err != nil {
 		return inbox.Poison(fmt.Errorf("%s: %w", m.Type, err))
@@ -104,6 +164,7 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 		if err != nil {
 			return inbox.Poison(fmt.Errorf("%s %s: %w", m.Type, ev.OrderID, err))
 		}
+		s.log.Debug("order created", "order_id", ev.OrderID, "schema_version", m.SchemaVersion, "currency", ev.Currency)
 		return s.reserve(ctx, tx, ev.OrderID, items)
 	case TypeOrderPaid:
 		return s.commit(ctx, tx, ev.OrderID)

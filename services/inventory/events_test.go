@@ -383,13 +383,19 @@ func TestHandlerSkipsAndPoisons(t *testing.T) {
 		t.Fatalf("OrderAwaitingPayment: %v", err)
 	}
 	future := message(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 1}))
-	future.SchemaVersion = 2
+	future.SchemaVersion = 3
+	badCurrency := message(t, o, 1, TypeOrderCreated, withCurrency(orderCreated(o, Item{"A", 1}), "euro"))
+	badCurrency.SchemaVersion = 2
+	closedV2 := message(t, o, 1, TypeOrderClosed, orderClosed(o, "customer_cancel"))
+	closedV2.SchemaVersion = 2 // only OrderCreated has a version 2
 	for name, m := range map[string]inbox.Message{
-		"schema version 2": future,
-		"not JSON":         {EventID: uuid.New(), Type: TypeOrderCreated, AggregateID: o, Seq: 1, SchemaVersion: 1, Data: []byte("{")},
-		"other order id":   message(t, o, 1, TypeOrderCreated, orderCreated("someone-else", Item{"A", 1})),
-		"no items":         message(t, o, 1, TypeOrderCreated, orderCreated(o)),
-		"zero quantity":    message(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 0})),
+		"schema version 3":      future,
+		"v2 bad currency":       badCurrency,
+		"OrderClosed version 2": closedV2,
+		"not JSON":              {EventID: uuid.New(), Type: TypeOrderCreated, AggregateID: o, Seq: 1, SchemaVersion: 1, Data: []byte("{")},
+		"other order id":        message(t, o, 1, TypeOrderCreated, orderCreated("someone-else", Item{"A", 1})),
+		"no items":              message(t, o, 1, TypeOrderCreated, orderCreated(o)),
+		"zero quantity":         message(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 0})),
 	} {
 		if err := f.apply(t, m); !errors.Is(err, inbox.ErrPoison) {
 			t.Errorf("%s: err %v, want poison", name, err)
