@@ -20,6 +20,7 @@ import (
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/internal/reconcile"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/migrations"
 )
@@ -32,9 +33,14 @@ Usage:
                            a live dashboard on DASHBOARD_ADDR (default :8080)
   shop order | inventory | payment | fulfillment
                            one service: HTTP, its consumers and its outbox relay
-  shop migrate [service…]  apply the migrations of each service's schema (default: all), then exit
-  shop verify [-wait 30s]  check the contract's invariants against the live schemas;
-                           exit 0 when they hold, 1 with a report when not
+  shop migrate [-roles] [service…]
+                           apply the migrations of each service's schema (default: all), then exit;
+                           -roles also creates each service's least-privilege database role
+  shop verify [-wait 30s] [-repair]
+                           check the contract's invariants against the live schemas;
+                           exit 0 when they hold, 1 with a report when not; -repair first
+                           reconciles (stuck orders, unrefunded payments, held stock)
+                           and republishes lost events
   shop outbox <command>    operator commands: status, show <event-id>, requeue <event-id>,
                            replay, dead-letters list|requeue; "shop outbox -h" for details
   shop loadgen [-orders N] drive orders through the public HTTP API (local targets only),
@@ -97,12 +103,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cmd == "migrate" {
 			operands = " [service…]"
 		}
-		fmt.Fprintf(stderr, "Usage: shop %s [flags]%s\n\nFlags (each overrides the environment variable named beside it):\n", cmd, operands)
+		fmt.Fprintf(stderr, "Usage: shop %s [flags]%s\n\n", cmd, operands)
+		if cmd == "migrate" {
+			fmt.Fprint(stderr, migrateHelp)
+		}
+		fmt.Fprint(stderr, "Flags (each overrides the environment variable named beside it):\n")
 		fs.PrintDefaults()
 	}
 	cfg.RegisterFlags(fs)
 	wait := fs.Duration("wait", 0, "verify: keep checking up to this long until the invariants hold (events in flight settle)")
+	repair := fs.Bool("repair", false, "verify: first reconcile: report stuck orders, unrefunded payments and held reservations, and republish their lost events")
 	demo := fs.Bool("demo", false, "all: stock a small catalogue and print curl commands to try")
+	roles := fs.Bool("roles", false, "migrate: also create or update each service's database role shop_<service> (passwords from <SERVICE>_ROLE_PASSWORD or SHOP_ROLE_PASSWORD)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -123,9 +135,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	switch cmd {
 	case "migrate":
-		return migrate(ctx, cfg, fs.Args(), log)
+		return migrate(ctx, cfg, fs.Args(), *roles, getenv, log)
 	case "verify":
-		return runVerify(ctx, cfg, *wait, stdout)
+		return runVerify(ctx, cfg, *wait, *repair, stdout)
 	case "all":
 		if fs.NArg() > 0 {
 			fmt.Fprintf(stderr, "shop all: unexpected arguments %q\n", fs.Args())
@@ -153,9 +165,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 }
 
+// migrateHelp is the part of `shop migrate -h` that flags cannot say.
+const migrateHelp = `Migrations run as the owner of the schemas: DATABASE_URL (or <SERVICE>_DATABASE_URL)
+must name an administrative role here, never a service's role.
+
+With -roles, after migrating, each named service gets a LOGIN role of its own,
+shop_order, shop_inventory, shop_payment, shop_fulfillment, that may use its own
+schema only: USAGE on it, SELECT/INSERT/UPDATE/DELETE on its tables, USAGE/SELECT
+on its sequences, the same on tables later migrations add (default privileges);
+no CREATE anywhere, nothing on the other services' schemas. Running it again is
+safe: it re-grants and sets the password again. The passwords come from
+ORDER_ROLE_PASSWORD, INVENTORY_ROLE_PASSWORD, PAYMENT_ROLE_PASSWORD and
+FULFILLMENT_ROLE_PASSWORD, else SHOP_ROLE_PASSWORD for all (a demo); they are
+sent as SCRAM verifiers and never logged. Then run each service with its role:
+  ORDER_DATABASE_URL=postgres://shop_order:<password>@host:5432/shop shop order
+A service started with its role does not migrate; it checks that nothing is pending.
+
+`
+
 // migrate applies the migrations of the named services (all when none is
-// named), one after the other, and returns.
-func migrate(ctx context.Context, cfg app.Config, names []string, log *slog.Logger) error {
+// named), one after the other, then, with roles, creates their roles.
+func migrate(ctx context.Context, cfg app.Config, names []string, roles bool, getenv func(string) string, log *slog.Logger) error {
 	if len(names) == 0 {
 		names = app.Names
 	}
@@ -164,9 +194,27 @@ func migrate(ctx context.Context, cfg app.Config, names []string, log *slog.Logg
 			return fmt.Errorf("migrate: unknown service %q (want one of %v)", name, app.Names)
 		}
 	}
+	passwords := map[string]string{}
+	if roles { // every password first: fail before changing anything
+		for _, name := range names {
+			pw, err := app.RolePassword(getenv, name)
+			if err != nil {
+				return fmt.Errorf("migrate -roles: %w", err)
+			}
+			passwords[name] = pw
+		}
+	}
 	for _, name := range names {
 		if err := app.Migrate(ctx, cfg.DatabaseURLOf(name), name, log.With("service", name)); err != nil {
 			return err
+		}
+	}
+	if roles {
+		for _, name := range names {
+			err := app.CreateRole(ctx, cfg.DatabaseURLOf(name), name, app.RoleName(name), passwords[name], log.With("service", name))
+			if err != nil {
+				return fmt.Errorf("migrate -roles: %w", err)
+			}
 		}
 	}
 	return nil
@@ -175,8 +223,10 @@ func migrate(ctx context.Context, cfg app.Config, names []string, log *slog.Logg
 // errViolations makes shop verify exit 1 after printing its report.
 var errViolations = errors.New("invariants violated")
 
-// runVerify checks the invariants and prints the report.
-func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, stdout io.Writer) error {
+// runVerify checks the invariants and prints the report. With repair it
+// first runs the reconciler once (internal/reconcile) and prints its
+// findings; the exit status still tells only whether the invariants hold.
+func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, repair bool, stdout io.Writer) error {
 	pools := map[string]*pgxpool.Pool{}
 	for _, name := range app.Names {
 		pool, err := database.NewPool(ctx, cfg.DatabaseURLOf(name), migrations.Schemas[name], 2)
@@ -186,9 +236,17 @@ func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, stdout i
 		defer pool.Close()
 		pools[name] = pool
 	}
-	report, err := verify.Wait(ctx, verify.Pools{
+	vp := verify.Pools{
 		Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
-	}, app.OutboxRetention, wait)
+	}
+	if repair {
+		rep, err := reconcile.Run(ctx, vp, reconcile.Config{PaymentTimeout: cfg.PaymentTimeout, Repair: true})
+		if err != nil {
+			return fmt.Errorf("verify -repair: %w", err)
+		}
+		rep.Write(stdout)
+	}
+	report, err := verify.Wait(ctx, vp, app.OutboxRetention, wait)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}

@@ -204,6 +204,45 @@ func TestVerify(t *testing.T) {
 	}
 }
 
+// verify -repair reconciles first: a stuck order is reported, and its
+// event that no consumer processed is republished.
+func TestVerifyRepair(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := newDatabase(t)
+	vars := env(map[string]string{"DATABASE_URL": dbURL})
+	if err := run(ctx, []string{"migrate"}, vars, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	const id = "0193c7a2-0000-7000-8000-000000000001"
+	if _, err := conn.Exec(ctx, `
+		INSERT INTO orders.orders (order_id, customer_id, status, total, created_at, updated_at)
+		VALUES ('`+id+`', 'c', 'PENDING', 100, now() - interval '1 hour', now() - interval '1 hour');
+		INSERT INTO orders.outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type, schema_version,
+		                           subject, payload, published_at)
+		VALUES (gen_random_uuid(), 'order', '`+id+`', 1, 'OrderCreated', 1, 'orders.`+id+`.OrderCreated', '{}',
+		        now() - interval '1 hour');
+		INSERT INTO orders.outbox_sequences VALUES ('order', '`+id+`', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	err = run(ctx, []string{"verify", "-repair"}, vars, &out, io.Discard)
+	if !errors.Is(err, errViolations) { // the republished event is pending now
+		t.Fatalf("err = %v, want errViolations\n%s", err, out.String())
+	}
+	for _, want := range []string{"RECONCILE stuck_order order " + id + ": PENDING for 1h", "republished 1 lost events",
+		"1 stuck orders, 0 unrefunded payments, 0 held reservations; 1 events republished"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
 func TestUsage(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -51,6 +51,21 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 		services = append(services, s)
 	}
 	g, ctx := errgroup.WithContext(ctx)
+	if runsAll(names) {
+		// The reconciler reads every schema (see reconcile.go), so only
+		// `shop all` runs it; its counts are served by the order service.
+		job, closeJob, err := newReconcileJob(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer closeJob()
+		for _, s := range services {
+			if s.Name == "order" {
+				s.collectors = append(s.collectors, newReconcileCollector(job))
+			}
+		}
+		g.Go(func() error { return job.Run(ctx) })
+	}
 	for _, s := range services {
 		g.Go(func() error { return s.Run(ctx) })
 	}

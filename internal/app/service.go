@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -53,6 +54,8 @@ type Service struct {
 	Logger      *slog.Logger
 
 	cfg Config // the process's configuration, for the service's domain
+
+	collectors []prometheus.Collector // extra metrics for its registry (the reconciler's, in `shop all`)
 }
 
 // New returns the service called name, configured by cfg, publishing over nc.
@@ -162,6 +165,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
 	m.watch(pool, relay, dom)
+	m.r.MustRegister(s.collectors...)
 	router := newRouter(pool, s.NATS, m.instrument)
 	router.Method(http.MethodGet, "/metrics", m.handler())
 	dom.Routes(router)

@@ -1,0 +1,91 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/reconcile"
+	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/migrations"
+)
+
+// ReconcileInterval is how often `shop all` runs the reconciler.
+const ReconcileInterval = time.Minute
+
+// The reconciler compares every service's schema (orders, payments and
+// reservations side by side). Each of its queries runs on the owning
+// service's pool, with that service's database URL (and role, when each
+// service has its own), and a republish writes only the producer's own
+// outbox. So it runs where every service's database URL is: in `shop all`,
+// like the dashboard, and on demand in `shop verify -repair`. A single
+// service process (`shop order`) is given only its own credentials in a
+// least-privilege deployment, so it does not run the job.
+
+// newReconcileJob returns the periodic reconcile job of cfg's databases. Its
+// pools connect lazily, so runs simply fail (and are logged) until the
+// services have migrated their schemas. close releases the pools.
+func newReconcileJob(ctx context.Context, cfg Config, log *slog.Logger) (job *reconcile.Job, close func(), err error) {
+	pools := map[string]*pgxpool.Pool{}
+	close = func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	for _, name := range Names {
+		pool, err := database.NewPool(ctx, cfg.DatabaseURLOf(name), migrations.Schemas[name], 2)
+		if err != nil {
+			close()
+			return nil, nil, fmt.Errorf("reconcile: %w", err)
+		}
+		pools[name] = pool
+	}
+	return &reconcile.Job{
+		Pools: verify.Pools{
+			Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
+		},
+		Config:   reconcile.Config{PaymentTimeout: cfg.PaymentTimeout, Repair: true},
+		Interval: ReconcileInterval,
+		Logger:   log.With("service", "reconcile"),
+	}, close, nil
+}
+
+// reconcileCollector exposes the last run of job: what it found, by kind,
+// and how many lost events it republished. The order service's registry
+// carries it, as the saga's owner.
+type reconcileCollector struct {
+	job                     *reconcile.Job
+	found, republished, run *prometheus.Desc
+}
+
+func newReconcileCollector(job *reconcile.Job) *reconcileCollector {
+	return &reconcileCollector{
+		job: job,
+		found: prometheus.NewDesc("shop_reconcile_findings",
+			"What the last reconcile run found that retries did not fix, by kind: stuck_order, unrefunded_payment, held_reservation.",
+			[]string{"kind"}, nil),
+		republished: prometheus.NewDesc("shop_reconcile_republished_events",
+			"Lost events the last reconcile run republished from their producer's outbox.", nil, nil),
+		run: prometheus.NewDesc("shop_reconcile_runs_total", "Completed reconcile runs.", nil, nil),
+	}
+}
+
+func (c *reconcileCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.found
+	ch <- c.republished
+	ch <- c.run
+}
+
+func (c *reconcileCollector) Collect(ch chan<- prometheus.Metric) {
+	counts, runs := c.job.Last()
+	for _, k := range reconcile.Kinds {
+		ch <- prometheus.MustNewConstMetric(c.found, prometheus.GaugeValue, float64(counts.Of(k)), string(k))
+	}
+	ch <- prometheus.MustNewConstMetric(c.republished, prometheus.GaugeValue, float64(counts.Republished))
+	ch <- prometheus.MustNewConstMetric(c.run, prometheus.CounterValue, float64(runs))
+}
