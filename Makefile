@@ -1,6 +1,7 @@
 # make demo  — Postgres up, build, run every service in one process
 # make test  — Postgres up, every test with the race detector
-.PHONY: build test lint bench demo clean
+# make chaos — the chaos run for DURATION (default 5m), see README "Chaos run"
+.PHONY: build test lint bench demo clean chaos
 
 # Benchmarks size their own work (a backlog of N events per run), so one
 # iteration each is a measurement; raise it for steadier figures.
@@ -18,6 +19,15 @@ test:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -timeout 20m ./...
+
+# The chaos run: real shop processes (two of each service) under SIGKILLs,
+# every failpoint, a NATS outage and terminated database connections, then
+# the invariants. A short run (about two minutes) is part of `make test`.
+DURATION ?= 5m
+CHAOS_TIMEOUT ?= 1h
+chaos:
+	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
+	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./internal/chaos -chaos.duration=$(DURATION)
 
 lint:
 	@unformatted=$$(gofmt -l .); \
