@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -95,4 +96,15 @@ func ExampleRequeueDeadLetter() {
 			fmt.Println(err)
 		}
 	}
+}
+
+// A handler tells a hopeless message from a passing failure: Poison sends it
+// to the dead letters at once, any other error is retried with backoff.
+func ExamplePoison() {
+	err := inbox.Poison(fmt.Errorf("OrderCreated schema version %d: this service reads version 1", 3))
+	fmt.Println(errors.Is(err, inbox.ErrPoison))
+	fmt.Println(err)
+	// Output:
+	// true
+	// poison: OrderCreated schema version 3: this service reads version 1
 }

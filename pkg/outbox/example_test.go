@@ -2,7 +2,9 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,4 +48,13 @@ func ExampleRelay_Run() {
 		return
 	}
 	_ = relay.Run(ctx) // returns when ctx ends, after the batch in flight
+}
+
+// How long may copies of one event keep coming? Every attempt may wait out
+// a lease, a publish timeout and a full backoff. pkg/inbox must remember
+// event ids for longer than this.
+func ExampleConfig_RetryHorizon() {
+	cfg := outbox.Config{MaxAttempts: 10, LeaseDuration: 30 * time.Second, PublishTimeout: 10 * time.Second, BackoffMax: time.Minute}
+	fmt.Println(cfg.RetryHorizon())
+	// Output: 16m40s
 }
