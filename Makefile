@@ -1,7 +1,7 @@
 # make demo  — Postgres up, build, run every service in one process
 # make test  — Postgres up, every test with the race detector
 # make chaos — the chaos run for DURATION (default 5m), see README "Chaos run"
-.PHONY: build test lint bench demo clean chaos
+.PHONY: build test lint bench bench-outbox demo clean chaos
 
 # Benchmarks size their own work (a backlog of N events per run), so one
 # iteration each is a measurement; raise it for steadier figures.
@@ -34,9 +34,20 @@ lint:
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
 
+# make bench — the whole-system table (internal/benchsuite): every row the
+# median, min and max of RUNS runs, all in this one invocation; see
+# docs/performance.md. BENCH_FLAGS passes -suite.* flags (e.g.
+# -suite.saga-seconds=60). `make bench-outbox` runs the outbox package's
+# own benchmarks, whose findings docs/performance.md also keeps.
+RUNS ?= 3
+BENCH_FLAGS ?=
 bench:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
-	go test -run '^$$' -bench . -benchtime=$(BENCHTIME) -timeout 30m ./...
+	go test -run '^$$' -bench '^BenchmarkSystem$$' -benchtime=1x -timeout 60m ./internal/benchsuite/ -suite.runs=$(RUNS) $(BENCH_FLAGS)
+
+bench-outbox:
+	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
+	go test -run '^$$' -bench . -benchtime=$(BENCHTIME) -timeout 30m ./pkg/outbox/
 
 demo: build
 	@scripts/ensure-postgres.sh

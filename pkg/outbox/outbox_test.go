@@ -577,3 +577,39 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatalf("default retry horizon %v is implausibly short", h)
 	}
 }
+
+func TestDisableListenPollsWithoutListening(t *testing.T) {
+	e := setup(t)
+	r := e.relay(t, Config{DisableListen: true, PollInterval: 50 * time.Millisecond})
+	start(t, r)
+	var w Writer // notifies on every commit; nobody listens
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
+	eventually(t, 10*time.Second, "event published by polling", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 1, nil
+	})
+	var listeners int
+	if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query = $1`,
+		"LISTEN "+pgx.Identifier{"outbox." + e.db.Name}.Sanitize()).Scan(&listeners); err != nil {
+		t.Fatal(err)
+	}
+	if listeners != 0 {
+		t.Errorf("%d LISTEN connections with DisableListen", listeners)
+	}
+}
+
+func TestClaimAndMarkPublishesNothing(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"), event("o-3", "OrderCreated"))
+	r := e.relay(t, Config{})
+	n, err := r.ClaimAndMark(context.Background())
+	if err != nil || n != 3 {
+		t.Fatalf("ClaimAndMark = %d, %v; want 3", n, err)
+	}
+	if got := count(t, e.db.Pool, "published_at IS NOT NULL AND claim_token IS NULL"); got != 3 {
+		t.Errorf("%d events marked published, want 3", got)
+	}
+	if got := streamMsgs(t, e.stream); got != 0 {
+		t.Errorf("%d messages in the stream, want 0", got)
+	}
+}

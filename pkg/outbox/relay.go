@@ -39,6 +39,12 @@ type Config struct {
 
 	Logger *slog.Logger // default slog.Default()
 
+	// DisableListen turns the NOTIFY wake-up off: the relay holds no LISTEN
+	// connection and finds new events by polling every PollInterval (and
+	// after each full batch) only. For measuring what the wake-up buys, and
+	// for connection poolers that cannot LISTEN. Default false: listen.
+	DisableListen bool
+
 	// ObservePublishFunc, when set, is called once per acked event with the
 	// time from the commit of its claim to the relay reading its ack: the
 	// publish latency of the event. It is called from the relay's workers
@@ -193,7 +199,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("outbox relay: read schema: %w", err)
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { r.listen(ctx); return nil })
+	if !r.cfg.DisableListen {
+		g.Go(func() error { r.listen(ctx); return nil })
+	}
 	g.Go(func() error { r.retain(ctx); return nil })
 	for range r.cfg.Workers {
 		g.Go(func() error { r.work(ctx); return nil })
@@ -254,6 +262,20 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 		return len(batch), err // "died" part way: nothing is settled, the lease expires
 	}
 	return len(batch), r.settle(ctx, token, batch, results)
+}
+
+// ClaimAndMark claims one batch and marks it published without publishing
+// anything: the relay's database work alone, for benchmarks that measure the
+// database-only ceiling of the relay (internal/benchsuite). It returns how
+// many events it marked. Never call it on a live outbox: the events it marks
+// are never published.
+func (r *Relay) ClaimAndMark(ctx context.Context) (int, error) {
+	token := uuid.New()
+	batch, err := r.claim(ctx, token)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	return len(batch), r.settle(ctx, token, batch, make([]result, len(batch)))
 }
 
 // row is one claimed event.

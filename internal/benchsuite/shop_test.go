@@ -1,0 +1,563 @@
+package benchsuite
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/pgtest"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// shopBinary builds cmd/shop once per test binary, into a temp dir.
+func shopBinary(tb testing.TB) string {
+	tb.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "benchsuite-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "shop")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/shop-ref/shop/cmd/shop").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		tb.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// shop is one `shop all` child process on a database of its own.
+type shop struct {
+	tb      testing.TB
+	bin     string
+	dir     string
+	dbName  string
+	dbURL   string
+	admin   *pgxpool.Pool
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	addrs   map[string]string
+	stopped bool
+}
+
+func freeAddr(tb testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startShop creates a throwaway database, migrates it with `shop migrate`,
+// starts `shop all` (embedded NATS in its own temp dir, services on free
+// 127.0.0.1 ports, FULFILLMENT_DELAY 10ms), waits until every service is
+// ready and stocks SKU-1.
+func startShop(tb testing.TB, tag string) *shop {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := &shop{tb: tb, bin: shopBinary(tb), addrs: map[string]string{}}
+	var err error
+	if s.dir, err = os.MkdirTemp("", "benchsuite-shop-"); err != nil {
+		tb.Fatal(err)
+	}
+	var rb [4]byte
+	_, _ = rand.Read(rb[:])
+	s.dbName = "shop_bench_" + tag + "_" + hex.EncodeToString(rb[:])
+	base := pgtest.URL()
+	cfg, err := pgx.ParseConfig(base)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	i := strings.LastIndex(base, "/"+cfg.Database)
+	if i < 0 {
+		tb.Fatalf("cannot find the database name in %q", base)
+	}
+	s.dbURL = base[:i+1] + s.dbName + base[i+1+len(cfg.Database):]
+	if err := database.EnsureExists(ctx, s.dbURL); err != nil {
+		tb.Fatal(err)
+	}
+	if out, err := s.command("migrate").CombinedOutput(); err != nil {
+		s.dropDB()
+		tb.Fatalf("shop migrate: %v\n%s", err, out)
+	}
+	if s.admin, err = database.NewPool(ctx, s.dbURL, "public", 4); err != nil {
+		s.dropDB()
+		tb.Fatal(err)
+	}
+	for _, svc := range []string{"order", "inventory", "payment", "fulfillment"} {
+		s.addrs[svc] = freeAddr(tb)
+	}
+	s.cmd = s.command("all")
+	logf, err := os.Create(filepath.Join(s.dir, "shop.log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	s.exited = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.exited) }()
+	tb.Cleanup(s.stop)
+	client := &http.Client{Timeout: 5 * time.Second}
+	for _, svc := range []string{"order", "inventory", "payment", "fulfillment"} {
+		if !waitReady(client, s.url(svc), time.Minute) {
+			tb.Fatalf("%s service never became ready; log in %s", svc, s.dir)
+		}
+	}
+	// Stock, then wait until the order service has the catalogue entries.
+	for k := 1; k <= 16; k++ {
+		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/stock/SKU-%d", s.url("inventory"), k), strings.NewReader(`{"on_hand":100000000,"price":250}`))
+		req.Header.Set("Content-Type", "application/json")
+		res, err := client.Do(req)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			tb.Fatalf("stock SKU-%d: %s", k, res.Status)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for k := 0; ; k++ {
+		req, _ := http.NewRequest(http.MethodPost, s.url("order")+"/orders",
+			strings.NewReader(`{"customer_id":"probe","items":[{"sku":"SKU-16","quantity":1}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("probe-%d", k))
+		res, err := client.Do(req)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusCreated {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the order service never learned SKU-1; log in %s", s.dir)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return s
+}
+
+func (s *shop) url(svc string) string { return "http://" + s.addrs[svc] }
+
+func (s *shop) command(args ...string) *exec.Cmd {
+	cmd := exec.Command(s.bin, args...)
+	cmd.Dir = s.dir
+	cmd.Env = []string{
+		"DATABASE_URL=" + s.dbURL,
+		"PAYMENT_WEBHOOK_SECRET=bench-secret",
+		"FULFILLMENT_DELAY=10ms",
+		"DASHBOARD_ADDR=127.0.0.1:0",
+	}
+	for svc, a := range s.addrs {
+		cmd.Env = append(cmd.Env, strings.ToUpper(svc)+"_ADDR="+a)
+	}
+	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+	}
+	return cmd
+}
+
+func waitReady(c *http.Client, base string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		res, err := c.Get(base + "/readyz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return true
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+// peakRSSMB reads VmHWM of the shop process.
+func (s *shop) peakRSSMB() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	s.tb.Fatal("no VmHWM in /proc status")
+	return 0
+}
+
+// stop stops the process it started, by its pid: SIGINT, then SIGKILL
+// after 20 s; then drops the database.
+func (s *shop) stop() {
+	if s.stopped {
+		return
+	}
+	s.stopped = true
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-s.exited:
+		case <-time.After(20 * time.Second):
+			_ = s.cmd.Process.Kill()
+			<-s.exited
+		}
+	}
+	if s.admin != nil {
+		s.admin.Close()
+	}
+	s.dropDB()
+	if *keepLogs {
+		s.tb.Logf("shop log kept in %s", s.dir)
+		return
+	}
+	os.RemoveAll(s.dir)
+}
+
+var keepLogs = flag.Bool("suite.keep-logs", false, "keep the shop processes' logs")
+
+func (s *shop) dropDB() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	if err != nil {
+		s.tb.Logf("drop %s: %v", s.dbName, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{s.dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
+		s.tb.Logf("drop %s: %v", s.dbName, err)
+	}
+}
+
+// loadgenResult is what `shop loadgen` printed.
+type loadgenResult struct {
+	createRate, createP50, createP99 float64 // orders/s, ms
+	completed                        int
+	doneP50, doneP99                 float64 // ms
+	out                              string
+}
+
+var (
+	reCreation = regexp.MustCompile(`creation:\s+\d+ in \S+ = ([0-9.]+) orders/s`)
+	reCreLat   = regexp.MustCompile(`creation latency:\s+p50 (\S+)\s+p90 \S+\s+p99 (\S+)`)
+	reDone     = regexp.MustCompile(`order→COMPLETED:\s+(\d+) completed\s+p50 (\S+)\s+p99 (\S+)`)
+)
+
+func ms(s string) float64 {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return -1
+	}
+	return float64(d.Microseconds()) / 1000
+}
+
+// loadgen runs `shop loadgen` (the built binary) against s and parses its
+// report.
+func (s *shop) loadgen(tb testing.TB, args ...string) loadgenResult {
+	tb.Helper()
+	r, err := s.runLoadgen(args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+func (s *shop) runLoadgen(args ...string) (loadgenResult, error) {
+	args = append([]string{"loadgen", "-order-url", s.url("order"), "-payment-url", s.url("payment")}, args...)
+	cmd := exec.Command(s.bin, args...)
+	cmd.Dir = s.dir
+	out, err := cmd.CombinedOutput()
+	r := loadgenResult{out: string(out)}
+	if err != nil {
+		return r, fmt.Errorf("shop loadgen: %v\n%s", err, out)
+	}
+	if m := reCreation.FindStringSubmatch(r.out); m != nil {
+		r.createRate, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if m := reCreLat.FindStringSubmatch(r.out); m != nil {
+		r.createP50, r.createP99 = ms(m[1]), ms(m[2])
+	}
+	if m := reDone.FindStringSubmatch(r.out); m != nil {
+		r.completed, _ = strconv.Atoi(m[1])
+		r.doneP50, r.doneP99 = ms(m[2]), ms(m[3])
+	}
+	return r, nil
+}
+
+// ---- rows 6 and 8 ----
+
+type sagaResult struct {
+	rate, p99, backlog, oldest, unpublished, rssMB float64
+	txPerOrder                                     float64 // committed transactions in the shop's database per completed order
+}
+
+var schemas = []string{"orders", "inventory", "payment", "fulfillment"}
+
+// saga starts a fresh `shop all` and offers *sagaRate orders/s for
+// *sagaSeconds from 32 concurrent clients over HTTP (POST /orders, 16 SKUs
+// in turn). The driver learns where each order is from the broker instead
+// of polling GET /orders (a core subscription to orders.> on the shop's
+// embedded NATS): on OrderAwaitingPayment it pays at once through POST
+// /payments/{id}/simulate, on OrderCompleted the saga is done. It measures
+// the sustained COMPLETED rate over the last three quarters of the window,
+// order → COMPLETED p99, the backlog when the offered load ends, and the
+// process's peak RSS (VmHWM).
+func saga(b *testing.B, sz sizes) sagaResult {
+	return scoped(b, func(tb testing.TB) sagaResult {
+		s := startShop(tb, "saga")
+		secs := *sagaSeconds
+		if *quick {
+			secs = 4
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		nc, err := nats.Connect(s.natsURL(tb))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer nc.Close()
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
+		post := func(url, key, body string) (int, []byte, error) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if key != "" {
+				req.Header.Set("Idempotency-Key", key)
+			}
+			res, err := client.Do(req)
+			if err != nil {
+				return 0, nil, err
+			}
+			defer res.Body.Close()
+			b, err := io.ReadAll(res.Body)
+			return res.StatusCode, b, err
+		}
+
+		var mu sync.Mutex
+		created := map[string]time.Time{}
+		completedAt := map[string]time.Time{}
+		var paid sync.Map
+		payQ := make(chan string, 1<<16)
+		sub, err := nc.Subscribe("orders.>", func(m *nats.Msg) {
+			parts := strings.Split(m.Subject, ".")
+			if len(parts) != 3 {
+				return
+			}
+			switch parts[2] {
+			case "OrderAwaitingPayment":
+				if _, dup := paid.LoadOrStore(parts[1], true); !dup {
+					payQ <- parts[1]
+				}
+			case "OrderCompleted":
+				now := time.Now()
+				mu.Lock()
+				if _, ok := completedAt[parts[1]]; !ok {
+					completedAt[parts[1]] = now
+				}
+				mu.Unlock()
+			}
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		if err := nc.Flush(); err != nil {
+			tb.Fatal(err)
+		}
+		var errs atomic.Int64
+		var firstErr atomic.Value
+		noteErr := func(err error) {
+			errs.Add(1)
+			firstErr.CompareAndSwap(nil, err.Error())
+		}
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer cancel()
+		for range 16 { // payers: the payment service may learn of the order a moment after WAIT_PAY
+			wg.Go(func() {
+				for {
+					var id string
+					select {
+					case id = <-payQ:
+					case <-ctx.Done():
+						return
+					}
+					for try := 0; ctx.Err() == nil; try++ {
+						st, body, err := post(s.url("payment")+"/payments/"+id+"/simulate", "", `{"outcome":"succeeded"}`)
+						if err == nil && (st == http.StatusOK || st == http.StatusAccepted) {
+							break
+						}
+						if err == nil && st != http.StatusNotFound && st != http.StatusConflict && st < 500 {
+							noteErr(fmt.Errorf("simulate %s: %d %s", id, st, body))
+							break
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
+				}
+			})
+		}
+
+		xacts := func() (n int64) {
+			if err := s.admin.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
+				tb.Error(err)
+			}
+			return n
+		}
+		x0 := xacts()
+		start := time.Now()
+		window := time.Duration(secs) * time.Second
+		jobs := make(chan int)
+		go func() {
+			defer close(jobs)
+			tick := time.NewTicker(time.Duration(float64(time.Second) / *sagaRate))
+			defer tick.Stop()
+			for i := 0; time.Since(start) < window; i++ {
+				select {
+				case jobs <- i:
+				case <-ctx.Done():
+					return
+				}
+				<-tick.C
+			}
+		}()
+		var creators sync.WaitGroup
+		for range 32 {
+			creators.Go(func() {
+				for i := range jobs {
+					body := fmt.Sprintf(`{"customer_id":"bench-%d","items":[{"sku":"SKU-%d","quantity":1}]}`, i%100, i%16+1)
+					t0 := time.Now()
+					st, resp, err := post(s.url("order")+"/orders", fmt.Sprint("saga-", i), body)
+					if err != nil || st != http.StatusCreated {
+						noteErr(fmt.Errorf("POST /orders: %d %s %v", st, resp, err))
+						continue
+					}
+					var o struct {
+						OrderID string `json:"order_id"`
+					}
+					if err := json.Unmarshal(resp, &o); err != nil {
+						noteErr(err)
+						continue
+					}
+					mu.Lock()
+					created[o.OrderID] = t0
+					mu.Unlock()
+				}
+			})
+		}
+		creators.Wait()
+		end := time.Now()
+		var res sagaResult
+		var oldest float64
+		var backlog int64
+		if err := s.admin.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM max(now() - created_at)) * 1000, 0)::float8 FROM orders.orders
+			WHERE status NOT IN ('COMPLETED', 'CLOSED', 'REJECTED') AND customer_id <> 'probe'`).Scan(&backlog, &oldest); err != nil {
+			tb.Error(err)
+		}
+		res.backlog, res.oldest = float64(backlog), oldest
+		for _, sc := range schemas {
+			var n int64
+			if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM `+sc+`.outbox WHERE published_at IS NULL`).Scan(&n); err != nil {
+				tb.Error(err)
+			}
+			res.unpublished += float64(n)
+		}
+		// Let the rest finish (bounded), for the latency of every order.
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) {
+			mu.Lock()
+			n, m := len(completedAt), len(created)
+			mu.Unlock()
+			if n >= m {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		res.rssMB = s.peakRSSMB()
+		x1 := xacts()
+		mu.Lock()
+		from := start.Add(window / 4)
+		var inWindow int
+		var lat []time.Duration
+		for id, at := range completedAt {
+			if !at.Before(from) && !at.After(end) {
+				inWindow++
+			}
+			if c, ok := created[id]; ok {
+				lat = append(lat, at.Sub(c))
+			}
+		}
+		nCreated, nDone := len(created), len(completedAt)
+		mu.Unlock()
+		res.rate = float64(inWindow) / end.Sub(from).Seconds()
+		res.txPerOrder = float64(x1-x0) / float64(max(nDone, 1))
+		if len(lat) > 0 {
+			res.p99 = quantiles(lat)[1]
+		}
+		if e := errs.Load(); e > 0 {
+			tb.Logf("saga run: %d errors, first: %v", e, firstErr.Load())
+		}
+		if *quick || nDone < nCreated {
+			tb.Logf("saga run: %d orders created in %v, %d completed; log in %s", nCreated, end.Sub(start).Round(time.Millisecond), nDone, s.dir)
+		}
+		return res
+	})
+}
+
+var reNATS = regexp.MustCompile(`embedded nats started"? url=(\S+)`)
+
+// natsURL reads the embedded server's URL from the shop's log.
+func (s *shop) natsURL(tb testing.TB) string {
+	b, err := os.ReadFile(filepath.Join(s.dir, "shop.log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := reNATS.FindSubmatch(b)
+	if m == nil {
+		tb.Fatalf("no embedded nats URL in %s/shop.log", s.dir)
+	}
+	return string(m[1])
+}

@@ -1,0 +1,824 @@
+package benchsuite
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+)
+
+var (
+	runs        = flag.Int("suite.runs", 3, "runs per row (the table shows median, min and max)")
+	quick       = flag.Bool("suite.quick", false, "tiny sizes: a smoke test of the suite, not a measurement")
+	sagaSeconds = flag.Int("suite.saga-seconds", 60, "length of one whole-saga run (row 6)")
+	sagaRate    = flag.Float64("suite.saga-rate", 250, "orders started per second in the whole-saga run (row 6)")
+	only        = flag.String("suite.only", "", "comma-separated row groups to run (1…8; 8 comes with 6); empty: all")
+)
+
+// sizes; -suite.quick shrinks them.
+type sizes struct {
+	backlog     int // relay backlog (rows 1, 2, 7)
+	jsMsgs      int
+	orderTx     int // order transactions per run (rows 1, 3)
+	latencySecs int
+	httpOrders  int
+	kept        int // rows kept in outbox / processed_events (row 7)
+	consumed    int // messages per consumer run (row 7)
+}
+
+func getSizes() sizes {
+	if *quick {
+		return sizes{backlog: 2000, jsMsgs: 2000, orderTx: 400, latencySecs: 1, httpOrders: 300, kept: 20_000, consumed: 1000}
+	}
+	return sizes{backlog: 50_000, jsMsgs: 50_000, orderTx: 9600, latencySecs: 5, httpOrders: 4000, kept: 1_000_000, consumed: 20_000}
+}
+
+// ---- the table ----
+
+type result struct {
+	group   string
+	what    string
+	unit    string
+	samples []float64
+	ratio   string // filled in at the end: ratio to a ceiling, target
+}
+
+type table struct {
+	mu   sync.Mutex
+	rows []*result
+}
+
+func (t *table) add(group, what, unit string, samples []float64) *result {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := &result{group: group, what: what, unit: unit, samples: samples}
+	t.rows = append(t.rows, r)
+	return r
+}
+
+func (t *table) find(what string) *result {
+	for _, r := range t.rows {
+		if r.what == what {
+			return r
+		}
+	}
+	return nil
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func fmtNum(x float64) string {
+	switch {
+	case x >= 1000:
+		s := fmt.Sprintf("%.0f", x)
+		var out []byte
+		for i, c := range []byte(s) {
+			if i > 0 && (len(s)-i)%3 == 0 {
+				out = append(out, ',')
+			}
+			out = append(out, c)
+		}
+		return string(out)
+	case x >= 100:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f", x)
+	default:
+		return fmt.Sprintf("%.2f", x)
+	}
+}
+
+func (t *table) print() {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 1, ' ', tabwriter.Debug)
+	fmt.Fprintf(os.Stdout, "\nshop whole-system benchmark: %d run(s) per row, GOMAXPROCS %d, %s\n\n", *runs, runtime.GOMAXPROCS(0), time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintln(w, " row\t what\t median\t min\t max\t unit\t n\t ratio / target")
+	for _, r := range t.rows {
+		if len(r.samples) == 0 {
+			fmt.Fprintf(w, " %s\t %s\t -\t -\t -\t %s\t 0\t %s\n", r.group, r.what, r.unit, r.ratio)
+			continue
+		}
+		fmt.Fprintf(w, " %s\t %s\t %s\t %s\t %s\t %s\t %d\t %s\n", r.group, r.what,
+			fmtNum(median(r.samples)), fmtNum(slices.Min(r.samples)), fmtNum(slices.Max(r.samples)), r.unit, len(r.samples), r.ratio)
+	}
+	w.Flush()
+	fmt.Println()
+}
+
+// ratio sets r's ratio column to median(r)/median(of) with the target.
+func (t *table) ratio(what, of, label, target string) {
+	r, base := t.find(what), t.find(of)
+	if r == nil || base == nil || len(r.samples) == 0 || len(base.samples) == 0 {
+		return
+	}
+	r.ratio = fmt.Sprintf("%.2f× %s", median(r.samples)/median(base.samples), label)
+	if target != "" {
+		r.ratio += " (target " + target + ")"
+	}
+}
+
+func wanted(group string) bool {
+	if *only == "" {
+		return true
+	}
+	return slices.Contains(strings.Split(*only, ","), group)
+}
+
+// BenchmarkSystem runs every row of the table and prints it. Run it with
+// -benchtime=1x (make bench does): one iteration is the whole suite.
+func BenchmarkSystem(b *testing.B) {
+	if testing.Short() {
+		b.Skip("the system benchmark takes minutes")
+	}
+	b.Cleanup(func() {
+		if binPath != "" {
+			os.RemoveAll(filepath.Dir(binPath))
+		}
+	})
+	t := &table{}
+	sz := getSizes()
+	for range b.N {
+		if wanted("1") {
+			t.add("1", "JetStream async publish, 1 KiB + msg id", "msgs/s", repeat(b, func() float64 { return jsPublish(b, sz) }))
+			t.add("1", "order-creation SQL direct, 8 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 8, true) }))
+			t.add("1", "order-creation SQL direct, 32 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 32, true) }))
+			t.add("1", "DB-only claim + mark (50k backlog)", "events/s", repeat(b, func() float64 { return dbOnly(b, sz) }))
+		}
+		if wanted("2") {
+			for _, n := range []int{1, 2, 4} {
+				t.add("2", fmt.Sprintf("relay drain 50k, %d relay(s) × 2 workers", n), "events/s",
+					repeat(b, func() float64 { return relayDrain(b, sz, n, 0) }))
+			}
+		}
+		if wanted("3") {
+			t.add("3", "write path, order tx, no outbox, 8 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 8, false) }))
+			t.add("3", "write path, order tx + outbox, 8 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 8, true) }))
+		}
+		if wanted("4") {
+			for _, wake := range []bool{true, false} {
+				mode := "wake-up"
+				if !wake {
+					mode = "polling 100ms"
+				}
+				var acks, cons [3][]float64
+				for range *runs {
+					a, c := latency(b, sz, wake)
+					for i := range 3 {
+						acks[i] = append(acks[i], a[i])
+						cons[i] = append(cons[i], c[i])
+					}
+				}
+				for i, q := range []string{"p50", "p99", "max"} {
+					t.add("4", fmt.Sprintf("500 ev/s %s: commit→PubAck %s", mode, q), "ms", acks[i])
+				}
+				for i, q := range []string{"p50", "p99", "max"} {
+					t.add("4", fmt.Sprintf("500 ev/s %s: commit→consumer commit %s", mode, q), "ms", cons[i])
+				}
+			}
+		}
+		if wanted("5") {
+			var rate, p50, p99 []float64
+			func() {
+				s := startShop(b, "http")
+				defer s.stop()
+				for range *runs {
+					r := s.loadgen(b, "-orders", fmt.Sprint(sz.httpOrders), "-concurrency", "32", "-pay", "0", "-wait-complete=false", "-timeout", "5m")
+					rate, p50, p99 = append(rate, r.createRate), append(p50, r.createP50), append(p99, r.createP99)
+				}
+			}()
+			t.add("5", "POST /orders, 32 clients (shop loadgen)", "orders/s", rate)
+			t.add("5", "POST /orders p50", "ms", p50)
+			t.add("5", "POST /orders p99", "ms", p99)
+		}
+		if wanted("6") || wanted("8") {
+			var rate, p99, backlog, oldest, unpublished, rss, txs []float64
+			for range *runs {
+				r := saga(b, sz)
+				rate, p99, backlog, oldest, unpublished, rss = append(rate, r.rate), append(p99, r.p99), append(backlog, r.backlog),
+					append(oldest, r.oldest), append(unpublished, r.unpublished), append(rss, r.rssMB)
+				txs = append(txs, r.txPerOrder)
+			}
+			secs := *sagaSeconds
+			t.add("6", fmt.Sprintf("whole saga, %d s at %g orders/s offered: COMPLETED/s", secs, *sagaRate), "orders/s", rate)
+			t.add("6", "order → COMPLETED p99 (orders done ≤ 15 s after the load)", "ms", p99)
+			t.add("6", "database transactions per completed order", "tx", txs)
+			t.add("6", "at end of load: orders not yet ended", "orders", backlog)
+			t.add("6", "at end of load: oldest unended order age", "ms", oldest)
+			t.add("6", "at end of load: unpublished outbox rows", "events", unpublished)
+			t.add("8", "peak RSS of shop all (VmHWM) during row 6", "MB", rss)
+		}
+		if wanted("7") {
+			t.add("7", "relay drain 50k, empty outbox", "events/s", repeat(b, func() float64 { return relayDrain(b, sz, 1, 0) }))
+			t.add("7", fmt.Sprintf("relay drain 50k, %s published rows kept", fmtNum(float64(sz.kept))), "events/s", keptOutbox(b, sz))
+			t.add("7", "consumer drain 20k, empty processed_events", "events/s", repeat(b, func() float64 { return consumerDrain(b, sz, false)[0] }))
+			t.add("7", fmt.Sprintf("consumer drain 20k, %s rows in processed_events", fmtNum(float64(sz.kept))), "events/s", consumerDrain(b, sz, true))
+		}
+	}
+	ceil := "DB-only claim + mark (50k backlog)"
+	t.ratio("relay drain 50k, 1 relay(s) × 2 workers", ceil, "of DB-only", "≥ 0.80")
+	t.ratio("relay drain 50k, 2 relay(s) × 2 workers", "relay drain 50k, 1 relay(s) × 2 workers", "of 1 relay", "≥ 1.3")
+	t.ratio("relay drain 50k, 4 relay(s) × 2 workers", "relay drain 50k, 1 relay(s) × 2 workers", "of 1 relay", "")
+	t.ratio("write path, order tx + outbox, 8 clients", "write path, order tx, no outbox, 8 clients", "of no outbox", "≥ 0.85")
+	t.ratio("POST /orders, 32 clients (shop loadgen)", "order-creation SQL direct, 32 clients", "of direct SQL 32", "≥ 2,000/s")
+	t.ratio(fmt.Sprintf("relay drain 50k, %s published rows kept", fmtNum(float64(sz.kept))), "relay drain 50k, empty outbox", "of empty", "≥ 0.9")
+	t.ratio(fmt.Sprintf("consumer drain 20k, %s rows in processed_events", fmtNum(float64(sz.kept))), "consumer drain 20k, empty processed_events", "of empty", "≥ 0.9")
+	if r := t.find("POST /orders p99"); r != nil {
+		r.ratio = "target ≤ 50 ms"
+	}
+	for _, r := range t.rows {
+		switch {
+		case strings.Contains(r.what, "commit→consumer commit p99") && strings.Contains(r.what, "wake-up"):
+			r.ratio = "target ≤ 15 ms"
+		case strings.HasPrefix(r.what, "whole saga"):
+			r.ratio = "target ≥ 200/s, backlog bounded"
+		case strings.HasPrefix(r.what, "peak RSS"):
+			r.ratio = "target ≤ 200 MB"
+		}
+	}
+	t.print()
+}
+
+// repeat runs f *runs times and returns its figures.
+func repeat(b *testing.B, f func() float64) []float64 {
+	b.Helper()
+	var out []float64
+	for range *runs {
+		out = append(out, f())
+	}
+	return out
+}
+
+// ---- environments ----
+
+type env struct {
+	db     *pgtest.Schema
+	nats   *natstest.Server
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
+}
+
+// newEnv makes a schema (with service's tables; "" for the eventing tables
+// alone) and an embedded JetStream server with the stream EV on ev.>.
+// Everything is released when cleanup runs.
+func newEnv(tb testing.TB, service string) *env {
+	tb.Helper()
+	e := &env{db: pgtest.New(tb, service), nats: natstest.New(tb)}
+	e.nc, e.js = e.nats.Connect(tb)
+	e.stream = e.nats.Stream(tb, e.js, "EV", "ev.>")
+	return e
+}
+
+// scoped runs f with its own cleanup scope, so each run releases its
+// schema, NATS server and processes before the next starts.
+func scoped[T any](b *testing.B, f func(tb testing.TB) T) T {
+	b.Helper()
+	var out T
+	// b.Run would add a sub-benchmark line per run; a small TB wrapper
+	// with its own cleanups keeps the output to the one table.
+	s := &scope{TB: b}
+	func() {
+		defer s.cleanup()
+		out = f(s)
+	}()
+	return out
+}
+
+type scope struct {
+	testing.TB
+	mu       sync.Mutex
+	cleanups []func()
+}
+
+func (s *scope) Cleanup(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cleanups = append(s.cleanups, f)
+}
+
+func (s *scope) TempDir() string {
+	dir, err := os.MkdirTemp("", "benchsuite-")
+	if err != nil {
+		s.Fatal(err)
+	}
+	s.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func (s *scope) cleanup() {
+	s.mu.Lock()
+	cs := s.cleanups
+	s.cleanups = nil
+	s.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
+}
+
+const payloadSize = 1024
+
+var blob = strings.Repeat("x", payloadSize-11)
+
+// fillBacklog commits n pending 1 KiB events, one aggregate per 5 events,
+// with UUIDv7 ids, by COPY (as pkg/outbox's benchmarks do).
+func fillBacklog(tb testing.TB, pool *pgxpool.Pool, n int, published bool, prefix string) {
+	tb.Helper()
+	ctx := context.Background()
+	payload := `{"blob":"` + blob + `"}`
+	cols := []string{"event_id", "aggregate_type", "aggregate_id", "aggregate_seq", "event_type", "schema_version", "subject", "payload"}
+	if published {
+		payload = `{}` // kept history: small rows, so a million of them load in seconds
+		cols = append(cols, "published_at")
+	}
+	aggregates := max(n/5, 1)
+	now := time.Now()
+	i := 0
+	src := pgx.CopyFromFunc(func() ([]any, error) {
+		if i == n {
+			return nil, nil
+		}
+		agg := fmt.Sprint(prefix, i%aggregates)
+		row := []any{uuid.Must(uuid.NewV7()), "order", agg, int64(i/aggregates + 1), "Step", int32(1), "ev." + agg + ".Step", payload}
+		if published {
+			row = append(row, now)
+		}
+		i++
+		return row, nil
+	})
+	if _, err := pool.CopyFrom(ctx, pgx.Identifier{"outbox"}, cols, src); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func quietRelay(tb testing.TB, pool *pgxpool.Pool, js jetstream.JetStream, cfg outbox.Config) *outbox.Relay {
+	tb.Helper()
+	cfg.Logger = quietLogger()
+	r, err := outbox.NewRelay(pool, js, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// ---- row 1 ----
+
+func jsPublish(b *testing.B, sz sizes) float64 {
+	return scoped(b, func(tb testing.TB) float64 {
+		e := newEnv(tb, "")
+		payload := []byte(strings.Repeat("x", payloadSize))
+		n := sz.jsMsgs
+		start := time.Now()
+		for off := 0; off < n; off += 500 {
+			futures := make([]jetstream.PubAckFuture, 0, 500)
+			for i := off; i < off+500 && i < n; i++ {
+				f, err := e.js.PublishMsgAsync(&nats.Msg{Subject: fmt.Sprintf("ev.p-%d.Raw", i%1000), Data: payload},
+					jetstream.WithMsgID(uuid.NewString()))
+				if err != nil {
+					tb.Fatal(err)
+				}
+				futures = append(futures, f)
+			}
+			for _, f := range futures {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					tb.Fatal(err)
+				}
+			}
+		}
+		return float64(n) / time.Since(start).Seconds()
+	})
+}
+
+// orderSQL runs the statements of POST /orders' transaction directly, in
+// the real order tables (pgtest.New(…, "order")), round trip for round
+// trip as services/order does them: the key's advisory lock, the key
+// lookup, the catalogue prices, the order with one line and its first
+// history entry (one batch), the saga instance, the 1 KiB-class
+// OrderCreated event through outbox.Writer (caller-given sequence,
+// NOTIFYs coalesced to 5 ms, as the service configures it) and the stored
+// response. withOutbox false leaves the event out (row 3).
+func orderSQL(b *testing.B, sz sizes, clients int, withOutbox bool) float64 {
+	return scoped(b, func(tb testing.TB) float64 {
+		e := newEnv(tb, "order")
+		ctx := context.Background()
+		pool := e.db.NewPool(tb, int32(clients+2))
+		if _, err := pool.Exec(ctx, `INSERT INTO catalogue (sku, price, seq) VALUES ('SKU-1', 250, 1)`); err != nil {
+			tb.Fatal(err)
+		}
+		w := &outbox.Writer{NotifyInterval: 5 * time.Millisecond}
+		each := sz.orderTx / clients
+		var failed atomic.Int64
+		var firstErr atomic.Value
+		start := time.Now()
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Go(func() {
+				for i := range each {
+					if err := orderTx(ctx, pool, w, withOutbox, fmt.Sprintf("k-%d-%d", c, i)); err != nil {
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		el := time.Since(start)
+		if failed.Load() > 0 {
+			tb.Fatalf("%d order transactions failed: %v", failed.Load(), firstErr.Load())
+		}
+		return float64(each*clients) / el.Seconds()
+	})
+}
+
+func orderTx(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, withOutbox bool, key string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var locked bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, key).Scan(&locked); err != nil {
+			return err
+		}
+		var h []byte
+		var st int
+		var resp []byte
+		var expired bool
+		err := tx.QueryRow(ctx, `SELECT request_hash, status_code, response, expires_at <= now() FROM idempotency_keys WHERE key = $1`, key).
+			Scan(&h, &st, &resp, &expired)
+		if err != pgx.ErrNoRows {
+			return fmt.Errorf("key lookup: %v", err)
+		}
+		rows, _ := tx.Query(ctx, `SELECT sku, price FROM catalogue WHERE sku = ANY($1)`, []string{"SKU-1"})
+		var sku string
+		var price int64
+		if _, err := pgx.ForEachRow(rows, []any{&sku, &price}, func() error { return nil }); err != nil {
+			return err
+		}
+		id := uuid.Must(uuid.NewV7())
+		at := time.Now().UTC().Truncate(time.Microsecond)
+		batch := &pgx.Batch{}
+		batch.Queue(`INSERT INTO orders (order_id, customer_id, status, total, version, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, 1, $5, $5)`, id, "c-1", "PENDING", 500, at)
+		batch.Queue(`INSERT INTO order_items (order_id, line, sku, quantity, unit_price) VALUES ($1, $2, $3, $4, $5)`, id, 1, "SKU-1", 2, 250)
+		batch.Queue(`INSERT INTO order_history (order_id, status, at, reason) VALUES ($1, $2, $3, NULLIF($4, ''))`, id, "PENDING", at, "")
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO saga_instances (id, type, state, data) VALUES ($1, $2, $3, $4)`,
+			id.String(), "order", "PENDING", []byte("{}")); err != nil {
+			return err
+		}
+		body := fmt.Sprintf(`{"order_id":%q,"customer_id":"c-1","status":"PENDING","total":500,"items":[{"sku":"SKU-1","quantity":2,"unit_price":250}],"created_at":%q}`,
+			id, at.Format(time.RFC3339Nano))
+		if withOutbox {
+			if err := w.Add(ctx, tx, outbox.Event{
+				AggregateType: "order", AggregateID: id.String(), Seq: 1, Type: "OrderCreated",
+				Subject: "orders." + id.String() + ".OrderCreated", Payload: []byte(body),
+			}); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (key, request_hash, status_code, response, order_id, expires_at)
+			VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 microsecond')`,
+			key, []byte("sha256:0123456789abcdef0123456789abcdef"), 201, []byte(body), id, (24 * time.Hour).Microseconds())
+		return err
+	})
+}
+
+func dbOnly(b *testing.B, sz sizes) float64 {
+	return scoped(b, func(tb testing.TB) float64 {
+		e := newEnv(tb, "")
+		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
+		r := quietRelay(tb, e.db.Pool, e.js, outbox.Config{})
+		ctx := context.Background()
+		start := time.Now()
+		done := 0
+		for done < sz.backlog {
+			n, err := r.ClaimAndMark(ctx)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			if n == 0 {
+				tb.Fatalf("claimed nothing with %d of %d done", done, sz.backlog)
+			}
+			done += n
+		}
+		return float64(done) / time.Since(start).Seconds()
+	})
+}
+
+// ---- rows 2 and 7 ----
+
+// relayDrain drains a backlog of sz.backlog 1 KiB events with n relays of
+// the default two workers each, from commit to marked published.
+func relayDrain(b *testing.B, sz sizes, n int, _ int) float64 {
+	return scoped(b, func(tb testing.TB) float64 {
+		e := newEnv(tb, "")
+		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
+		return drain(tb, e, n, sz.backlog)
+	})
+}
+
+func drain(tb testing.TB, e *env, n, backlog int) float64 {
+	pool := e.db.NewPool(tb, int32(3*n+2))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	rs := make([]*outbox.Relay, n)
+	for i := range rs {
+		rs[i] = quietRelay(tb, pool, e.js, outbox.Config{Name: fmt.Sprint("r", i), PollInterval: 5 * time.Millisecond})
+	}
+	start := time.Now()
+	for _, r := range rs {
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var published int64
+		for _, r := range rs {
+			published += r.Counters().Published
+		}
+		if published >= int64(backlog) {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("relay drain: %d of %d published after 5 minutes", published, backlog)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	el := time.Since(start)
+	cancel()
+	wg.Wait()
+	return float64(backlog) / el.Seconds()
+}
+
+// keptOutbox: the same drain with sz.kept published rows kept in the
+// outbox, loaded once; each run adds a fresh backlog.
+func keptOutbox(b *testing.B, sz sizes) []float64 {
+	return scoped(b, func(tb testing.TB) []float64 {
+		e := newEnv(tb, "")
+		fillBacklog(tb, e.db.Pool, sz.kept, true, "old-")
+		var out []float64
+		for i := range *runs {
+			fillBacklog(tb, e.db.Pool, sz.backlog, false, fmt.Sprintf("run%d-", i))
+			out = append(out, drain(tb, e, 1, sz.backlog))
+		}
+		return out
+	})
+}
+
+// consumerDrain measures an inbox consumer (default 8 workers, a handler
+// that does nothing, so only the inbox's own SQL is measured) draining
+// sz.consumed messages already in the stream. kept: sz.kept rows of the
+// same consumer are in processed_events first; then it runs *runs times
+// on one schema (each run adds fresh messages) and returns every figure.
+func consumerDrain(b *testing.B, sz sizes, kept bool) []float64 {
+	return scoped(b, func(tb testing.TB) []float64 {
+		e := newEnv(tb, "")
+		ctx := context.Background()
+		const name = "bench"
+		if kept {
+			i := 0
+			old := time.Now().Add(-time.Hour)
+			src := pgx.CopyFromFunc(func() ([]any, error) {
+				if i == sz.kept {
+					return nil, nil
+				}
+				i++
+				return []any{name, uuid.Must(uuid.NewV7()), old}, nil
+			})
+			if _, err := e.db.Pool.CopyFrom(ctx, pgx.Identifier{"processed_events"}, []string{"consumer_name", "event_id", "processed_at"}, src); err != nil {
+				tb.Fatal(err)
+			}
+			if _, err := e.db.Pool.Exec(ctx, `VACUUM ANALYZE processed_events`); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		n := 1
+		if kept {
+			n = *runs
+		}
+		pool := e.db.NewPool(tb, 12)
+		var out []float64
+		for range n {
+			publishEvents(tb, e.js, sz.consumed)
+			var processed atomic.Int64
+			c, err := inbox.NewConsumer(pool, e.js, inbox.Config{Name: name, Stream: "EV", Logger: quietLogger(),
+				Handler: func(context.Context, pgx.Tx, inbox.Message) error { processed.Add(1); return nil }})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			start := time.Now()
+			go func() { _ = c.Run(rctx); close(done) }()
+			deadline := time.Now().Add(5 * time.Minute)
+			for c.Counters().Processed < int64(sz.consumed) {
+				if time.Now().After(deadline) {
+					cancel()
+					tb.Fatalf("consumer: %d of %d after 5 minutes", c.Counters().Processed, sz.consumed)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			out = append(out, float64(sz.consumed)/time.Since(start).Seconds())
+			cancel()
+			<-done
+		}
+		return out
+	})
+}
+
+// publishEvents puts n events in the stream as the relay would send them:
+// each its own aggregate, sequence 1, every contract header.
+func publishEvents(tb testing.TB, js jetstream.JetStream, n int) {
+	tb.Helper()
+	payload := []byte(`{"blob":"` + blob + `"}`)
+	occurred := time.Now().UTC().Format(time.RFC3339Nano)
+	for off := 0; off < n; off += 500 {
+		var futures []jetstream.PubAckFuture
+		for i := off; i < off+500 && i < n; i++ {
+			id := uuid.Must(uuid.NewV7())
+			agg := id.String()
+			h := nats.Header{}
+			h.Set("Event-Type", "Step")
+			h.Set("Aggregate-Type", "order")
+			h.Set("Aggregate-Id", agg)
+			h.Set("Aggregate-Seq", "1")
+			h.Set("Schema-Version", "1")
+			h.Set("Occurred-At", occurred)
+			f, err := js.PublishMsgAsync(&nats.Msg{Subject: "ev." + agg + ".Step", Header: h, Data: payload}, jetstream.WithMsgID(id.String()))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			futures = append(futures, f)
+		}
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				tb.Fatal(err)
+			}
+		}
+	}
+}
+
+// ---- row 4 ----
+
+// goid is the current goroutine's id: the inbox calls its after-commit
+// failpoint on the goroutine that ran the handler, which is how an event
+// id seen in the handler is matched with the moment its transaction
+// committed, with no hook added to the library.
+func goid() uint64 {
+	var buf [32]byte
+	n := runtime.Stack(buf[:], false)
+	s := strings.TrimPrefix(string(buf[:n]), "goroutine ")
+	var id uint64
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
+}
+
+// latency writes 500 events/s for sz.latencySecs seconds, one 1 KiB event
+// per transaction, and measures commit → stored by the stream (a core
+// subscriber sees each message as JetStream stores it, just before the
+// PubAck goes out) and commit → the consumer's transaction committed.
+// wake: the relay is woken by NOTIFY (coalesced to 5 ms, as the services
+// write); otherwise it polls every 100 ms with no LISTEN and no NOTIFY.
+// It returns p50, p99 and max in ms of both.
+func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
+	type pair struct{ a, c [3]float64 }
+	p := scoped(b, func(tb testing.TB) pair {
+		e := newEnv(tb, "")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var mu sync.Mutex
+		committed := map[string]time.Time{}
+		var ackLat, consLat []time.Duration
+		nc, _ := e.nats.Connect(tb)
+		sub, err := nc.Subscribe("ev.>", func(m *nats.Msg) {
+			at := time.Now()
+			mu.Lock()
+			defer mu.Unlock()
+			if c, ok := committed[m.Header.Get("Nats-Msg-Id")]; ok {
+				ackLat = append(ackLat, at.Sub(c))
+			}
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		var inHandler sync.Map // goroutine id → event id
+		pool := e.db.NewPool(tb, 12)
+		c, err := inbox.NewConsumer(pool, e.js, inbox.Config{Name: "lat", Stream: "EV", Logger: quietLogger(),
+			Handler: func(_ context.Context, _ pgx.Tx, m inbox.Message) error {
+				inHandler.Store(goid(), m.EventID.String())
+				return nil
+			},
+			FailpointFunc: func(name string) error {
+				if name != inbox.FailpointAfterCommitBeforeAck {
+					return nil
+				}
+				at := time.Now()
+				if id, ok := inHandler.LoadAndDelete(goid()); ok {
+					mu.Lock()
+					if c, ok := committed[id.(string)]; ok {
+						consLat = append(consLat, at.Sub(c))
+					}
+					mu.Unlock()
+				}
+				return nil
+			}})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cfg := outbox.Config{}
+		w := &outbox.Writer{NotifyInterval: 5 * time.Millisecond}
+		if !wake {
+			cfg = outbox.Config{PollInterval: 100 * time.Millisecond, DisableListen: true}
+			w = &outbox.Writer{NotifyInterval: 1000 * time.Hour} // one NOTIFY at first, which nobody hears
+		}
+		r := quietRelay(tb, e.db.Pool, e.js, cfg)
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = r.Run(ctx) })
+		wg.Go(func() { _ = c.Run(ctx) })
+		defer wg.Wait()
+		defer cancel()
+		time.Sleep(300 * time.Millisecond) // LISTEN and the consumer in place
+		const rate = 500
+		payload := []byte(`{"blob":"` + blob + `"}`)
+		tick := time.NewTicker(time.Second / rate)
+		total := rate * sz.latencySecs
+		for range total {
+			<-tick.C
+			id := uuid.Must(uuid.NewV7())
+			ev := outbox.Event{ID: id, AggregateType: "order", AggregateID: id.String(), Seq: 1, Type: "Step",
+				Subject: "ev." + id.String() + ".Step", Payload: payload}
+			if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error { return w.Add(ctx, tx, ev) }); err != nil {
+				tb.Fatal(err)
+			}
+			now := time.Now()
+			mu.Lock()
+			committed[id.String()] = now
+			mu.Unlock()
+		}
+		tick.Stop()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			n := len(consLat)
+			mu.Unlock()
+			if n >= total || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ackLat) < total*9/10 || len(consLat) < total*9/10 {
+			tb.Fatalf("saw %d stored and %d consumed of %d events", len(ackLat), len(consLat), total)
+		}
+		return pair{quantiles(ackLat), quantiles(consLat)}
+	})
+	return p.a, p.c
+}
+
+func quantiles(d []time.Duration) [3]float64 {
+	slices.Sort(d)
+	ms := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 }
+	q := func(p float64) float64 { return ms(d[int(p*float64(len(d)-1))]) }
+	return [3]float64{q(0.5), q(0.99), ms(d[len(d)-1])}
+}
