@@ -338,6 +338,26 @@ func (c *outboxCmd) parseEventID(s string) (uuid.UUID, error) {
 	return id, nil
 }
 
+// locate parses `<event-id> [--service S]` and finds the event: the first
+// steps of show and requeue.
+func (c *outboxCmd) locate(ctx context.Context, args []string) (string, outbox.Record, error) {
+	fs := c.flags(" <event-id>")
+	service := fs.String("service", "", "look only in this `service`'s outbox (default: all)")
+	pos, err := c.parse(fs, args, 1, "<event-id>")
+	if err != nil {
+		return "", outbox.Record{}, err
+	}
+	id, err := c.parseEventID(pos[0])
+	if err != nil {
+		return "", outbox.Record{}, err
+	}
+	names, err := c.services(*service)
+	if err != nil {
+		return "", outbox.Record{}, err
+	}
+	return c.find(ctx, names, id)
+}
+
 // find returns the event and the service whose outbox holds it.
 func (c *outboxCmd) find(ctx context.Context, names []string, id uuid.UUID) (string, outbox.Record, error) {
 	for _, name := range names {
@@ -359,21 +379,7 @@ func (c *outboxCmd) find(ctx context.Context, names []string, id uuid.UUID) (str
 }
 
 func (c *outboxCmd) show(ctx context.Context, args []string) error {
-	fs := c.flags(" <event-id>")
-	service := fs.String("service", "", "look only in this `service`'s outbox (default: all)")
-	pos, err := c.parse(fs, args, 1, "<event-id>")
-	if err != nil {
-		return err
-	}
-	id, err := c.parseEventID(pos[0])
-	if err != nil {
-		return err
-	}
-	names, err := c.services(*service)
-	if err != nil {
-		return err
-	}
-	name, r, err := c.find(ctx, names, id)
+	name, r, err := c.locate(ctx, args)
 	if err != nil {
 		return err
 	}
@@ -447,24 +453,11 @@ func (c *outboxCmd) show(ctx context.Context, args []string) error {
 }
 
 func (c *outboxCmd) requeue(ctx context.Context, args []string) error {
-	fs := c.flags(" <event-id>")
-	service := fs.String("service", "", "look only in this `service`'s outbox (default: all)")
-	pos, err := c.parse(fs, args, 1, "<event-id>")
+	name, r, err := c.locate(ctx, args)
 	if err != nil {
 		return err
 	}
-	id, err := c.parseEventID(pos[0])
-	if err != nil {
-		return err
-	}
-	names, err := c.services(*service)
-	if err != nil {
-		return err
-	}
-	name, r, err := c.find(ctx, names, id)
-	if err != nil {
-		return err
-	}
+	id := r.EventID
 	if r.PublishedAt != nil {
 		return fmt.Errorf("event %s (%s) was already published at %s: use `shop outbox replay --service %s --aggregate %s` to publish it again",
 			id, name, r.PublishedAt.Format(time.RFC3339), name, r.AggregateID)
