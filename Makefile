@@ -10,6 +10,9 @@ BENCHTIME ?= 1x
 build:
 	go build -o bin/shop ./cmd/shop
 
+# The shopbench build tag adds the benchmark-only hooks (outbox
+# Relay.ClaimAndMark) and the whole-system suite, which ordinary builds of the
+# libraries never contain; test and lint build them too so they stay correct.
 # Tests use TEST_DATABASE_URL, else DATABASE_URL, else the local default;
 # each test makes (and drops) its own schema or database there. -p 1 runs
 # one package at a time (tests inside a package still run in parallel):
@@ -18,7 +21,7 @@ build:
 test:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh
-	go test -race -count=1 -p 1 -timeout 20m ./...
+	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
 
 # The chaos run: real shop processes (two of each service) under SIGKILLs,
 # every failpoint, a NATS outage and terminated database connections, then
@@ -33,6 +36,7 @@ lint:
 	@unformatted=$$(gofmt -l .); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
+	go vet -tags shopbench ./...
 
 # make bench — the whole-system table (internal/benchsuite): every row the
 # median, min and max of RUNS runs, all in this one invocation; see
@@ -43,7 +47,7 @@ RUNS ?= 3
 BENCH_FLAGS ?=
 bench:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
-	go test -run '^$$' -bench '^BenchmarkSystem$$' -benchtime=1x -timeout 60m ./internal/benchsuite/ -suite.runs=$(RUNS) $(BENCH_FLAGS)
+	go test -tags shopbench -run '^$$' -bench '^BenchmarkSystem$$' -benchtime=1x -timeout 60m ./internal/benchsuite/ -suite.runs=$(RUNS) $(BENCH_FLAGS)
 
 bench-outbox:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"

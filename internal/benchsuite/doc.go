@@ -1,3 +1,5 @@
+//go:build shopbench
+
 // Package benchsuite is the whole-system benchmark of the shop (`make
 // bench`): BenchmarkSystem measures, in one run and on the same machine, the
 // ceilings (JetStream publishing, the order-creation SQL run directly, the

@@ -1,3 +1,5 @@
+//go:build shopbench
+
 package benchsuite
 
 import (

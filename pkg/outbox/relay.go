@@ -264,20 +264,6 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 	return len(batch), r.settle(ctx, token, batch, results)
 }
 
-// ClaimAndMark claims one batch and marks it published without publishing
-// anything: the relay's database work alone, for benchmarks that measure the
-// database-only ceiling of the relay (internal/benchsuite). It returns how
-// many events it marked. Never call it on a live outbox: the events it marks
-// are never published.
-func (r *Relay) ClaimAndMark(ctx context.Context) (int, error) {
-	token := uuid.New()
-	batch, err := r.claim(ctx, token)
-	if err != nil || len(batch) == 0 {
-		return 0, err
-	}
-	return len(batch), r.settle(ctx, token, batch, make([]result, len(batch)))
-}
-
 // row is one claimed event.
 type row struct {
 	id       uuid.UUID
