@@ -66,16 +66,17 @@ func shopBinary(tb testing.TB) string {
 
 // shop is one `shop all` child process on a database of its own.
 type shop struct {
-	tb      testing.TB
-	bin     string
-	dir     string
-	dbName  string
-	dbURL   string
-	admin   *pgxpool.Pool
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	addrs   map[string]string
-	stopped bool
+	tb       testing.TB
+	bin      string
+	dir      string
+	dbName   string
+	dbURL    string
+	maintURL string // the "postgres" maintenance database, for the drop
+	admin    *pgxpool.Pool
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	addrs    map[string]string
+	stopped  bool
 }
 
 func freeAddr(tb testing.TB) string {
@@ -103,16 +104,14 @@ func startShop(tb testing.TB, tag string) *shop {
 	var rb [4]byte
 	_, _ = rand.Read(rb[:])
 	s.dbName = "shop_bench_" + tag + "_" + hex.EncodeToString(rb[:])
-	base := pgtest.URL()
-	cfg, err := pgx.ParseConfig(base)
-	if err != nil {
+	if s.dbURL, err = withDatabase(pgtest.URL(), s.dbName); err != nil {
 		tb.Fatal(err)
 	}
-	i := strings.LastIndex(base, "/"+cfg.Database)
-	if i < 0 {
-		tb.Fatalf("cannot find the database name in %q", base)
+	// The drop must not depend on the test database existing: on a fresh
+	// machine only rows 5-8 may run, and nothing else creates it.
+	if s.maintURL, err = withDatabase(pgtest.URL(), "postgres"); err != nil {
+		tb.Fatal(err)
 	}
-	s.dbURL = base[:i+1] + s.dbName + base[i+1+len(cfg.Database):]
 	if err := database.EnsureExists(ctx, s.dbURL); err != nil {
 		tb.Fatal(err)
 	}
@@ -177,6 +176,19 @@ func startShop(tb testing.TB, tag string) *shop {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return s
+}
+
+// withDatabase returns url with its database name replaced by name.
+func withDatabase(url, name string) (string, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "", err
+	}
+	i := strings.LastIndex(url, "/"+cfg.Database)
+	if i < 0 {
+		return "", fmt.Errorf("cannot find the database name in %q", url)
+	}
+	return url[:i+1] + name + url[i+1+len(cfg.Database):], nil
 }
 
 func (s *shop) url(svc string) string { return "http://" + s.addrs[svc] }
@@ -265,14 +277,14 @@ var keepLogs = flag.Bool("suite.keep-logs", false, "keep the shop processes' log
 func (s *shop) dropDB() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, pgtest.URL())
+	conn, err := pgx.Connect(ctx, s.maintURL)
 	if err != nil {
-		s.tb.Logf("drop %s: %v", s.dbName, err)
+		s.tb.Errorf("drop %s: %v", s.dbName, err)
 		return
 	}
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{s.dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
-		s.tb.Logf("drop %s: %v", s.dbName, err)
+		s.tb.Errorf("drop %s: %v", s.dbName, err)
 	}
 }
 

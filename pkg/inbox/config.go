@@ -25,6 +25,13 @@ type Config struct {
 	FilterSubjects []string
 	// Handler applies one event. Required.
 	Handler HandlerFunc
+	// Handles lists the event types Handler applies. An event of any other
+	// type is only recorded (its cursor advanced, its processed_events row
+	// inserted) in one statement outside any transaction, without calling
+	// Handler: a consumer reads every event of an aggregate for the
+	// sequence check, and most of them are often of no interest to it.
+	// Default: every type goes to Handler.
+	Handles []string
 	// Workers is how many events are handled at once; events of one
 	// aggregate go to the same worker, one at a time. Default 8. The pool
 	// needs at least Workers+2 connections.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -31,9 +32,10 @@ type Consumer struct {
 	cfg  Config
 	log  *slog.Logger
 
-	requeueEvery time.Duration // how often requeued dead letters are looked for
-	cleanupEvery time.Duration // how often old processed_events rows are deleted
-	queueDepth   int           // events waiting per worker
+	types        map[string]bool // Config.Handles; nil: all types
+	requeueEvery time.Duration   // how often requeued dead letters are looked for
+	cleanupEvery time.Duration   // how often old processed_events rows are deleted
+	queueDepth   int             // events waiting per worker
 	stats        counters
 
 	// crash, set by tests only, is asked at each crashPoint whether the
@@ -124,7 +126,15 @@ func NewConsumer(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consu
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	var types map[string]bool
+	if len(cfg.Handles) > 0 {
+		types = map[string]bool{}
+		for _, t := range cfg.Handles {
+			types[t] = true
+		}
+	}
 	return &Consumer{
+		types:        types,
 		pool:         pool,
 		js:           js,
 		cfg:          cfg,
@@ -266,45 +276,13 @@ const (
 // An error means the handler (or the database) failed and tx must be rolled
 // back. retried says the event failed before, so its failure record goes.
 func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m Message, retried bool) (outcome, error) {
-	// The inbox row. A copy of an event that was committed finds it and
-	// changes nothing: the window "crashed after commit, before ack", the
-	// relay publishing again, a replay within Retention. Two copies in
-	// flight at once queue on the row's unique key; the second sees the
-	// first one's row once it commits.
-	tag, err := tx.Exec(ctx,
-		`INSERT INTO processed_events (consumer_name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-		c.cfg.Name, m.EventID)
-	if err != nil {
-		return 0, fmt.Errorf("insert processed event: %w", err)
+	out, err := c.record(ctx, tx, m)
+	if err != nil || out != applied {
+		return out, err
 	}
-	if tag.RowsAffected() == 0 {
-		return duplicate, nil
-	}
-
-	src := source(m.Subject)
-	if !c.cfg.SkipSequenceCheck {
-		last, err := lockCursor(ctx, tx, c.cfg.Name, src, m.AggregateType, m.AggregateID)
-		if err != nil {
-			return 0, err
-		}
-		switch {
-		case m.Seq <= last:
-			return stale, nil
-		case m.Seq > last+1:
-			return gap, nil
-		}
-	}
-
-	if err := c.callHandler(ctx, tx, m); err != nil {
-		return 0, attemptError{err}
-	}
-
-	if !c.cfg.SkipSequenceCheck {
-		if _, err := tx.Exec(ctx,
-			`UPDATE inbox_sequences SET last_seq = $5, updated_at = now()
-			 WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4`,
-			c.cfg.Name, src, m.AggregateType, m.AggregateID, m.Seq); err != nil {
-			return 0, fmt.Errorf("advance inbox sequence: %w", err)
+	if c.handles(m.Type) {
+		if err := c.callHandler(ctx, tx, m); err != nil {
+			return 0, attemptError{err}
 		}
 	}
 	if retried {
@@ -317,33 +295,105 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m Message, retried bool
 	return applied, nil
 }
 
-// lockCursor returns the last sequence the consumer applied for one
-// aggregate of one producer (0 if none) and holds the cursor row's lock until
-// tx ends. That lock is what takes the events of an aggregate one at a time
-// across consumer instances and the dead-letter replay: a second transaction
-// waits here and then reads the sequence the first one committed.
-func lockCursor(ctx context.Context, tx pgx.Tx, consumer, src, aggregateType, aggregateID string) (int64, error) {
-	const sel = `SELECT last_seq FROM inbox_sequences
-		WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 FOR UPDATE`
-	var last int64
-	err := tx.QueryRow(ctx, sel, consumer, src, aggregateType, aggregateID).Scan(&last)
-	if errors.Is(err, pgx.ErrNoRows) {
-		// The aggregate's first event here. Two transactions may both get
-		// here; ON CONFLICT DO NOTHING makes the second wait for the first
-		// to end, and the SELECT again (a new snapshot under READ COMMITTED)
-		// then locks whichever row exists.
-		if _, err := tx.Exec(ctx,
-			`INSERT INTO inbox_sequences (consumer_name, source, aggregate_type, aggregate_id, last_seq)
-			 VALUES ($1, $2, $3, $4, 0) ON CONFLICT DO NOTHING`, consumer, src, aggregateType, aggregateID); err != nil {
-			return 0, fmt.Errorf("create inbox sequence: %w", err)
-		}
-		err = tx.QueryRow(ctx, sel, consumer, src, aggregateType, aggregateID).Scan(&last)
+// handles reports whether the handler wants events of type t.
+func (c *Consumer) handles(t string) bool {
+	return c.types == nil || c.types[t]
+}
+
+// record advances the aggregate's cursor from m.Seq-1 to m.Seq and inserts
+// the processed_events row, in one statement: one round trip, where locking
+// the cursor, checking it, advancing it and inserting the row used to take
+// four. On a transaction (the handler's) it commits with the handler's
+// effects; on the pool (an event no handler wants) it commits alone.
+//
+// The cursor UPDATE only matches while last_seq is m.Seq-1. A second copy of
+// the event in flight at the same time (another instance, a redelivery)
+// queues on the cursor's row lock and, once the first commits, re-reads
+// last_seq (READ COMMITTED re-checks the WHERE of an updated row), no longer
+// matches and changes nothing. The same holds for the first event of an
+// aggregate, whose cursor row the INSERT creates: the second copy waits on
+// the first one's uncommitted row.
+func (c *Consumer) record(ctx context.Context, db querier, m Message) (outcome, error) {
+	var tag pgconn.CommandTag
+	var err error
+	switch {
+	case c.cfg.SkipSequenceCheck:
+		tag, err = db.Exec(ctx, insertProcessedSQL, c.cfg.Name, m.EventID)
+	case m.Seq == 1:
+		tag, err = db.Exec(ctx, firstEventSQL, c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID)
+	default:
+		tag, err = db.Exec(ctx, nextEventSQL, c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID, m.Seq)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("lock inbox sequence: %w", err)
+		return 0, fmt.Errorf("record processed event: %w", err)
 	}
-	return last, nil
+	if tag.RowsAffected() == 1 {
+		return applied, nil
+	}
+	if c.cfg.SkipSequenceCheck {
+		return duplicate, nil
+	}
+	return c.classify(ctx, db, m)
 }
+
+// classify says why record changed nothing. Rare: only copies and early
+// arrivals get here.
+func (c *Consumer) classify(ctx context.Context, db querier, m Message) (outcome, error) {
+	var last int64
+	var processed bool
+	err := db.QueryRow(ctx, `
+		SELECT coalesce((SELECT last_seq FROM inbox_sequences
+		                 WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4), 0),
+		       EXISTS (SELECT 1 FROM processed_events WHERE consumer_name = $1 AND event_id = $5)`,
+		c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID).Scan(&last, &processed)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("read inbox sequence: %w", err)
+	case processed:
+		// Crashed after commit before the ack, a lost ack, the relay
+		// publishing again, a replay within Retention.
+		return duplicate, nil
+	case m.Seq <= last:
+		// A new id with an old sequence: a replay older than Retention,
+		// whose processed_events row is gone; the cursor still knows.
+		return stale, nil
+	default:
+		// An earlier event of the aggregate has not been applied yet.
+		return gap, nil
+	}
+}
+
+// querier is a pgx.Tx or the pool.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+const insertProcessedSQL = `INSERT INTO processed_events (consumer_name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+
+// The processed_events row is inserted only when the cursor moved, so a
+// copy of an applied event, or an event that arrived too early, changes
+// nothing and returns no row. A cursor row at 0 is one created by an older
+// version of this package that never got further.
+const (
+	firstEventSQL = `
+WITH cursor AS (
+	INSERT INTO inbox_sequences (consumer_name, source, aggregate_type, aggregate_id, last_seq)
+	VALUES ($1, $2, $3, $4, 1)
+	ON CONFLICT (consumer_name, source, aggregate_type, aggregate_id)
+	DO UPDATE SET last_seq = 1, updated_at = now() WHERE inbox_sequences.last_seq = 0
+	RETURNING 1
+)
+INSERT INTO processed_events (consumer_name, event_id) SELECT $1, $5 FROM cursor ON CONFLICT DO NOTHING`
+
+	nextEventSQL = `
+WITH cursor AS (
+	UPDATE inbox_sequences SET last_seq = $6, updated_at = now()
+	WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND last_seq = $6 - 1
+	RETURNING 1
+)
+INSERT INTO processed_events (consumer_name, event_id) SELECT $1, $5 FROM cursor ON CONFLICT DO NOTHING`
+)
 
 // callHandler runs the handler and turns a panic into an error, so that one
 // bad event is retried and dead-lettered instead of crashing the process
@@ -377,42 +427,39 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckWait)
 	defer cancel()
-	log := c.log.With("event_id", d.m.EventID, "type", d.m.Type, "aggregate_id", d.m.AggregateID, "seq", d.m.Seq)
-
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		c.failed(ctx, d, meta, fmt.Errorf("begin inbox tx: %w", err))
-		return
+	// Built only when something is logged: With formats its attributes.
+	log := func() *slog.Logger {
+		return c.log.With("event_id", d.m.EventID, "type", d.m.Type, "aggregate_id", d.m.AggregateID, "seq", d.m.Seq)
 	}
-	defer tx.Rollback(ctx) // no-op after commit; undoes everything on an early return
 
-	out, err := c.apply(ctx, tx, d.m, meta.NumDelivered > 1)
-	if err != nil {
-		_ = tx.Rollback(ctx) // release locks and connection before recording the failure
+	var out outcome
+	if c.handles(d.m.Type) || meta.NumDelivered > 1 {
+		out, err = c.transact(ctx, d, meta)
+		if errors.Is(err, errCrashed) {
+			return // as if the process died: neither acked nor nak'ed
+		}
+		if err != nil {
+			c.failed(ctx, d, meta, err)
+			return
+		}
+	} else if out, err = c.record(ctx, c.pool, d.m); err != nil {
+		// An event no handler wants is recorded by one statement, which
+		// commits on its own: no transaction to begin and commit. (A
+		// redelivery takes the path above, which also clears its failure
+		// records.)
 		c.failed(ctx, d, meta, err)
 		return
 	}
 	if out == gap {
-		_ = tx.Rollback(ctx)
 		// Never dead-lettered: the missing event is on its way (relay retry)
 		// or waiting as a dead letter, and this one must not overtake it.
 		delay := c.gapDelay(meta.NumDelivered)
 		if meta.NumDelivered%20 == 0 {
-			log.Warn("inbox event still waiting for an earlier event of its aggregate", "deliveries", meta.NumDelivered)
+			log().Warn("inbox event still waiting for an earlier event of its aggregate", "deliveries", meta.NumDelivered)
 		} else {
-			log.Debug("inbox event waits for an earlier event of its aggregate", "delay", delay)
+			log().Debug("inbox event waits for an earlier event of its aggregate", "delay", delay)
 		}
 		_ = d.msg.NakWithDelay(delay)
-		return
-	}
-	// Failure window: the handler's effects are in the transaction, not
-	// committed. Dying here rolls them back; the redelivery applies them.
-	if c.crashed(beforeCommit, d.m) {
-		return
-	}
-	if err := tx.Commit(ctx); err != nil {
-		// The commit is part of the attempt: it is the handler's work that fails to commit.
-		c.failed(ctx, d, meta, attemptError{fmt.Errorf("commit inbox tx: %w", err)})
 		return
 	}
 	// Failure window: committed, not acked. The redelivery finds the
@@ -425,18 +472,46 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 		c.stats.processed.Add(1)
 	case duplicate:
 		c.stats.duplicates.Add(1)
-		log.Debug("inbox event already processed")
+		log().Debug("inbox event already processed")
 	case stale:
 		c.stats.duplicates.Add(1)
-		log.Info("inbox event older than the aggregate's cursor skipped")
+		log().Info("inbox event older than the aggregate's cursor skipped")
 	}
 	if c.cfg.ObserveFunc != nil {
 		c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
 	}
 	// A lost ack only means one more delivery, which the inbox row absorbs.
 	if err := d.msg.Ack(); err != nil {
-		log.Warn("inbox ack failed; the event will be redelivered and skipped", "err", err)
+		log().Warn("inbox ack failed; the event will be redelivered and skipped", "err", err)
 	}
+}
+
+// errCrashed is returned by transact when a failpoint "killed" the process.
+var errCrashed = errors.New("inbox: crashed at a failpoint")
+
+// transact runs the inbox steps and the handler in one transaction and
+// commits it, except for a gap, which it rolls back.
+func (c *Consumer) transact(ctx context.Context, d delivery, meta *jetstream.MsgMetadata) (outcome, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin inbox tx: %w", err)
+	}
+	defer tx.Rollback(ctx) // no-op after commit; undoes everything on an early return
+
+	out, err := c.apply(ctx, tx, d.m, meta.NumDelivered > 1)
+	if err != nil || out == gap {
+		return out, err
+	}
+	// Failure window: the handler's effects are in the transaction, not
+	// committed. Dying here rolls them back; the redelivery applies them.
+	if c.crashed(beforeCommit, d.m) {
+		return 0, errCrashed
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// The commit is part of the attempt: it is the handler's work that fails to commit.
+		return 0, attemptError{fmt.Errorf("commit inbox tx: %w", err)}
+	}
+	return out, nil
 }
 
 // failed records a failed attempt and settles the message: redeliver after

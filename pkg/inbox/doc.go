@@ -6,14 +6,19 @@
 //
 // JetStream delivers at least once: a message is redelivered until it is
 // acked. A [Consumer] turns that into "effectively once" with one Postgres
-// transaction per event that does three things together:
+// transaction per event that does two things together:
 //
-//  1. inserts (consumer, event id) into processed_events — the inbox;
-//  2. locks the consumer's cursor for the event's aggregate in
-//     inbox_sequences and checks the event's Aggregate-Seq against it;
-//  3. calls the [HandlerFunc] with that same transaction, so the business
+//  1. advances the consumer's cursor for the event's aggregate in
+//     inbox_sequences from Aggregate-Seq-1 to Aggregate-Seq and inserts
+//     (consumer, event id) into processed_events — the inbox — in one
+//     statement that changes nothing unless the cursor stood just before
+//     the event;
+//  2. calls the [HandlerFunc] with that same transaction, so the business
 //     effect (and any events it emits through its own outbox) commits
-//     together with steps 1 and 2, or not at all.
+//     together with step 1, or not at all.
+//
+// An event whose type is not in Config.Handles skips step 2 and so needs no
+// transaction: step 1 alone commits it, in one round trip.
 //
 // Only after the commit is the message acked. Messages are fetched from a
 // durable pull consumer and spread over Config.Workers goroutines by a hash
@@ -58,15 +63,17 @@
 //
 // Several processes may run a Consumer with the same Config.Name. They share
 // the durable JetStream consumer, and the row lock on the aggregate's cursor
-// makes them take one aggregate's events one at a time: the second waits for
-// the first to commit and then sees the advanced cursor.
+// makes them take one aggregate's events one at a time: the second's UPDATE
+// waits for the first to commit, then re-reads the advanced cursor and no
+// longer matches.
 //
 // # What the sequence check needs
 //
 // Aggregate-Seq counts the events of an aggregate per producer with no gaps,
 // so the consumer must see every one of them: Config.FilterSubjects may
-// select producers but must never drop event types. A handler ignores the
-// types it does not need by returning nil. The cursor is keyed by producer
+// select producers but must never drop event types. A consumer names the
+// types it needs in Config.Handles; the others are recorded without a
+// transaction. The cursor is keyed by producer
 // (the first subject token), aggregate type and aggregate id, as the outbox
 // numbers them. Config.SkipSequenceCheck turns the check off
 // for consumers that need neither order nor gap detection.

@@ -694,3 +694,45 @@ func TestSurvivesBrokerRestart(t *testing.T) {
 	eventually(t, "a/2 is applied after the outage", func() bool { return len(e.seqs(t, "a")) == 2 && e.settled(t) })
 	wantSeqs(t, e, "a", 1, 2)
 }
+
+func TestUnhandledTypesOnlyAdvanceTheCursor(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	shortDuplicateWindow(t, e)
+	cfg := e.config(t, record(""))
+	cfg.Handles = []string{"OrderCreated"}
+	c := e.consumer(t, e.pool, e.js, cfg)
+	run(t, c)
+
+	other := func(agg string, seq int64) event {
+		ev := newEvent(agg, seq)
+		ev.typ = "OrderAwaitingPayment"
+		return ev
+	}
+	// a: handled, unhandled, handled. b: its unhandled event 2 arrives
+	// before event 1 and must wait for it, as a handled one would.
+	a2, b2 := other("a", 2), other("b", 2)
+	e.publish(t, newEvent("a", 1), a2, newEvent("a", 3), b2)
+	time.Sleep(100 * time.Millisecond) // b2 is offered and waits at its gap
+	e.publish(t, newEvent("b", 1))
+	eventually(t, "all messages are acked", func() bool { return e.settled(t) })
+
+	wantSeqs(t, e, "a", 1, 3) // the handler never saw event 2
+	wantSeqs(t, e, "b", 1)
+	if n := e.count(t, `SELECT last_seq FROM inbox_sequences WHERE consumer_name = $1 AND aggregate_id = 'b'`, testConsumer); n != 2 {
+		t.Errorf("cursor of b: %d, want 2", n)
+	}
+	// Recorded like any other event: verify and reconcile look for it.
+	if n := e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = $1 AND event_id = ANY($2)`,
+		testConsumer, []uuid.UUID{a2.id, b2.id}); n != 2 {
+		t.Errorf("processed_events has %d of the 2 unhandled events", n)
+	}
+
+	// A copy of an unhandled event is absorbed.
+	e.republish(t, a2)
+	eventually(t, "the copy is acked", func() bool { return e.settled(t) })
+	eventually(t, "the copy is counted", func() bool { return c.Counters().Duplicates == 1 })
+	if got := c.Counters(); got.Processed != 5 {
+		t.Errorf("counters %+v, want 5 processed", got)
+	}
+}
