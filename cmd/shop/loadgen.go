@@ -37,6 +37,7 @@ type loadgenConfig struct {
 	timeout        time.Duration
 	requestTimeout time.Duration
 	waitComplete   bool
+	follow         bool
 }
 
 // skuList is a repeatable, comma-separated flag.
@@ -114,6 +115,7 @@ Flags:
 	fs.DurationVar(&lc.timeout, "timeout", 2*time.Minute, "stop after this long, finished or not")
 	fs.DurationVar(&lc.requestTimeout, "request-timeout", 10*time.Second, "timeout of one HTTP request (a timed-out order creation is retried with the same key)")
 	fs.BoolVar(&lc.waitComplete, "wait-complete", true, "follow each paid order to COMPLETED (or CLOSED/REJECTED) to measure order-to-COMPLETED")
+	fs.BoolVar(&lc.follow, "follow", true, "poll each created order (GET /orders/{id}) to pay it and see it settle; false: only create orders, pay none, and measure POST /orders alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -266,7 +268,9 @@ func (g *loadgen) run(parent context.Context) error {
 				if !r.created {
 					continue
 				}
-				followers.Go(func() { g.follow(ctx, i, r, follow) })
+				if g.cfg.follow {
+					followers.Go(func() { g.follow(ctx, i, r, follow) })
+				}
 			}
 		})
 	}

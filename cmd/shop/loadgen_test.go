@@ -281,3 +281,39 @@ func TestLoadgenRetriesWithTheSameKeyAndStopsAtTimeout(t *testing.T) {
 		}
 	}
 }
+
+// With -follow=false loadgen only creates: no GET, no payment, and it
+// returns as soon as the last order is created.
+func TestLoadgenWithoutFollowingOnlyCreates(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	requests := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests[r.Method+" "+strings.SplitN(strings.TrimPrefix(r.URL.Path, "/"), "/", 2)[0]]++
+		mu.Unlock()
+		if r.Method == http.MethodPost && r.URL.Path == "/orders" {
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"order_id":%q,"status":"PENDING"}`, "o-"+r.Header.Get("Idempotency-Key"))
+			return
+		}
+		fmt.Fprint(w, `{"status":"WAIT_PAY"}`)
+	}))
+	defer srv.Close()
+
+	var out strings.Builder
+	err := run(context.Background(), []string{"loadgen", "-orders", "20", "-concurrency", "4", "-follow=false",
+		"-order-url", srv.URL, "-payment-url", srv.URL, "-timeout", "30s"}, env(nil), &out, &out)
+	if err != nil {
+		t.Fatalf("loadgen: %v\n%s", err, out.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	delete(requests, "GET healthz") // loadgen checks that the services are up
+	if want := map[string]int{"POST orders": 20}; fmt.Sprint(requests) != fmt.Sprint(want) {
+		t.Errorf("requests %v, want only %v and health checks", requests, want)
+	}
+	if report := out.String(); !strings.Contains(report, "final status:      PENDING 20") {
+		t.Errorf("report lacks the creation-time status of every order:\n%s", report)
+	}
+}

@@ -561,6 +561,38 @@ func saga(b *testing.B, sz sizes) sagaResult {
 	})
 }
 
+// skuList is the SKUs startShop stocks, as a loadgen -sku value.
+var skuList = func() string {
+	skus := make([]string, 16)
+	for i := range skus {
+		skus[i] = fmt.Sprintf("SKU-%d", i+1)
+	}
+	return strings.Join(skus, ",")
+}()
+
+// waitIdle waits until no order is PENDING and every outbox is published,
+// for at most limit.
+func (s *shop) waitIdle(tb testing.TB, limit time.Duration) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	for {
+		var busy int64
+		err := s.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders.orders WHERE status = 'PENDING')
+			+ (SELECT count(*) FROM orders.outbox WHERE published_at IS NULL)
+			+ (SELECT count(*) FROM inventory.outbox WHERE published_at IS NULL)`).Scan(&busy)
+		if err == nil && busy == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			tb.Logf("the shop did not become idle within %v (%d still busy, err %v)", limit, busy, err)
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 var reNATS = regexp.MustCompile(`embedded nats started"? url=(\S+)`)
 
 // natsURL reads the embedded server's URL from the shop's log.
