@@ -280,6 +280,11 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m Message, retried bool
 	if err != nil || out != applied {
 		return out, err
 	}
+	return c.applyRecorded(ctx, tx, m, retried)
+}
+
+// applyRecorded runs the rest of apply once record has said applied.
+func (c *Consumer) applyRecorded(ctx context.Context, tx pgx.Tx, m Message, retried bool) (outcome, error) {
 	if c.handles(m.Type) {
 		if err := c.callHandler(ctx, tx, m); err != nil {
 			return 0, attemptError{err}
@@ -314,19 +319,28 @@ func (c *Consumer) handles(t string) bool {
 // aggregate, whose cursor row the INSERT creates: the second copy waits on
 // the first one's uncommitted row.
 func (c *Consumer) record(ctx context.Context, db querier, m Message) (outcome, error) {
-	var tag pgconn.CommandTag
-	var err error
-	switch {
-	case c.cfg.SkipSequenceCheck:
-		tag, err = db.Exec(ctx, insertProcessedSQL, c.cfg.Name, m.EventID)
-	case m.Seq == 1:
-		tag, err = db.Exec(ctx, firstEventSQL, c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID)
-	default:
-		tag, err = db.Exec(ctx, nextEventSQL, c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID, m.Seq)
-	}
+	sql, args := c.recordStatement(m)
+	tag, err := db.Exec(ctx, sql, args...)
 	if err != nil {
 		return 0, fmt.Errorf("record processed event: %w", err)
 	}
+	return c.recorded(ctx, db, m, tag)
+}
+
+// recordStatement is the statement of record for m.
+func (c *Consumer) recordStatement(m Message) (string, []any) {
+	switch {
+	case c.cfg.SkipSequenceCheck:
+		return insertProcessedSQL, []any{c.cfg.Name, m.EventID}
+	case m.Seq == 1:
+		return firstEventSQL, []any{c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID}
+	default:
+		return nextEventSQL, []any{c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID, m.Seq}
+	}
+}
+
+// recorded turns the result of m's record statement into an outcome.
+func (c *Consumer) recorded(ctx context.Context, db querier, m Message, tag pgconn.CommandTag) (outcome, error) {
 	if tag.RowsAffected() == 1 {
 		return applied, nil
 	}
@@ -492,13 +506,27 @@ var errCrashed = errors.New("inbox: crashed at a failpoint")
 // transact runs the inbox steps and the handler in one transaction and
 // commits it, except for a gap, which it rolls back.
 func (c *Consumer) transact(ctx context.Context, d delivery, meta *jetstream.MsgMetadata) (outcome, error) {
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("begin inbox tx: %w", err)
-	}
+	// BEGIN and the record statement travel together: one round trip.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	sql, args := c.recordStatement(d.m)
+	b.Queue(sql, args...)
+	br := c.pool.SendBatch(ctx, b)
+	tx := br.Tx()
 	defer tx.Rollback(ctx) // no-op after commit; undoes everything on an early return
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if err = errors.Join(err, br.Close()); err != nil {
+		return 0, fmt.Errorf("begin inbox tx and record processed event: %w", err)
+	}
 
-	out, err := c.apply(ctx, tx, d.m, meta.NumDelivered > 1)
+	out, err := c.recorded(ctx, tx, d.m, tag)
+	if err == nil && out == applied {
+		out, err = c.applyRecorded(ctx, tx, d.m, meta.NumDelivered > 1)
+	}
 	if err != nil || out == gap {
 		return out, err
 	}
