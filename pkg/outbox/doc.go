@@ -10,7 +10,9 @@
 // (it is the Nats-Msg-Id of every copy ever published), and the next number
 // of its aggregate's sequence, 1, 2, 3 …, taken under a row lock on the
 // aggregate's counter so that two transactions on one order take turns and a
-// rollback leaves no gap.
+// rollback leaves no gap. [Writer.Queue] queues the same statements into a
+// pgx.Batch that the caller sends on its transaction with its own writes, so
+// that the events cost no round trip of their own.
 //
 // # Relaying
 //

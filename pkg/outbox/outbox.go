@@ -16,7 +16,7 @@ import (
 )
 
 // Event is one fact to publish. The zero values of ID, SchemaVersion and
-// OccurredAt are filled in by Add.
+// OccurredAt are filled in by Add (or Queue).
 type Event struct {
 	ID            uuid.UUID         // stable forever; it becomes Nats-Msg-Id. Zero: a new UUIDv7.
 	AggregateType string            // e.g. "order"
@@ -64,7 +64,35 @@ type Writer struct {
 // row lock, may set Seq from it instead and save the counter write; it must
 // then do so for every event of that aggregate type. A sequence used twice
 // fails on the outbox's unique key and rolls the transaction back.
+//
+// Add costs one round trip; [Writer.Queue] saves even that by riding on a
+// batch the caller sends anyway.
 func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
+	b := &pgx.Batch{}
+	if err := w.Queue(b, events...); err != nil {
+		return err
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("add events to outbox: %w", err)
+	}
+	return nil
+}
+
+// Queue queues the statements of [Writer.Add] for events into b, for a
+// caller that sends its business writes as one batch: the events then cost
+// no round trip of their own. Add's guarantees hold only if b is sent on the
+// transaction that holds the business rows (tx.SendBatch, never a pool or
+// another connection), and that transaction commits or rolls back as a
+// whole.
+//
+// Queue returns the errors it can find without the database (an invalid
+// event, a payload that does not encode); then it has queued nothing. The
+// insert's own errors (a sequence used twice, say) surface from the batch's
+// Close or Exec, and the caller must roll the transaction back.
+func (w *Writer) Queue(b *pgx.Batch, events ...Event) error {
 	if len(events) == 0 {
 		return nil
 	}
@@ -72,21 +100,17 @@ func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
 	if err != nil {
 		return err
 	}
-	batch := &pgx.Batch{}
 	for _, g := range groups {
 		if g.givenSeq {
-			batch.Queue(insertGivenSQL, g.aggType, g.aggID, g.seqs, g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
+			b.Queue(insertGivenSQL, g.aggType, g.aggID, g.seqs, g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
 			continue
 		}
-		batch.Queue(insertSQL, g.aggType, g.aggID, len(g.ids), g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
+		b.Queue(insertSQL, g.aggType, g.aggID, len(g.ids), g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
 	}
 	if w.shouldNotify() {
-		// Delivered by Postgres only when tx commits: a wake-up for exactly
-		// the moment the events become visible.
-		batch.Queue(notifySQL)
-	}
-	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return fmt.Errorf("add events to outbox: %w", err)
+		// Delivered by Postgres only when the transaction commits: a
+		// wake-up for exactly the moment the events become visible.
+		b.Queue(notifySQL)
 	}
 	return nil
 }
@@ -195,7 +219,8 @@ func groupByAggregate(events []Event) ([]*group, error) {
 	return groups, nil
 }
 
-// ErrInvalidEvent is returned by Add for an event that cannot be stored.
+// ErrInvalidEvent is returned by Add and Queue for an event that cannot be
+// stored.
 var ErrInvalidEvent = errors.New("invalid event")
 
 func (e Event) validate() error {

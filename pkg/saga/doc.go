@@ -17,6 +17,13 @@
 // so events of one instance take turns across consumers and processes, and
 // bumps its version.
 //
+// Round trips are the cost that matters on a busy database, so writes ride
+// on batches the code sends anyway. A func queues its writes on
+// [Step.Batch] (outbox events through outbox.Writer.Queue), and Apply sends
+// them with the new state and timeouts: a transition is the lock, the
+// func's own reads if any, and one batch. [Saga.QueueStart] puts the new
+// instance into the batch that writes the business row starting it.
+//
 // A [Scanner] fires durable timeouts: a due timeout is applied as an event of
 // type "timeout:<name>" ([TimeoutEvent]).
 //

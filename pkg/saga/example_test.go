@@ -8,17 +8,24 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/saga"
 )
 
 // A two-step saga: a parcel waits for a pickup, which must happen within an
 // hour, or the parcel is returned.
 func ExampleNew() {
+	var events outbox.Writer
 	parcel, err := saga.New("parcel",
 		saga.Transition{From: "WAITING", Event: "PickedUp", To: "IN_TRANSIT",
 			Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 				st.CancelTimeout("pickup")
-				return nil // an outbox.Writer.Add(ctx, tx, …) would go here
+				// Queued on the step's batch: sent with the new state, in
+				// one round trip, and committed with it.
+				return events.Queue(st.Batch(), outbox.Event{
+					AggregateType: "parcel", AggregateID: st.Instance.ID, Type: "ParcelInTransit",
+					Subject: "parcels." + st.Instance.ID + ".ParcelInTransit", Payload: map[string]string{"parcel_id": st.Instance.ID},
+				})
 			}},
 		saga.Transition{From: "WAITING", Event: saga.TimeoutEvent("pickup"), To: "RETURNED"},
 	)
@@ -44,6 +51,23 @@ func ExampleSaga_Apply() {
 		return nil
 	}
 	_ = handler
+}
+
+// The business row that starts a saga and the instance go in one batch: one
+// round trip, one transaction.
+func ExampleSaga_QueueStart() {
+	ctx := context.Background()
+	var pool *pgxpool.Pool
+	var parcel *saga.Saga // from saga.New
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO parcels (id) VALUES ($1)`, "p-1")
+		if err := parcel.QueueStart(b, "p-1", "WAITING", nil); err != nil {
+			return err
+		}
+		return tx.SendBatch(ctx, b).Close() // errors.Is(err, saga.ErrExists) for a taken id
+	})
+	_ = err
 }
 
 // A Scanner fires timeouts; run one or several per schema.

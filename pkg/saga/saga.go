@@ -33,17 +33,28 @@ type Instance struct {
 }
 
 // Step is one transition in progress, handed to its TransitionFunc. The func
-// may replace Data and set or cancel timeouts; they are written, with the new
-// state, after it returns.
+// may replace Data, set or cancel timeouts, and queue its own writes on
+// [Step.Batch]; all of them are sent, with the new state, in one round trip
+// after it returns.
 type Step struct {
 	Instance Instance // as it was before the transition (Data is the old data)
 	Event    Event
 	To       string          // the state the instance moves to
 	Data     json.RawMessage // the data stored after the step; starts as Instance.Data
 
+	batch  *pgx.Batch
 	set    map[string]time.Time
 	cancel map[string]bool
 }
+
+// Batch is the batch that Apply sends on the transition's transaction after
+// the func returns: first the writes the func queued on it (business rows,
+// outbox events through outbox.Writer.Queue), then the new state and
+// timeouts. Queued writes cost no round trip of their own and commit or
+// roll back with the transition. Apply sends it; the func must not. The
+// func's reads through tx run before it, so they do not see its writes; a
+// queued write that fails is returned by Apply, and the caller rolls back.
+func (s *Step) Batch() *pgx.Batch { return s.batch }
 
 // SetTimeout makes the timeout called name fire at due, replacing any timeout
 // of that name. It is written in the transition's transaction.
@@ -59,8 +70,10 @@ func (s *Step) CancelTimeout(name string) {
 }
 
 // TransitionFunc does the work of a transition inside tx: business rows,
-// outbox events, timeouts on st. An error rolls the whole transition back
-// (the caller's tx must then be rolled back).
+// outbox events, timeouts on st. Writes are best queued on st.Batch(); tx is
+// there for the reads the func needs, and for writes whose results it does.
+// An error rolls the whole transition back (the caller's tx must then be
+// rolled back).
 type TransitionFunc func(ctx context.Context, tx pgx.Tx, st *Step) error
 
 // Transition moves an instance in state From that receives an event of type
@@ -113,8 +126,25 @@ func (s *Saga) Type() string { return s.typ }
 
 // Start creates instance id in state inside tx, the caller's transaction, so
 // the saga exists exactly when the business row that starts it does. data
-// is stored as JSON (nil: {}).
+// is stored as JSON (nil: {}). An instance with the id that exists already
+// is ErrExists.
 func (s *Saga) Start(ctx context.Context, tx pgx.Tx, id, state string, data any) error {
+	b := &pgx.Batch{}
+	if err := s.QueueStart(b, id, state, data); err != nil {
+		return err
+	}
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// QueueStart queues the insert of [Saga.Start] into b, for a caller that
+// sends the business rows starting the saga as one batch: the instance then
+// costs no round trip of its own. Start's guarantee holds only if b is sent
+// on the transaction that holds those rows.
+//
+// QueueStart fails only when data does not encode; then it has queued
+// nothing. The insert's errors surface from the batch's Close, wrapping
+// ErrExists when the id is taken; the caller rolls the transaction back.
+func (s *Saga) QueueStart(b *pgx.Batch, id, state string, data any) error {
 	raw := []byte("{}")
 	if data != nil {
 		var err error
@@ -122,14 +152,19 @@ func (s *Saga) Start(ctx context.Context, tx pgx.Tx, id, state string, data any)
 			return fmt.Errorf("saga %s: encode data: %w", s.typ, err)
 		}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO saga_instances (id, type, state, data) VALUES ($1, $2, $3, $4)`,
-		id, s.typ, state, raw)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return fmt.Errorf("saga %s %s: %w", s.typ, id, ErrExists)
-	}
-	if err != nil {
-		return fmt.Errorf("saga %s %s: start: %w", s.typ, id, err)
+	q := b.Queue(`INSERT INTO saga_instances (id, type, state, data) VALUES ($1, $2, $3, $4)`, id, s.typ, state, raw)
+	// Not q.Exec: its callback sees only successes, and a taken id must
+	// become ErrExists.
+	q.Fn = func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			return fmt.Errorf("saga %s %s: %w", s.typ, id, ErrExists)
+		}
+		if err != nil {
+			return fmt.Errorf("saga %s %s: start: %w", s.typ, id, err)
+		}
+		return nil
 	}
 	return nil
 }
@@ -144,6 +179,9 @@ func (s *Saga) Start(ctx context.Context, tx pgx.Tx, id, state string, data any)
 // returns a Result with Applied false and a nil error, so a consumer acks it
 // instead of retrying something that can never succeed. Errors are
 // database failures and errors of the func; the caller rolls tx back.
+//
+// A transition costs two round trips plus the func's own reads: the lock,
+// then one batch with the func's queued writes, the new state and timeouts.
 func (s *Saga) Apply(ctx context.Context, tx pgx.Tx, id string, ev Event) (Result, error) {
 	in, err := lock(ctx, tx, s.typ, id)
 	if errors.Is(err, ErrNotFound) {
@@ -152,28 +190,36 @@ func (s *Saga) Apply(ctx context.Context, tx pgx.Tx, id string, ev Event) (Resul
 	if err != nil {
 		return Result{}, err
 	}
+	return s.apply(ctx, tx, in, ev)
+}
+
+// apply is Apply for instance in, read and locked by the caller in tx.
+func (s *Saga) apply(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (Result, error) {
 	t, ok := s.table[[2]string{in.State, ev.Type}]
 	if !ok {
-		return Result{From: in.State, To: in.State, Version: in.Version}, s.unexpected(ctx, tx, id, &in.State, ev)
+		return Result{From: in.State, To: in.State, Version: in.Version}, s.unexpected(ctx, tx, in.ID, &in.State, ev)
 	}
-	st := &Step{Instance: in, Event: ev, To: t.To, Data: in.Data, set: map[string]time.Time{}, cancel: map[string]bool{}}
+	st := &Step{Instance: in, Event: ev, To: t.To, Data: in.Data,
+		batch: &pgx.Batch{}, set: map[string]time.Time{}, cancel: map[string]bool{}}
 	if t.Func != nil {
 		if err := t.Func(ctx, tx, st); err != nil {
-			return Result{}, fmt.Errorf("saga %s %s: %s on %s: %w", s.typ, id, in.State, ev.Type, err)
+			return Result{}, fmt.Errorf("saga %s %s: %s on %s: %w", s.typ, in.ID, in.State, ev.Type, err)
 		}
 	}
-	batch := &pgx.Batch{}
-	batch.Queue(`UPDATE saga_instances SET state = $2, version = version + 1, data = $3, updated_at = now() WHERE id = $1`,
-		id, t.To, []byte(st.Data))
+	// The func's writes first, in the order it queued them, then the state:
+	// one round trip for the whole transition.
+	b := st.batch
+	b.Queue(`UPDATE saga_instances SET state = $2, version = version + 1, data = $3, updated_at = now() WHERE id = $1`,
+		in.ID, t.To, []byte(st.Data))
 	for name, due := range st.set {
-		batch.Queue(`INSERT INTO saga_timeouts (saga_id, name, due_at) VALUES ($1, $2, $3)
-			ON CONFLICT (saga_id, name) DO UPDATE SET due_at = EXCLUDED.due_at`, id, name, due)
+		b.Queue(`INSERT INTO saga_timeouts (saga_id, name, due_at) VALUES ($1, $2, $3)
+			ON CONFLICT (saga_id, name) DO UPDATE SET due_at = EXCLUDED.due_at`, in.ID, name, due)
 	}
 	for name := range st.cancel {
-		batch.Queue(`DELETE FROM saga_timeouts WHERE saga_id = $1 AND name = $2`, id, name)
+		b.Queue(`DELETE FROM saga_timeouts WHERE saga_id = $1 AND name = $2`, in.ID, name)
 	}
-	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return Result{}, fmt.Errorf("saga %s %s: save transition: %w", s.typ, id, err)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return Result{}, fmt.Errorf("saga %s %s: save %s on %s: %w", s.typ, in.ID, in.State, ev.Type, err)
 	}
 	return Result{Applied: true, From: in.State, To: t.To, Version: in.Version + 1}, nil
 }

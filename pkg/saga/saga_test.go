@@ -18,8 +18,8 @@ import (
 
 // The test saga: a ticket is OPEN, gets HELD for a while (a "hold" timeout),
 // then PAID, or EXPIRED when the hold runs out; an OPEN ticket may be
-// CANCELLED. Every transition writes an effect row and an outbox event, to
-// show that they commit with the state.
+// CANCELLED. Every transition queues an effect row and an outbox event on
+// the step's batch, to show that they commit with the state.
 type env struct {
 	db     *pgtest.Schema
 	ticket *saga.Saga
@@ -39,11 +39,9 @@ func setup(t *testing.T, hold time.Duration) *env {
 			if extra != nil {
 				extra(st)
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO effects (saga_id, from_state, event) VALUES ($1, $2, $3)`,
-				st.Instance.ID, st.Instance.State, st.Event.Type); err != nil {
-				return err
-			}
-			return w.Add(ctx, tx, outbox.Event{
+			st.Batch().Queue(`INSERT INTO effects (saga_id, from_state, event) VALUES ($1, $2, $3)`,
+				st.Instance.ID, st.Instance.State, st.Event.Type)
+			return w.Queue(st.Batch(), outbox.Event{
 				AggregateType: "ticket", AggregateID: st.Instance.ID, Type: "Ticket" + st.To,
 				Subject: "tickets." + st.Instance.ID + ".Ticket" + st.To, Payload: map[string]string{"state": st.To},
 			})
@@ -180,6 +178,134 @@ func TestStartTwiceFails(t *testing.T) {
 	if !errors.Is(err, saga.ErrExists) {
 		t.Fatalf("second Start: %v, want ErrExists", err)
 	}
+}
+
+func TestQueueStart(t *testing.T) {
+	t.Parallel()
+	e := setup(t, time.Hour)
+	ctx := context.Background()
+	// The business row and the instance in one batch, as a service starts
+	// its saga.
+	send := func(id string) error {
+		return pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue(`INSERT INTO effects (saga_id, event) VALUES ($1, 'created')`, id)
+			if err := e.ticket.QueueStart(b, id, "OPEN", map[string]bool{"new": true}); err != nil {
+				return err
+			}
+			return tx.SendBatch(ctx, b).Close()
+		})
+	}
+
+	t.Run("the instance commits with the batch", func(t *testing.T) {
+		if err := send("a"); err != nil {
+			t.Fatal(err)
+		}
+		e.wantState(t, "a", "OPEN", 1)
+		if in, _ := saga.Load(ctx, e.db.Pool, "a"); string(in.Data) != `{"new": true}` {
+			t.Fatalf("data %s, want the given data", in.Data)
+		}
+	})
+	t.Run("a taken id is ErrExists and the batch rolls back", func(t *testing.T) {
+		if err := send("a"); !errors.Is(err, saga.ErrExists) {
+			t.Fatalf("second start: %v, want ErrExists", err)
+		}
+		if n := e.count(t, `SELECT count(*) FROM effects WHERE saga_id = 'a'`); n != 1 {
+			t.Fatalf("%d business rows, want only the first start's", n)
+		}
+	})
+	t.Run("data that does not encode queues nothing", func(t *testing.T) {
+		b := &pgx.Batch{}
+		if err := e.ticket.QueueStart(b, "b", "OPEN", func() {}); err == nil || b.Len() != 0 {
+			t.Fatalf("err %v, %d statements queued; want an error and none", err, b.Len())
+		}
+	})
+}
+
+func TestQueuedWritesGoWithTheTransition(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, "order")
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE effects (saga_id text, what text)`); err != nil {
+		t.Fatal(err)
+	}
+	// E writes an effect and reads through tx, which does not see it yet;
+	// F queues a write that fails.
+	var seen int
+	sg, err := saga.New("x",
+		saga.Transition{From: "A", Event: "E", To: "B", Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+			st.Batch().Queue(`INSERT INTO effects (saga_id, what) VALUES ($1, 'E')`, st.Instance.ID)
+			return tx.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&seen)
+		}},
+		saga.Transition{From: "A", Event: "F", To: "B", Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+			st.Batch().Queue(`INSERT INTO effects (saga_id, what) VALUES ($1, 'F')`, st.Instance.ID)
+			st.Batch().Queue(`INSERT INTO no_such_table VALUES (1)`)
+			return nil
+		}},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"1", "2", "3"} {
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return sg.Start(ctx, tx, id, "A", nil) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply := func(t *testing.T, id, event string, commit bool) error {
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+		if _, err := sg.Apply(ctx, tx, id, saga.Event{Type: event}); err != nil {
+			return err
+		}
+		if !commit {
+			return nil
+		}
+		return tx.Commit(ctx)
+	}
+	effects := func(t *testing.T, id string) int {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE saga_id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	wantState := func(t *testing.T, id, state string, version int64) {
+		t.Helper()
+		if in, err := saga.Load(ctx, db.Pool, id); err != nil || in.State != state || in.Version != version {
+			t.Fatalf("instance %s: %+v (%v), want %s version %d", id, in, err, state, version)
+		}
+	}
+
+	t.Run("they commit with the new state, after the func's reads", func(t *testing.T) {
+		if err := apply(t, "1", "E", true); err != nil {
+			t.Fatal(err)
+		}
+		wantState(t, "1", "B", 2)
+		if effects(t, "1") != 1 || seen != 0 {
+			t.Fatalf("%d effects, %d seen by the func; want 1 and 0", effects(t, "1"), seen)
+		}
+	})
+	t.Run("they roll back with the caller's transaction", func(t *testing.T) {
+		if err := apply(t, "2", "E", false); err != nil {
+			t.Fatal(err)
+		}
+		wantState(t, "2", "A", 1)
+		if n := effects(t, "2"); n != 0 {
+			t.Fatalf("%d effects after a rollback, want 0", n)
+		}
+	})
+	t.Run("a failing one fails the transition", func(t *testing.T) {
+		if err := apply(t, "3", "F", true); err == nil {
+			t.Fatal("Apply succeeded with a failing queued write")
+		}
+		wantState(t, "3", "A", 1)
+		if n := effects(t, "3"); n != 0 {
+			t.Fatalf("%d effects after a failed transition, want 0", n)
+		}
+	})
 }
 
 func TestUnexpectedEventIsRecordedAndIgnored(t *testing.T) {

@@ -96,52 +96,75 @@ func (s *Scanner) Run(ctx context.Context) error {
 // instance busy with a transition is left for the next scan), deletes the
 // timeout row and applies its event; a crash before the commit leaves the
 // timeout in place to fire later.
+//
+// A scan that finds nothing costs two round trips (BEGIN with the claim,
+// then ROLLBACK); a fired timeout costs three plus its func's reads: BEGIN
+// with the claim, the transition's batch, COMMIT.
 func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return false, fmt.Errorf("saga scanner: begin: %w", err)
-	}
+	var in Instance
+	var name string
+	claimed := false
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{}) // BEGIN rides with the claim: one round trip fewer
+	b.Queue(claimSQL, s.types).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&name, &in.ID, &in.Type, &in.State, &in.Version, &in.Data, &in.UpdatedAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		claimed = err == nil
+		return err
+	})
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-
-	var id, name, typ string
-	err = tx.QueryRow(ctx, `
-		SELECT t.saga_id, t.name, i.type
-		FROM saga_timeouts t JOIN saga_instances i ON i.id = t.saga_id
-		WHERE t.due_at <= now() AND i.type = ANY($1)
-		ORDER BY t.due_at
-		LIMIT 1
-		FOR UPDATE OF t, i SKIP LOCKED`, s.types).Scan(&id, &name, &typ)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
+	if err := br.Close(); err != nil {
 		return false, fmt.Errorf("saga scanner: claim: %w", err)
 	}
-	// Failure window: the timeout is claimed by row locks only. Dying here
-	// rolls the claim back (the locks go with the connection) and the
-	// timeout stays due for the next scan, this scanner's or another's.
+	if !claimed {
+		return false, nil
+	}
+	// Failure window: the timeout is claimed by row locks and an
+	// uncommitted delete only. Dying here rolls the claim back (the locks go
+	// with the connection) and the timeout stays due for the next scan,
+	// this scanner's or another's.
 	if s.cfg.FailpointFunc != nil {
 		if err := s.cfg.FailpointFunc(FailpointAfterClaimTimeout); err != nil {
-			return false, fmt.Errorf("saga scanner: timeout %s/%s: %w", id, name, err)
+			return false, fmt.Errorf("saga scanner: timeout %s/%s: %w", in.ID, name, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM saga_timeouts WHERE saga_id = $1 AND name = $2`, id, name); err != nil {
-		return false, fmt.Errorf("saga scanner: delete timeout %s/%s: %w", id, name, err)
-	}
-	res, err := s.sagas[typ].Apply(ctx, tx, id, Event{Type: TimeoutEvent(name)})
+	// The claim locked the instance as Apply would have: apply it as read.
+	res, err := s.sagas[in.Type].apply(ctx, tx, in, Event{Type: TimeoutEvent(name)})
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		// Postpone it, so the next scan moves on to the timeouts behind it.
 		if _, perr := s.pool.Exec(ctx, `UPDATE saga_timeouts SET due_at = now() + $3::bigint * interval '1 microsecond'
-			WHERE saga_id = $1 AND name = $2 AND due_at <= now()`, id, name, s.cfg.RetryDelay.Microseconds()); perr != nil {
-			err = errors.Join(err, fmt.Errorf("postpone timeout %s/%s: %w", id, name, perr))
+			WHERE saga_id = $1 AND name = $2 AND due_at <= now()`, in.ID, name, s.cfg.RetryDelay.Microseconds()); perr != nil {
+			err = errors.Join(err, fmt.Errorf("postpone timeout %s/%s: %w", in.ID, name, perr))
 		}
 		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("saga scanner: commit timeout %s/%s: %w", id, name, err)
+		return false, fmt.Errorf("saga scanner: commit timeout %s/%s: %w", in.ID, name, err)
 	}
 	s.fired.Add(1)
-	s.cfg.Logger.Info("saga timeout fired", "saga", id, "timeout", name, "applied", res.Applied, "from", res.From, "to", res.To)
+	s.cfg.Logger.Info("saga timeout fired", "saga", in.ID, "timeout", name, "applied", res.Applied, "from", res.From, "to", res.To)
 	return true, nil
 }
+
+// claimSQL claims the earliest due timeout of the scanner's saga types and
+// deletes it, returning its name and its instance. The instance columns come
+// from the locking SELECT itself: a row locked after a concurrent update is
+// returned as updated (Postgres re-reads it under the lock), where a second
+// read of saga_instances in this statement would see its older snapshot.
+const claimSQL = `
+WITH due AS (
+	SELECT t.saga_id, t.name, i.type, i.state, i.version, i.data, i.updated_at
+	FROM saga_timeouts t JOIN saga_instances i ON i.id = t.saga_id
+	WHERE t.due_at <= now() AND i.type = ANY($1)
+	ORDER BY t.due_at
+	LIMIT 1
+	FOR UPDATE OF t, i SKIP LOCKED
+)
+DELETE FROM saga_timeouts t USING due
+WHERE t.saga_id = due.saga_id AND t.name = due.name
+RETURNING due.name, due.saga_id, due.type, due.state, due.version, due.data, due.updated_at`

@@ -1,0 +1,144 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/pgtest"
+)
+
+// setupQueue is a schema with the outbox and a business table, tickets; Queue
+// needs no broker.
+func setupQueue(t *testing.T) *pgtest.Schema {
+	t.Helper()
+	t.Parallel()
+	db := pgtest.New(t, "")
+	if _, err := db.Pool.Exec(context.Background(), `CREATE TABLE tickets (id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// sendTicket sends one batch on tx: the ticket row, then the events queued
+// by w.
+func sendTicket(ctx context.Context, tx pgx.Tx, w *Writer, id string, events ...Event) error {
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO tickets (id) VALUES ($1)`, id)
+	if err := w.Queue(b, events...); err != nil {
+		return err
+	}
+	return tx.SendBatch(ctx, b).Close()
+}
+
+func tickets(t *testing.T, db *pgtest.Schema) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM tickets`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestQueue(t *testing.T) {
+	t.Run("queued events commit with the batch's business row, numbered as Add numbers them", func(t *testing.T) {
+		db := setupQueue(t)
+		var w Writer
+		err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
+			return sendTicket(context.Background(), tx, &w, "t-1", event("o-1", "OrderCreated"), event("o-1", "OrderPaid"))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		add(t, db.Pool, &w, event("o-1", "OrderCompleted"))
+		if tickets(t, db) != 1 || count(t, db.Pool, "aggregate_id = 'o-1' AND aggregate_seq IN (1, 2, 3)") != 3 {
+			t.Fatalf("%d tickets, %d events numbered 1..3; want 1 and 3", tickets(t, db), count(t, db.Pool, "true"))
+		}
+	})
+
+	t.Run("rollback takes the queued events with the business row, leaving no gap", func(t *testing.T) {
+		db := setupQueue(t)
+		var w Writer
+		ctx := context.Background()
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sendTicket(ctx, tx, &w, "t-1", event("o-1", "OrderCreated")); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if tickets(t, db) != 0 || count(t, db.Pool, "true") != 0 {
+			t.Fatal("a rolled-back batch left rows")
+		}
+		add(t, db.Pool, &w, event("o-1", "OrderCreated"))
+		if n := count(t, db.Pool, "aggregate_seq = 1"); n != 1 {
+			t.Fatal("the first committed event after a rollback is not seq 1")
+		}
+	})
+
+	t.Run("invalid events are refused and nothing is queued", func(t *testing.T) {
+		var w Writer
+		b := &pgx.Batch{}
+		b.Queue(`SELECT 1`)
+		bad := event("o-1", "OrderCreated")
+		bad.Payload = []byte("{not json")
+		if err := w.Queue(b, event("o-1", "X"), bad); !errors.Is(err, ErrInvalidEvent) {
+			t.Fatalf("err = %v, want ErrInvalidEvent", err)
+		}
+		if b.Len() != 1 {
+			t.Fatalf("the batch holds %d statements after a refusal, want the caller's 1", b.Len())
+		}
+		if err := w.Queue(b); err != nil || b.Len() != 1 {
+			t.Fatalf("no events: err %v, %d statements; want nothing queued", err, b.Len())
+		}
+	})
+
+	t.Run("the insert's errors surface from the batch and the business row goes with them", func(t *testing.T) {
+		db := setupQueue(t)
+		var w Writer
+		first := event("o-1", "OrderCreated")
+		first.Seq = 1
+		add(t, db.Pool, &w, first)
+		again := event("o-1", "OrderPaid")
+		again.Seq = 1
+		err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
+			return sendTicket(context.Background(), tx, &w, "t-1", again)
+		})
+		if err == nil {
+			t.Fatal("a reused sequence was accepted")
+		}
+		if tickets(t, db) != 0 || count(t, db.Pool, "true") != 1 {
+			t.Fatal("a failed batch left rows")
+		}
+	})
+
+	t.Run("a relay listening is woken when the batch's transaction commits", func(t *testing.T) {
+		db := setupQueue(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, db.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{"outbox." + db.Name}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		var w Writer // notifies on every commit
+		err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			return sendTicket(ctx, tx, &w, "t-1", event("o-1", "OrderCreated"))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			t.Fatalf("no wake-up after the commit: %v", err)
+		}
+	})
+}
