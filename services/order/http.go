@@ -68,7 +68,7 @@ func (s *Service) createOrder(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteProblem(w, r, s.log, err)
 		return
 	}
-	status, body, replayed, err := s.create(r.Context(), key, req)
+	res, err := s.create(r.Context(), key, req)
 	if err != nil {
 		httpx.WriteProblem(w, r, s.log, err)
 		return
@@ -83,11 +83,11 @@ func (s *Service) createOrder(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}
 	w.Header().Set("Content-Type", "application/json")
-	if replayed {
+	if res.replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
+	w.WriteHeader(res.status)
+	_, _ = w.Write(res.body)
 }
 
 // checkKey accepts 1..255 printable ASCII characters: keys are compared
@@ -150,73 +150,104 @@ var (
 	errOrderTooBig = httpx.Invalid("the order total is too large")
 )
 
-// create runs the transaction of POST /orders and returns the response to
-// send: the new order, or the stored response of a replay.
-func (s *Service) create(ctx context.Context, key string, req createRequest) (status int, body []byte, replayed bool, err error) {
-	hash := req.hash()
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// A transaction-scoped lock on the key: a twin in flight gets 409
-		// at once instead of waiting, and the lock is released by the
-		// commit that makes the key row visible to the next one.
-		var locked bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, key).Scan(&locked); err != nil {
-			return fmt.Errorf("lock idempotency key: %w", err)
-		}
-		if !locked {
-			return errInFlight
-		}
-		stored, err := lookupKey(ctx, tx, key)
-		if err != nil {
-			return err
-		}
-		if stored != nil {
-			if string(stored.hash) != string(hash) {
-				return errKeyReused
-			}
-			// The stored response, not the order's state now: a retry
-			// sees exactly what the first attempt would have seen.
-			status, body, replayed = stored.status, stored.response, true
-			return nil
-		}
-		o, err := s.price(ctx, tx, req)
-		if err != nil {
-			return err
-		}
-		if err := insertOrder(ctx, tx, o); err != nil {
-			return err
-		}
-		if err := s.saga.Start(ctx, tx, o.ID.String(), Pending, nil); err != nil {
-			return err
-		}
-		if err := s.outbox.Add(ctx, tx, orderCreated(o)); err != nil {
-			return err
-		}
-		status = http.StatusCreated
-		if body, err = json.Marshal(o); err != nil {
-			return fmt.Errorf("encode order: %w", err)
-		}
-		return insertKey(ctx, tx, key, hash, status, body, o.ID, s.cfg.KeyTTL)
-	})
-	if err != nil {
-		return 0, nil, false, err
-	}
-	if !replayed {
-		s.log.Info("order created", "order_id", jsonField(body, "order_id"))
-	}
-	return status, body, replayed, nil
+// reply is the response of POST /orders: a new order, or the response
+// stored with its key.
+type reply struct {
+	status   int
+	body     []byte
+	replayed bool
 }
 
-// price builds the new order from the request and the catalogue. Unknown
-// SKUs and totals beyond int64 are 422.
-func (s *Service) price(ctx context.Context, tx pgx.Tx, req createRequest) (Order, error) {
+// create runs the transaction of POST /orders and returns the response to
+// send. It costs three round trips: BEGIN with the reads, the writes in one
+// batch, COMMIT.
+func (s *Service) create(ctx context.Context, key string, req createRequest) (reply, error) {
+	hash := req.hash()
+	// The reads, in one round trip with BEGIN. Postgres runs them in order,
+	// each on a fresh snapshot, so the key is looked up only once its lock
+	// is held, and sees the key row of a twin that committed before that.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{}) // BEGIN rides in the batch: one round trip fewer
+	// A transaction-scoped lock on the key: a twin in flight gets 409 at
+	// once instead of waiting, and the lock is released by the commit that
+	// makes the key row visible to the next one.
+	var locked bool
+	b.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, key).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&locked); err != nil {
+			return fmt.Errorf("lock idempotency key: %w", err)
+		}
+		return nil
+	})
+	stored := queueLookupKey(b, key)
+	known := queuePrices(b, req.skus())
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if err := br.Close(); err != nil {
+		return reply{}, fmt.Errorf("create order: %w", err)
+	}
+	if !locked {
+		// A twin holds the key. The lookup ran all the same, without the
+		// lock, so its answer may be stale: it is not used.
+		return reply{}, errInFlight
+	}
+	if stored.found && !stored.expired {
+		if string(stored.hash) != string(hash) {
+			return reply{}, errKeyReused
+		}
+		// The stored response, not the order's state now: a retry sees
+		// exactly what the first attempt would have seen.
+		return reply{status: stored.status, body: stored.response, replayed: true}, nil
+	}
+	o, err := newOrder(req, known)
+	if err != nil {
+		return reply{}, err
+	}
+	// The response is the order as built here, so it can be stored with
+	// the key in the same batch as everything else.
+	res := reply{status: http.StatusCreated}
+	if res.body, err = json.Marshal(o); err != nil {
+		return reply{}, fmt.Errorf("encode order: %w", err)
+	}
+
+	// The writes, in one round trip: order, history, saga, OrderCreated and
+	// the key commit together, or (any of them failing) not at all.
+	b = &pgx.Batch{}
+	queueInsertOrder(b, o)
+	if err := s.saga.QueueStart(b, o.ID.String(), Pending, nil); err != nil {
+		return reply{}, err
+	}
+	if err := s.outbox.Queue(b, orderCreated(o)); err != nil {
+		return reply{}, err
+	}
+	if stored.expired {
+		// An expired record counts as absent: it makes way for this one,
+		// so the key can be used afresh.
+		queueDeleteKey(b, key)
+	}
+	queueInsertKey(b, key, hash, res.status, res.body, o.ID, s.cfg.KeyTTL)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return reply{}, fmt.Errorf("create order %s: %w", o.ID, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return reply{}, fmt.Errorf("create order %s: commit: %w", o.ID, err)
+	}
+	s.log.Info("order created", "order_id", o.ID)
+	return res, nil
+}
+
+// skus lists the request's SKUs, in request order.
+func (req *createRequest) skus() []string {
 	skus := make([]string, len(req.Items))
 	for i, it := range req.Items {
 		skus[i] = it.SKU
 	}
-	known, err := prices(ctx, tx, skus)
-	if err != nil {
-		return Order{}, err
-	}
+	return skus
+}
+
+// newOrder builds the new order from the request and the catalogue prices
+// known. Unknown SKUs and totals beyond int64 are 422.
+func newOrder(req createRequest, known map[string]int64) (Order, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Order{}, fmt.Errorf("new order id: %w", err)
@@ -325,10 +356,4 @@ func problem(err error) error {
 		return httpx.NewProblem(http.StatusNotFound, "order-not-found", "no order has this id")
 	}
 	return err
-}
-
-func jsonField(body []byte, field string) any {
-	var m map[string]any
-	_ = json.Unmarshal(body, &m)
-	return m[field]
 }

@@ -176,6 +176,39 @@ func TestBadInputWritesNothing(t *testing.T) {
 	}
 }
 
+func TestFailedWriteWritesNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	body := `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`
+	// The last write of the order's batch, the key's record, fails: nothing
+	// the batch sent before it may stay.
+	for _, q := range []string{
+		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$`,
+		`CREATE TRIGGER refuse BEFORE INSERT ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION refuse()`,
+	} {
+		if _, err := e.pool.Exec(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res := e.post(t, "k", body); res.status != http.StatusInternalServerError {
+		t.Fatalf("%d %s, want 500", res.status, res.body)
+	}
+	if n := e.count(t, `SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM order_history)
+		+ (SELECT count(*) FROM outbox WHERE aggregate_type = 'order') + (SELECT count(*) FROM saga_instances)`); n != 0 {
+		t.Fatalf("a failed order wrote %d rows", n)
+	}
+
+	// The failed attempt holds nothing either (the key's lock went with
+	// the rollback): the retry creates the order.
+	if _, err := e.pool.Exec(context.Background(), `DROP TRIGGER refuse ON idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.post(t, "k", body); res.status != http.StatusCreated || res.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry: %d %s", res.status, res.body)
+	}
+}
+
 func TestCancel(t *testing.T) {
 	t.Parallel()
 	e := setup(t, Config{})

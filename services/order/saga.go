@@ -39,6 +39,10 @@ type sagaData struct {
 // newSaga declares the order saga: the contract's state machine, one
 // transition per (state, event). Pairs not listed (an InventoryReserved for
 // a CLOSED order, say) are recorded by pkg/saga and ignored.
+//
+// The funcs queue their writes (order status, history, outbox events) on
+// the step's batch, which Apply sends with the new state in one round trip;
+// only the reads a func needs (the total, the items) take one of their own.
 func (s *Service) newSaga() (*saga.Saga, error) {
 	ts := []saga.Transition{
 		{From: Pending, Event: "InventoryReserved", To: WaitPay, Func: s.awaitPayment},
@@ -110,17 +114,15 @@ func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) er
 	}
 	payBy := now().Add(s.cfg.PaymentTimeout)
 	st.SetTimeout(paymentTimeout, payBy)
-	if err := setStatus(ctx, tx, id, st.To, "inventory_reserved"); err != nil {
-		return err
-	}
-	return s.outbox.Add(ctx, tx, event(id, "OrderAwaitingPayment", map[string]any{
+	queueStatus(st.Batch(), id, st.To, "inventory_reserved")
+	return s.outbox.Queue(st.Batch(), event(id, "OrderAwaitingPayment", map[string]any{
 		"order_id": id, "total": total, "pay_by": payBy.Format(time.RFC3339Nano),
 	}))
 }
 
 // reject: PENDING → REJECTED; inventory holds nothing, but OrderRejected
 // tells it (and payment) the saga has ended.
-func (s *Service) reject(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+func (s *Service) reject(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
 	if err != nil {
 		return err
@@ -135,25 +137,21 @@ func (s *Service) reject(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 	if reason == "" {
 		reason = "inventory_rejected"
 	}
-	if err := setStatus(ctx, tx, id, st.To, reason); err != nil {
-		return err
-	}
-	return s.outbox.Add(ctx, tx, event(id, "OrderRejected", map[string]any{"order_id": id, "reason": reason}))
+	queueStatus(st.Batch(), id, st.To, reason)
+	return s.outbox.Queue(st.Batch(), event(id, "OrderRejected", map[string]any{"order_id": id, "reason": reason}))
 }
 
 // closeFunc: PENDING or WAIT_PAY → CLOSED. OrderClosed makes inventory
 // release the stock (or not reserve it, if its reservation is still to come).
 func (s *Service) closeFunc(reason string) saga.TransitionFunc {
-	return func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	return func(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 		id, err := stepOrder(st)
 		if err != nil {
 			return err
 		}
 		st.CancelTimeout(paymentTimeout)
-		if err := setStatus(ctx, tx, id, st.To, reason); err != nil {
-			return err
-		}
-		return s.outbox.Add(ctx, tx, event(id, "OrderClosed", map[string]any{"order_id": id, "reason": reason}))
+		queueStatus(st.Batch(), id, st.To, reason)
+		return s.outbox.Queue(st.Batch(), event(id, "OrderClosed", map[string]any{"order_id": id, "reason": reason}))
 	}
 }
 
@@ -192,10 +190,8 @@ func (s *Service) paid(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 	if err != nil {
 		return fmt.Errorf("read items of order %s: %w", id, err)
 	}
-	if err := setStatus(ctx, tx, id, st.To, "payment_succeeded"); err != nil {
-		return err
-	}
-	return s.outbox.Add(ctx, tx, event(id, "OrderPaid", map[string]any{
+	queueStatus(st.Batch(), id, st.To, "payment_succeeded")
+	return s.outbox.Queue(st.Batch(), event(id, "OrderPaid", map[string]any{
 		"order_id": id, "payment_id": p.PaymentID, "amount": p.Amount, "items": items,
 	}))
 }
@@ -203,18 +199,16 @@ func (s *Service) paid(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 // moveFunc is a transition that records the new state and, when emit is
 // set, emits that event with the payload {"order_id"}.
 func (s *Service) moveFunc(reason, emit string) saga.TransitionFunc {
-	return func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	return func(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 		id, err := stepOrder(st)
 		if err != nil {
 			return err
 		}
-		if err := setStatus(ctx, tx, id, st.To, reason); err != nil {
-			return err
-		}
+		queueStatus(st.Batch(), id, st.To, reason)
 		if emit == "" {
 			return nil
 		}
-		return s.outbox.Add(ctx, tx, event(id, emit, map[string]any{"order_id": id}))
+		return s.outbox.Queue(st.Batch(), event(id, emit, map[string]any{"order_id": id}))
 	}
 }
 
@@ -222,7 +216,7 @@ func (s *Service) moveFunc(reason, emit string) saga.TransitionFunc {
 // The order keeps its state; the money goes back, once per payment id. The
 // payment that paid this order is not refunded (a copy of its event under
 // another id changes nothing).
-func (s *Service) refund(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+func (s *Service) refund(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
 	if err != nil {
 		return err
@@ -250,20 +244,19 @@ func (s *Service) refund(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 	if reason == "" {
 		reason = "order_already_paid"
 	}
-	if err := setStatus(ctx, tx, id, st.To, "refund_requested"); err != nil {
-		return err
-	}
-	return s.outbox.Add(ctx, tx, event(id, "RefundRequested", map[string]any{
+	queueStatus(st.Batch(), id, st.To, "refund_requested")
+	return s.outbox.Queue(st.Batch(), event(id, "RefundRequested", map[string]any{
 		"order_id": id, "payment_id": p.PaymentID, "amount": p.Amount, "reason": reason,
 	}))
 }
 
 // refunded: payment confirmed a refund; the history shows it, the state
 // stays.
-func (s *Service) refunded(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+func (s *Service) refunded(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
 	if err != nil {
 		return err
 	}
-	return setStatus(ctx, tx, id, st.To, "payment_refunded")
+	queueStatus(st.Batch(), id, st.To, "payment_refunded")
+	return nil
 }

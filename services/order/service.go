@@ -126,9 +126,14 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		return nil, err
 	}
 	consumers := []inbox.Config{
-		{Name: "order-inventory", Stream: "INVENTORY", Handler: s.handleInventory},
-		{Name: "order-payment", Stream: "PAYMENT", Handler: s.handlePayment},
-		{Name: "order-fulfillment", Stream: "FULFILLMENT", Handler: s.handleFulfillment},
+		// Handles: the types each handler acts on; the others (inventory's
+		// released and committed notices) only advance the cursor.
+		{Name: "order-inventory", Stream: "INVENTORY", Handler: s.handleInventory,
+			Handles: []string{"ProductUpdated", "InventoryReserved", "InventoryRejected"}},
+		{Name: "order-payment", Stream: "PAYMENT", Handler: s.handlePayment,
+			Handles: []string{"PaymentSucceeded", "PaymentFailed", "PaymentRefunded"}},
+		{Name: "order-fulfillment", Stream: "FULFILLMENT", Handler: s.handleFulfillment,
+			Handles: []string{"FulfillmentStarted", "ShipmentDelivered"}},
 	}
 	for _, c := range consumers {
 		c.Workers = consumerWorkers

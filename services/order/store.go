@@ -54,18 +54,19 @@ var ErrNotFound = errors.New("order not found")
 // db is what the read functions need: a pool or a tx.
 type db interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // now is the time stamps are taken at, cut to Postgres' microseconds so that
 // a response built in Go equals the order read back later.
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 
-// insertOrder writes a new PENDING order, its items and its first history
-// entry inside tx.
-func insertOrder(ctx context.Context, tx pgx.Tx, o Order) error {
-	b := &pgx.Batch{}
+// The queue functions below add statements to a batch that the caller sends
+// on its transaction, so that a transaction's writes cost one round trip.
+
+// queueInsertOrder queues the writes of a new PENDING order: its row, its
+// items and its first history entry.
+func queueInsertOrder(b *pgx.Batch, o Order) {
 	b.Queue(`INSERT INTO orders (order_id, customer_id, status, total, version, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, 1, $5, $5)`, o.ID, o.CustomerID, o.Status, o.Total, o.CreatedAt)
 	for i, it := range o.Items {
@@ -76,43 +77,53 @@ func insertOrder(ctx context.Context, tx pgx.Tx, o Order) error {
 		b.Queue(`INSERT INTO order_history (order_id, status, at, reason) VALUES ($1, $2, $3, NULLIF($4, ''))`,
 			o.ID, h.Status, h.At, h.Reason)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("insert order %s: %w", o.ID, err)
-	}
-	return nil
 }
 
-// setStatus moves the order row to status (a saga transition), bumps its
-// version and appends the history entry, inside the transition's tx.
-func setStatus(ctx context.Context, tx pgx.Tx, id uuid.UUID, status, reason string) error {
+// queueStatus queues the move of the order row to status (a saga
+// transition): its version is bumped and the history entry appended.
+func queueStatus(b *pgx.Batch, id uuid.UUID, status, reason string) {
 	at := now()
-	b := &pgx.Batch{}
 	b.Queue(`UPDATE orders SET status = $2, version = version + 1, updated_at = $3 WHERE order_id = $1`, id, status, at)
 	b.Queue(`INSERT INTO order_history (order_id, status, at, reason) VALUES ($1, $2, $3, NULLIF($4, ''))`, id, status, at, reason)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("order %s to %s: %w", id, status, err)
-	}
-	return nil
 }
 
-// getOrder reads an order with its items and history, oldest entry first.
+// getOrder reads an order with its items and history, oldest entry first,
+// in one round trip.
 func getOrder(ctx context.Context, db db, id uuid.UUID) (Order, error) {
 	o := Order{ID: id, Items: []Item{}, History: []Entry{}}
-	err := db.QueryRow(ctx, `SELECT customer_id, status, total, created_at, updated_at FROM orders WHERE order_id = $1`, id).
-		Scan(&o.CustomerID, &o.Status, &o.Total, &o.CreatedAt, &o.UpdatedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	found := false
+	b := &pgx.Batch{}
+	b.Queue(`SELECT customer_id, status, total, created_at, updated_at FROM orders WHERE order_id = $1`, id).
+		QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&o.CustomerID, &o.Status, &o.Total, &o.CreatedAt, &o.UpdatedAt)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("read order %s: %w", id, err)
+			}
+			found = true
+			return nil
+		})
+	b.Queue(`SELECT sku, quantity, unit_price FROM order_items WHERE order_id = $1 ORDER BY line`, id).
+		Query(func(rows pgx.Rows) (err error) {
+			if o.Items, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Item]); err != nil {
+				return fmt.Errorf("read items of order %s: %w", id, err)
+			}
+			return nil
+		})
+	b.Queue(`SELECT status, at, coalesce(reason, '') FROM order_history WHERE order_id = $1 ORDER BY id`, id).
+		Query(func(rows pgx.Rows) (err error) {
+			if o.History, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Entry]); err != nil {
+				return fmt.Errorf("read history of order %s: %w", id, err)
+			}
+			return nil
+		})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return o, err
+	}
+	if !found {
 		return o, ErrNotFound
-	}
-	if err != nil {
-		return o, fmt.Errorf("read order %s: %w", id, err)
-	}
-	rows, _ := db.Query(ctx, `SELECT sku, quantity, unit_price FROM order_items WHERE order_id = $1 ORDER BY line`, id)
-	if o.Items, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Item]); err != nil {
-		return o, fmt.Errorf("read items of order %s: %w", id, err)
-	}
-	rows, _ = db.Query(ctx, `SELECT status, at, coalesce(reason, '') FROM order_history WHERE order_id = $1 ORDER BY id`, id)
-	if o.History, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Entry]); err != nil {
-		return o, fmt.Errorf("read history of order %s: %w", id, err)
 	}
 	o.CreatedAt, o.UpdatedAt = o.CreatedAt.UTC(), o.UpdatedAt.UTC()
 	for i := range o.History {
@@ -121,17 +132,20 @@ func getOrder(ctx context.Context, db db, id uuid.UUID) (Order, error) {
 	return o, nil
 }
 
-// prices reads the catalogue prices of skus.
-func prices(ctx context.Context, db db, skus []string) (map[string]int64, error) {
-	rows, _ := db.Query(ctx, `SELECT sku, price FROM catalogue WHERE sku = ANY($1)`, skus)
-	out := map[string]int64{}
-	var sku string
-	var price int64
-	_, err := pgx.ForEachRow(rows, []any{&sku, &price}, func() error { out[sku] = price; return nil })
-	if err != nil {
-		return nil, fmt.Errorf("read catalogue: %w", err)
-	}
-	return out, nil
+// queuePrices queues the read of the catalogue prices of skus and returns
+// the map it fills in when the batch is closed.
+func queuePrices(b *pgx.Batch, skus []string) map[string]int64 {
+	known := map[string]int64{}
+	b.Queue(`SELECT sku, price FROM catalogue WHERE sku = ANY($1)`, skus).Query(func(rows pgx.Rows) error {
+		var sku string
+		var price int64
+		_, err := pgx.ForEachRow(rows, []any{&sku, &price}, func() error { known[sku] = price; return nil })
+		if err != nil {
+			return fmt.Errorf("read catalogue: %w", err)
+		}
+		return nil
+	})
+	return known
 }
 
 // upsertProduct stores a catalogue price, unless the stored one came from a
@@ -148,43 +162,45 @@ func upsertProduct(ctx context.Context, tx pgx.Tx, sku string, price, seq int64)
 	return nil
 }
 
-// storedKey is an Idempotency-Key's record.
+// storedKey is an Idempotency-Key's record, as queueLookupKey reads it.
 type storedKey struct {
+	found    bool // there is a record, expired or not
+	expired  bool // it is past its expiry: treat it as absent, and delete it
 	hash     []byte
 	status   int
 	response []byte
 }
 
-// lookupKey returns the unexpired record of key, or nil. Expired records are
-// treated as absent and deleted here, so the key can be used afresh.
-func lookupKey(ctx context.Context, tx pgx.Tx, key string) (*storedKey, error) {
-	var k storedKey
-	var expired bool
-	err := tx.QueryRow(ctx, `SELECT request_hash, status_code, response, expires_at <= now() FROM idempotency_keys WHERE key = $1`, key).
-		Scan(&k.hash, &k.status, &k.response, &expired)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read idempotency key: %w", err)
-	}
-	if expired {
-		if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE key = $1`, key); err != nil {
-			return nil, fmt.Errorf("delete expired idempotency key: %w", err)
-		}
-		return nil, nil
-	}
-	return &k, nil
+// queueLookupKey queues the read of key's record and returns the storedKey
+// it fills in when the batch is closed.
+func queueLookupKey(b *pgx.Batch, key string) *storedKey {
+	k := &storedKey{}
+	b.Queue(`SELECT request_hash, status_code, response, expires_at <= now() FROM idempotency_keys WHERE key = $1`, key).
+		QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&k.hash, &k.status, &k.response, &k.expired)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("read idempotency key: %w", err)
+			}
+			k.found = true
+			return nil
+		})
+	return k
 }
 
-func insertKey(ctx context.Context, tx pgx.Tx, key string, hash []byte, status int, response []byte, orderID uuid.UUID, ttl time.Duration) error {
-	_, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (key, request_hash, status_code, response, order_id, expires_at)
+// queueDeleteKey queues the delete of key's record: an expired one, so the
+// key can be used afresh.
+func queueDeleteKey(b *pgx.Batch, key string) {
+	b.Queue(`DELETE FROM idempotency_keys WHERE key = $1`, key)
+}
+
+// queueInsertKey queues the insert of key's record.
+func queueInsertKey(b *pgx.Batch, key string, hash []byte, status int, response []byte, orderID uuid.UUID, ttl time.Duration) {
+	b.Queue(`INSERT INTO idempotency_keys (key, request_hash, status_code, response, order_id, expires_at)
 		VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 microsecond')`,
 		key, hash, status, response, orderID, ttl.Microseconds())
-	if err != nil {
-		return fmt.Errorf("store idempotency key: %w", err)
-	}
-	return nil
 }
 
 // deleteExpiredKeys deletes expired keys in batches, so no one statement
