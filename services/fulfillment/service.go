@@ -64,6 +64,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		Name:            ConsumerName,
 		Stream:          "ORDERS",
 		Handler:         s.handle,
+		Handles:         []string{typeOrderPaid}, // the rest only advance the cursor
 		DuplicateWindow: broker.DuplicateWindow,
 		// The order service's relay may publish a copy of an event for this
 		// long; the inbox must remember event ids for longer.

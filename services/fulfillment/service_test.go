@@ -443,3 +443,31 @@ func TestGetShipment(t *testing.T) {
 		})
 	}
 }
+
+// A scan begins its transaction in the batch of its claim, so the scan that
+// finds nothing due must end it as surely as the one that delivers: an idle
+// scanner polls often and would soon hold every connection of the pool.
+func TestDeliverDueGivesItsConnectionBack(t *testing.T) {
+	t.Parallel()
+	s := setup(t).service(t) // not running: these scans are the pool's only users
+	orderID := uuid.New()
+	scan := func(want int) {
+		t.Helper()
+		if n, err := s.deliverDue(context.Background()); err != nil || n != want {
+			t.Fatalf("deliverDue: %d, %v; want %d", n, err, want)
+		}
+		waitFor(t, 10*time.Second, "the scan's connection released", func() bool {
+			return s.pool.Stat().AcquiredConns() == 0
+		})
+	}
+	scan(0) // no shipment at all
+	startDirect(t, s, orderID)
+	waitFor(t, 10*time.Second, "the shipment due", func() bool {
+		return count(t, s.pool, `SELECT count(*) FROM shipments WHERE deliver_at <= now()`) == 1
+	})
+	scan(1)
+	scan(0) // delivered already
+	if got := shipmentState(t, s, orderID); got != StateDelivered {
+		t.Fatalf("shipment %s, want %s", got, StateDelivered)
+	}
+}

@@ -104,13 +104,10 @@ const deliverBatch = 100
 // meanwhile is re-checked by Postgres against state = 'STARTED' before it is
 // locked, and dropped, so each shipment is delivered exactly once.
 func (s *Service) deliverDue(ctx context.Context) (int, error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-
-	rows, err := tx.Query(ctx, `
+	var events []outbox.Event
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{}) // BEGIN travels with the claim: one round trip
+	b.Queue(`
 		WITH due AS (
 			SELECT order_id FROM shipments
 			WHERE state = 'STARTED' AND deliver_at <= now()
@@ -121,21 +118,22 @@ func (s *Service) deliverDue(ctx context.Context) (int, error) {
 		UPDATE shipments sh SET state = 'DELIVERED', delivered_at = now()
 		FROM due
 		WHERE sh.order_id = due.order_id AND sh.state = 'STARTED'
-		RETURNING sh.order_id, sh.shipment_id, sh.delivered_at`, deliverBatch)
-	if err != nil {
-		return 0, fmt.Errorf("claim due shipments: %w", err)
-	}
-	var events []outbox.Event
-	for rows.Next() {
-		var orderID, shipmentID uuid.UUID
-		var at time.Time
-		if err := rows.Scan(&orderID, &shipmentID, &at); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("scan delivered shipment: %w", err)
+		RETURNING sh.order_id, sh.shipment_id, sh.delivered_at`, deliverBatch,
+	).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var orderID, shipmentID uuid.UUID
+			var at time.Time
+			if err := rows.Scan(&orderID, &shipmentID, &at); err != nil {
+				return fmt.Errorf("scan delivered shipment: %w", err)
+			}
+			events = append(events, deliveredEvent(orderID, shipmentID, at))
 		}
-		events = append(events, deliveredEvent(orderID, shipmentID, at))
-	}
-	if err := rows.Err(); err != nil {
+		return rows.Err()
+	})
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit; gives the connection back
+	if err := br.Close(); err != nil {
 		return 0, fmt.Errorf("claim due shipments: %w", err)
 	}
 	if len(events) == 0 {

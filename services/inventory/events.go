@@ -142,13 +142,15 @@ func validCurrency(c string) bool {
 	return true
 }
 
+// handledTypes are the ORDERS events inventory acts on (inbox
+// Config.Handles); the others only advance the aggregate's cursor.
+var handledTypes = []string{TypeOrderCreated, TypeOrderClosed, TypeOrderRejected, TypeOrderPaid}
+
 // handle applies one order event inside the inbox transaction tx: the stock
 // change, the events it emits and the inbox record commit together, so a
 // redelivery finds the event processed and changes nothing.
 func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	switch m.Type {
-	case TypeOrderCreated, TypeOrderClosed, TypeOrderRejected, TypeOrderPaid:
-	default:
+	if !slices.Contains(handledTypes, m.Type) {
 		return nil // the sequence check needs every event; we act on four
 	}
 	ev, err := decodeOrderEvent(m)
@@ -175,23 +177,6 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 
 // reserve holds every line of an order or none of them.
 func (s *Service) reserve(ctx context.Context, tx pgx.Tx, orderID string, items []Item) error {
-	decided, released, err := reservationState(ctx, tx, orderID)
-	if err != nil {
-		return err
-	}
-	if decided {
-		// Reserved before (the inbox stops copies of one event; this stops
-		// a second OrderCreated under another id): the answer was sent then.
-		s.log.Debug("order already reserved", "order_id", orderID)
-		return nil
-	}
-	if released {
-		// Closed before we saw it: holding stock now would hold it for ever.
-		s.log.Debug("inventory rejected", "order_id", orderID, "reason", ReasonReleased)
-		return s.emit(ctx, tx, orderID, TypeInventoryRejected,
-			InventoryRejected{OrderID: orderID, Reason: ReasonReleased})
-	}
-
 	skus := make([]string, len(items))
 	for i, it := range items {
 		skus[i] = it.SKU
@@ -200,23 +185,34 @@ func (s *Service) reserve(ctx context.Context, tx pgx.Tx, orderID string, items 
 	// Availability is checked under the row locks, so two orders for the
 	// last unit cannot both see it free: the second waits, then reads the
 	// first one's reservation.
-	stock, err := lockStock(ctx, tx, skus)
+	st, err := lockForReservation(ctx, tx, orderID, skus)
 	if err != nil {
 		return err
 	}
+	if st.decided {
+		// Reserved before (the inbox stops copies of one event; this stops
+		// a second OrderCreated under another id): the answer was sent then.
+		s.log.Debug("order already reserved", "order_id", orderID)
+		return nil
+	}
+	if st.released {
+		// Closed before we saw it: holding stock now would hold it for ever.
+		s.log.Debug("inventory rejected", "order_id", orderID, "reason", ReasonReleased)
+		return s.emit(ctx, tx, orderID, TypeInventoryRejected,
+			InventoryRejected{OrderID: orderID, Reason: ReasonReleased})
+	}
 	for _, it := range items {
-		st, ok := stock[it.SKU]
-		if !ok || st.Available < it.Quantity {
+		stock, ok := st.stock[it.SKU]
+		if !ok || stock.Available < it.Quantity {
 			s.log.Debug("inventory rejected", "order_id", orderID, "reason", ReasonInsufficientStock, "sku", it.SKU)
 			return s.emit(ctx, tx, orderID, TypeInventoryRejected,
 				InventoryRejected{OrderID: orderID, Reason: ReasonInsufficientStock, SKU: it.SKU})
 		}
 	}
-	if err := insertReservation(ctx, tx, orderID, items); err != nil {
-		return err
-	}
+	b := &pgx.Batch{}
+	queueReservation(b, orderID, items)
 	s.log.Debug("inventory reserved", "order_id", orderID, "lines", len(items))
-	return s.emit(ctx, tx, orderID, TypeInventoryReserved, InventoryItems{OrderID: orderID, Items: items})
+	return s.emitWith(ctx, tx, b, orderID, TypeInventoryReserved, InventoryItems{OrderID: orderID, Items: items})
 }
 
 // release gives back what an order holds. With nothing held it leaves a
@@ -224,18 +220,17 @@ func (s *Service) reserve(ctx context.Context, tx pgx.Tx, orderID string, items 
 // (or its reservation dead-lettered and requeued later) and must not hold
 // stock for an order that has ended.
 func (s *Service) release(ctx context.Context, tx pgx.Tx, orderID string) error {
-	items, err := heldItems(ctx, tx, orderID)
+	items, err := heldOrTombstone(ctx, tx, orderID)
 	if err != nil {
 		return err
 	}
 	if len(items) == 0 {
-		return insertTombstone(ctx, tx, orderID)
+		return nil // the tombstone is written
 	}
-	if err := releaseHeld(ctx, tx, orderID, items); err != nil {
-		return err
-	}
+	b := &pgx.Batch{}
+	queueRelease(b, orderID, items)
 	s.log.Debug("inventory released", "order_id", orderID, "lines", len(items))
-	return s.emit(ctx, tx, orderID, TypeInventoryReleased, InventoryItems{OrderID: orderID, Items: items})
+	return s.emitWith(ctx, tx, b, orderID, TypeInventoryReleased, InventoryItems{OrderID: orderID, Items: items})
 }
 
 // commit turns what a paid order holds into sold units. With nothing held
@@ -250,23 +245,40 @@ func (s *Service) commit(ctx context.Context, tx pgx.Tx, orderID string) error {
 		s.log.Debug("nothing to commit", "order_id", orderID)
 		return nil
 	}
-	if err := commitHeld(ctx, tx, orderID, items); err != nil {
-		return err
-	}
+	b := &pgx.Batch{}
+	queueCommit(b, orderID, items)
 	s.log.Debug("inventory committed", "order_id", orderID, "lines", len(items))
-	return s.emit(ctx, tx, orderID, TypeInventoryCommitted, InventoryItems{OrderID: orderID, Items: items})
+	return s.emitWith(ctx, tx, b, orderID, TypeInventoryCommitted, InventoryItems{OrderID: orderID, Items: items})
 }
 
 // emit adds one event about an order to the outbox, in tx.
 func (s *Service) emit(ctx context.Context, tx pgx.Tx, orderID, typ string, payload any) error {
-	return s.outbox.Add(ctx, tx, outbox.Event{
+	return s.outbox.Add(ctx, tx, orderEventOf(orderID, typ, payload))
+}
+
+// emitWith sends the writes queued in b and the event about the order that
+// they cause in one round trip, in tx.
+func (s *Service) emitWith(ctx context.Context, tx pgx.Tx, b *pgx.Batch, orderID, typ string, payload any) error {
+	if err := s.outbox.Queue(b, orderEventOf(orderID, typ, payload)); err != nil {
+		return err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("write %s of %s: %w", typ, orderID, err)
+	}
+	return nil
+}
+
+// orderEventOf builds an event of the order aggregate on the contract's
+// subject inventory.<order_id>.<Type>.
+func orderEventOf(orderID, typ string, payload any) outbox.Event {
+	return outbox.Event{
 		AggregateType: "order",
 		AggregateID:   orderID,
 		Type:          typ,
 		SchemaVersion: 1,
 		Subject:       subjectPrefix + "." + orderID + "." + typ,
 		Payload:       payload,
-	})
+	}
 }
 
 // productEvent is the ProductUpdated event of a stock row.

@@ -405,3 +405,153 @@ func TestHandlerSkipsAndPoisons(t *testing.T) {
 		t.Fatalf("%d events", n)
 	}
 }
+
+// The reservation's writes are sent together after the checks; a failure
+// part way through them (here a trigger refusing one reservation row after
+// stock.reserved has grown for every line) must undo all of them with the
+// transaction: nothing held, nothing emitted.
+func TestReservationFailingHalfWayHoldsNothing(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 10, 100)
+	f.seed(t, "B", 10, 100)
+	for _, sql := range []string{
+		`CREATE FUNCTION refuse_b() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.sku = 'B' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER refuse_b BEFORE INSERT ON reservations FOR EACH ROW EXECUTE FUNCTION refuse_b()`,
+	} {
+		if _, err := f.pool.Exec(t.Context(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := uuid.NewString()
+	created := message(t, o, 1, TypeOrderCreated, orderCreated(o, Item{"A", 2}, Item{"B", 1}))
+	if err := f.apply(t, created); err == nil {
+		t.Fatal("the refused reservation was applied")
+	}
+	if a, b := f.stock(t, "A"), f.stock(t, "B"); a.Reserved != 0 || b.Reserved != 0 {
+		t.Fatalf("a failed reservation holds stock: A %+v, B %+v", a, b)
+	}
+	if n := f.count(t, `SELECT count(*) FROM reservations`); n != 0 {
+		t.Fatalf("%d reservation rows after a failed reservation", n)
+	}
+	if evs := f.events(t, o); len(evs) != 0 {
+		t.Fatalf("a failed reservation emitted %v", types(evs))
+	}
+
+	// The retry, once the cause is gone, holds every line.
+	if _, err := f.pool.Exec(t.Context(), `DROP TRIGGER refuse_b ON reservations`); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.apply(t, created); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := f.stock(t, "A"), f.stock(t, "B"); a.Reserved != 2 || b.Reserved != 1 {
+		t.Fatalf("after the retry: A %+v, B %+v", a, b)
+	}
+}
+
+// Lines of one SKU are one reservation row; committing and releasing move
+// their sum, and only a release that finds nothing held leaves a tombstone.
+func TestSameSKULinesCommitAndRelease(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 20, 100)
+	f.seed(t, "B", 20, 100)
+	paid, closed := uuid.NewString(), uuid.NewString()
+	for i, m := range []inbox.Message{
+		message(t, paid, 1, TypeOrderCreated, orderCreated(paid, Item{"A", 2}, Item{"B", 1}, Item{"A", 3})),
+		message(t, closed, 1, TypeOrderCreated, orderCreated(closed, Item{"B", 4}, Item{"B", 4})),
+		message(t, paid, 2, TypeOrderPaid, orderPaid(paid)),
+		message(t, closed, 2, TypeOrderClosed, orderClosed(closed, "customer_cancel")),
+	} {
+		if err := f.apply(t, m); err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+	}
+	for _, tc := range []struct {
+		orderID string
+		typ     string
+		items   []Item
+	}{
+		{paid, TypeInventoryCommitted, []Item{{"A", 5}, {"B", 1}}},
+		{closed, TypeInventoryReleased, []Item{{"B", 8}}},
+	} {
+		evs := f.events(t, tc.orderID)
+		if len(evs) != 2 || evs[1].Type != tc.typ {
+			t.Fatalf("%s: events %v, want InventoryReserved and %s", tc.orderID, types(evs), tc.typ)
+		}
+		if got := decode[InventoryItems](t, evs[1].Payload); !slices.Equal(got.Items, tc.items) {
+			t.Fatalf("%s %v, want %v", tc.typ, got.Items, tc.items)
+		}
+	}
+	for sku, want := range map[string]stockRow{
+		"A": {Stock: Stock{SKU: "A", OnHand: 15, Reserved: 0, Available: 15, Sold: 5, Price: 100}, Supplied: 20},
+		"B": {Stock: Stock{SKU: "B", OnHand: 19, Reserved: 0, Available: 19, Sold: 1, Price: 100}, Supplied: 20},
+	} {
+		if got := f.stock(t, sku); got != want {
+			t.Errorf("stock %s = %+v, want %+v", sku, got, want)
+		}
+	}
+	if n := f.count(t, `SELECT count(*) FROM released_orders`); n != 0 {
+		t.Fatalf("%d tombstones, though every release found stock held", n)
+	}
+	// A second close finds nothing held: now it leaves one.
+	if err := f.apply(t, message(t, closed, 3, TypeOrderClosed, orderClosed(closed, "customer_cancel"))); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.count(t, `SELECT count(*) FROM released_orders WHERE order_id = $1`, closed); n != 1 {
+		t.Fatalf("%d tombstones after a release with nothing held", n)
+	}
+	if got := types(f.events(t, closed)); len(got) != 2 {
+		t.Fatalf("the second close emitted: %v", got)
+	}
+}
+
+// Commits and releases lock the stock rows of their lines in SKU order
+// before they change them, so concurrent ones over the same SKUs, whatever
+// the order of their lines in OrderCreated, finish without a deadlock and
+// leave stock conserved.
+func TestConcurrentCommitsAndReleasesDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	skus := []string{"A", "B", "C", "D"}
+	for _, sku := range skus {
+		f.seed(t, sku, 1000, 100)
+	}
+	const orders = 40
+	ids := make([]string, orders)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("order-%03d", i)
+		// Every order takes every SKU, starting at a different one.
+		var items []Item
+		for j := range skus {
+			items = append(items, Item{skus[(i+j)%len(skus)], 1})
+		}
+		if err := f.apply(t, message(t, ids[i], 1, TypeOrderCreated, orderCreated(ids[i], items...))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i, o := range ids {
+		wg.Go(func() {
+			m := message(t, o, 2, TypeOrderPaid, orderPaid(o))
+			if i%2 == 1 {
+				m = message(t, o, 2, TypeOrderClosed, orderClosed(o, "payment_timeout"))
+			}
+			if err := f.apply(t, m); err != nil {
+				t.Errorf("order %s: %v", o, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, sku := range skus {
+		st := f.stock(t, sku)
+		if st.Reserved != 0 || st.Sold != orders/2 || st.OnHand+st.Sold != st.Supplied {
+			t.Errorf("stock %s %+v, want nothing reserved and %d sold", sku, st, orders/2)
+		}
+	}
+}

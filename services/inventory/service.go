@@ -90,6 +90,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		Name:            ConsumerName,
 		Stream:          OrdersStream,
 		Handler:         s.handle,
+		Handles:         handledTypes,
 		DuplicateWindow: broker.DuplicateWindow,
 		// The order service's relay may publish a copy of an event this
 		// long after the first; the inbox must remember ids longer.

@@ -99,67 +99,84 @@ func setStock(ctx context.Context, tx pgx.Tx, sku string, onHand, price int64) (
 	return s, nil
 }
 
-// lockStock locks the stock rows of skus for the rest of tx and returns them
-// by SKU; unknown SKUs are absent. Rows are locked in SKU order whatever the
-// order of skus: every transaction that locks several stock rows goes
-// through here, so two of them never wait for each other in a cycle.
-func lockStock(ctx context.Context, tx pgx.Tx, skus []string) (map[string]Stock, error) {
-	rows, err := tx.Query(ctx, `SELECT `+stockColumns+` FROM stock WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`, skus)
-	if err != nil {
-		return nil, fmt.Errorf("lock stock: %w", err)
+// queueLockStock queues into b the statement that locks the stock rows of
+// skus for the rest of the transaction; when b is sent it stores them in
+// into by SKU (unknown SKUs are absent), or only locks them if into is nil.
+// Rows are locked in SKU order whatever the order of skus: every
+// transaction that locks several stock rows goes through here, so two of
+// them never wait for each other in a cycle. What b queues after it runs
+// once every lock is held.
+func queueLockStock(b *pgx.Batch, skus []string, into map[string]Stock) {
+	q := b.Queue(`SELECT `+stockColumns+` FROM stock WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`, skus)
+	if into == nil {
+		return // the rows are read and dropped when b is closed; the locks stay
 	}
-	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stock, error) { return scanStock(r) })
-	if err != nil {
-		return nil, fmt.Errorf("lock stock: %w", err)
-	}
-	bySKU := make(map[string]Stock, len(got))
-	for _, s := range got {
-		bySKU[s.SKU] = s
-	}
-	return bySKU, nil
+	q.Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			s, err := scanStock(rows)
+			if err != nil {
+				return err
+			}
+			into[s.SKU] = s
+		}
+		return rows.Err()
+	})
 }
 
-// reservationState reports what is recorded about orderID: whether any
-// reservation rows exist (in any state) and whether it has a tombstone.
-func reservationState(ctx context.Context, tx pgx.Tx, orderID string) (decided, released bool, err error) {
-	err = tx.QueryRow(ctx, `
+// reservationState is what is recorded about an order when its
+// OrderCreated is handled, and the stock its lines ask for.
+type reservationState struct {
+	decided  bool             // reservation rows exist, in any state
+	released bool             // the order has a tombstone
+	stock    map[string]Stock // locked for the rest of tx, by SKU; unknown SKUs are absent
+}
+
+// lockForReservation reads what is recorded about orderID and locks the
+// stock rows of skus (queueLockStock), in one round trip. The stock rows
+// are locked even when the order turns out to be decided already: that is
+// a rare copy of an event, and costs only locks held until tx ends.
+func lockForReservation(ctx context.Context, tx pgx.Tx, orderID string, skus []string) (reservationState, error) {
+	st := reservationState{stock: make(map[string]Stock, len(skus))}
+	b := &pgx.Batch{}
+	b.Queue(`
 		SELECT EXISTS (SELECT 1 FROM reservations WHERE order_id = $1),
-		       EXISTS (SELECT 1 FROM released_orders WHERE order_id = $1)`, orderID).Scan(&decided, &released)
-	if err != nil {
-		return false, false, fmt.Errorf("read reservation state of %s: %w", orderID, err)
+		       EXISTS (SELECT 1 FROM released_orders WHERE order_id = $1)`, orderID,
+	).QueryRow(func(r pgx.Row) error { return r.Scan(&st.decided, &st.released) })
+	queueLockStock(b, skus, st.stock)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return reservationState{}, fmt.Errorf("read reservation state of %s and lock its stock: %w", orderID, err)
 	}
-	return decided, released, nil
+	return st, nil
 }
 
-// insertReservation holds items for orderID: stock.reserved grows and one
-// RESERVED row per SKU is written. The caller has locked the stock rows
-// (lockStock) and checked availability under that lock.
-func insertReservation(ctx context.Context, tx pgx.Tx, orderID string, items []Item) error {
+// queueReservation queues into b what holds items for orderID:
+// stock.reserved grows and one RESERVED row per SKU is written. The caller
+// has locked the stock rows (lockForReservation) and checked availability
+// under that lock.
+func queueReservation(b *pgx.Batch, orderID string, items []Item) {
 	skus, qtys := columns(items)
-	if _, err := tx.Exec(ctx, `
+	b.Queue(`
 		UPDATE stock SET reserved = stock.reserved + q.qty, updated_at = now()
 		FROM unnest($1::text[], $2::bigint[]) AS q(sku, qty)
-		WHERE stock.sku = q.sku`, skus, qtys); err != nil {
-		return fmt.Errorf("reserve stock for %s: %w", orderID, err)
-	}
-	if _, err := tx.Exec(ctx, `
+		WHERE stock.sku = q.sku`, skus, qtys)
+	b.Queue(`
 		INSERT INTO reservations (order_id, sku, quantity, state)
 		SELECT $1, q.sku, q.qty, 'RESERVED'
-		FROM unnest($2::text[], $3::bigint[]) AS q(sku, qty)`, orderID, skus, qtys); err != nil {
-		return fmt.Errorf("insert reservations of %s: %w", orderID, err)
-	}
-	return nil
+		FROM unnest($2::text[], $3::bigint[]) AS q(sku, qty)`, orderID, skus, qtys)
 }
 
-// heldItems locks and returns what orderID holds in RESERVED state, in SKU
+// heldSQL locks and returns what an order holds in RESERVED state, in SKU
 // order. The reservation rows are locked before the stock rows; reserving
 // locks stock first and then only inserts rows of its own order, which no
 // other transaction can hold, so the two orders cannot form a cycle.
+const heldSQL = `
+	SELECT sku, quantity FROM reservations
+	WHERE order_id = $1 AND state = 'RESERVED'
+	ORDER BY sku FOR UPDATE`
+
+// heldItems locks and returns what orderID holds (heldSQL).
 func heldItems(ctx context.Context, tx pgx.Tx, orderID string) ([]Item, error) {
-	rows, err := tx.Query(ctx, `
-		SELECT sku, quantity FROM reservations
-		WHERE order_id = $1 AND state = 'RESERVED'
-		ORDER BY sku FOR UPDATE`, orderID)
+	rows, err := tx.Query(ctx, heldSQL, orderID)
 	if err != nil {
 		return nil, fmt.Errorf("read reservations of %s: %w", orderID, err)
 	}
@@ -170,60 +187,63 @@ func heldItems(ctx context.Context, tx pgx.Tx, orderID string) ([]Item, error) {
 	return items, nil
 }
 
-// releaseHeld returns the held items of orderID to available stock.
-func releaseHeld(ctx context.Context, tx pgx.Tx, orderID string, items []Item) error {
-	skus, qtys := columns(items)
-	if _, err := lockStock(ctx, tx, skus); err != nil {
+// heldOrTombstone is heldItems for a release: when orderID holds nothing
+// it also records that the order was released (a tombstone), so that its
+// OrderCreated, should it come later, reserves nothing. Both statements go
+// in one round trip; the tombstone's own check for RESERVED rows runs after
+// heldSQL has locked them, so it agrees with the items returned.
+func heldOrTombstone(ctx context.Context, tx pgx.Tx, orderID string) ([]Item, error) {
+	var items []Item
+	b := &pgx.Batch{}
+	b.Queue(heldSQL, orderID).Query(func(rows pgx.Rows) error {
+		var err error
+		items, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Item])
 		return err
+	})
+	b.Queue(`
+		INSERT INTO released_orders (order_id)
+		SELECT $1 WHERE NOT EXISTS (
+			SELECT 1 FROM reservations WHERE order_id = $1 AND state = 'RESERVED')
+		ON CONFLICT (order_id) DO NOTHING`, orderID)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("read reservations of %s or leave its tombstone: %w", orderID, err)
 	}
-	if _, err := tx.Exec(ctx, `
-		UPDATE stock SET reserved = stock.reserved - q.qty, updated_at = now()
-		FROM unnest($1::text[], $2::bigint[]) AS q(sku, qty)
-		WHERE stock.sku = q.sku`, skus, qtys); err != nil {
-		return fmt.Errorf("release stock of %s: %w", orderID, err)
-	}
-	return setState(ctx, tx, orderID, "RELEASED")
+	return items, nil
 }
 
-// commitHeld turns the held items of orderID into sold units: they leave
-// on_hand and reserved and join sold, so on_hand + sold stays equal to
-// supplied.
-func commitHeld(ctx context.Context, tx pgx.Tx, orderID string, items []Item) error {
+// queueRelease queues into b what returns the held items of orderID to
+// available stock.
+func queueRelease(b *pgx.Batch, orderID string, items []Item) {
 	skus, qtys := columns(items)
-	if _, err := lockStock(ctx, tx, skus); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `
+	queueLockStock(b, skus, nil)
+	b.Queue(`
+		UPDATE stock SET reserved = stock.reserved - q.qty, updated_at = now()
+		FROM unnest($1::text[], $2::bigint[]) AS q(sku, qty)
+		WHERE stock.sku = q.sku`, skus, qtys)
+	queueSetState(b, orderID, "RELEASED")
+}
+
+// queueCommit queues into b what turns the held items of orderID into sold
+// units: they leave on_hand and reserved and join sold, so on_hand + sold
+// stays equal to supplied.
+func queueCommit(b *pgx.Batch, orderID string, items []Item) {
+	skus, qtys := columns(items)
+	queueLockStock(b, skus, nil)
+	b.Queue(`
 		UPDATE stock
 		SET on_hand  = stock.on_hand - q.qty,
 		    reserved = stock.reserved - q.qty,
 		    sold     = stock.sold + q.qty,
 		    updated_at = now()
 		FROM unnest($1::text[], $2::bigint[]) AS q(sku, qty)
-		WHERE stock.sku = q.sku`, skus, qtys); err != nil {
-		return fmt.Errorf("commit stock of %s: %w", orderID, err)
-	}
-	return setState(ctx, tx, orderID, "COMMITTED")
+		WHERE stock.sku = q.sku`, skus, qtys)
+	queueSetState(b, orderID, "COMMITTED")
 }
 
-func setState(ctx context.Context, tx pgx.Tx, orderID, state string) error {
-	if _, err := tx.Exec(ctx, `
+func queueSetState(b *pgx.Batch, orderID, state string) {
+	b.Queue(`
 		UPDATE reservations SET state = $2, updated_at = now()
-		WHERE order_id = $1 AND state = 'RESERVED'`, orderID, state); err != nil {
-		return fmt.Errorf("mark reservations of %s %s: %w", orderID, state, err)
-	}
-	return nil
-}
-
-// insertTombstone records that orderID was released while nothing was held
-// for it, so that its OrderCreated, should it come later, reserves nothing.
-func insertTombstone(ctx context.Context, tx pgx.Tx, orderID string) error {
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO released_orders (order_id) VALUES ($1)
-		ON CONFLICT (order_id) DO NOTHING`, orderID); err != nil {
-		return fmt.Errorf("insert tombstone of %s: %w", orderID, err)
-	}
-	return nil
+		WHERE order_id = $1 AND state = 'RESERVED'`, orderID, state)
 }
 
 func columns(items []Item) (skus []string, qtys []int64) {

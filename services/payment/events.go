@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -59,12 +60,14 @@ type orderEvent struct {
 	Reason    string `json:"reason"`
 }
 
+// handledTypes are the ORDERS events payment acts on (inbox
+// Config.Handles); the others only advance the aggregate's cursor.
+var handledTypes = []string{"OrderCreated", "OrderAwaitingPayment", "OrderPaid", "OrderClosed", "OrderRejected", "RefundRequested"}
+
 // handle applies one ORDERS event inside its inbox transaction.
 func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	switch m.Type {
-	case "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "OrderClosed", "OrderRejected", "RefundRequested":
-	default:
-		return nil // not ours; returning nil still advances the sequence cursor
+	if !slices.Contains(handledTypes, m.Type) {
+		return nil // not ours; the inbox still advances the sequence cursor
 	}
 	if m.SchemaVersion != 1 {
 		return inbox.Poison(fmt.Errorf("%s schema version %d is not supported", m.Type, m.SchemaVersion))

@@ -110,7 +110,7 @@ func (s *Service) handleSimulate(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteProblem(w, r, s.log, httpx.Invalid("outcome must be %q or %q", StatusSucceeded, StatusFailed))
 		return
 	}
-	in, err := getIntent(r.Context(), s.pool, chi.URLParam(r, "order_id"), false)
+	in, err := getIntent(r.Context(), s.pool, chi.URLParam(r, "order_id"))
 	if err == nil && in.State == StatePending {
 		err = ErrNotPayable
 	}
@@ -143,27 +143,12 @@ func (s *Service) handleSimulate(w http.ResponseWriter, r *http.Request) {
 // handleGet shows what payment knows of an order: its intent, payments and
 // refunds. Provider ids are shown in full here: this is the operator's view.
 func (s *Service) handleGet(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	in, err := getIntent(ctx, s.pool, chi.URLParam(r, "order_id"), false)
+	v, err := readOrderView(r.Context(), s.pool, chi.URLParam(r, "order_id"))
 	if err != nil {
 		httpx.WriteProblem(w, r, s.log, problemOf(err))
 		return
 	}
-	ps, err := listPayments(ctx, s.pool, in.OrderID)
-	if err != nil {
-		httpx.WriteProblem(w, r, s.log, err)
-		return
-	}
-	rs, err := listRefunds(ctx, s.pool, in.OrderID)
-	if err != nil {
-		httpx.WriteProblem(w, r, s.log, err)
-		return
-	}
-	httpx.WriteJSON(w, http.StatusOK, struct {
-		Intent
-		Payments []Payment `json:"payments"`
-		Refunds  []Refund  `json:"refunds"`
-	}{in, ps, rs})
+	httpx.WriteJSON(w, http.StatusOK, v)
 }
 
 // problemOf maps the domain errors to problem responses; anything else

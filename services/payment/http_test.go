@@ -300,3 +300,39 @@ func TestSimulate(t *testing.T) {
 	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"maybe"}`), hdr), http.StatusUnprocessableEntity, "invalid-request")
 	wantProblem(t, e.do(t, http.MethodGet, "/payments/"+uuid.NewString(), nil, nil), http.StatusNotFound, "order-not-found")
 }
+
+// The callback transaction begins in the batch of its first reads, so every
+// way out of it, refusals and replays included, must end it: a connection
+// left in an open transaction would never return to the pool.
+func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t) // nothing running: the test's requests are the pool's only users
+	payable := e.intent(t, StatePayable, 300)
+	pending := e.intent(t, StatePending, 300)
+	ok := Callback{OrderID: payable, ProviderPaymentID: "pay_conn", Status: StatusSucceeded, Amount: 300}
+	conflict := ok
+	conflict.Status = StatusFailed
+	mismatch := ok
+	mismatch.ProviderPaymentID, mismatch.Amount = "pay_conn_2", 299
+
+	for _, tc := range []struct {
+		name   string
+		cb     Callback
+		status int
+	}{
+		{"recorded", ok, http.StatusOK},
+		{"replayed", ok, http.StatusOK},
+		{"conflict", conflict, http.StatusConflict},
+		{"amount mismatch", mismatch, http.StatusUnprocessableEntity},
+		{"not payable", Callback{OrderID: pending, ProviderPaymentID: "pay_p", Status: StatusSucceeded, Amount: 300}, http.StatusConflict},
+		{"unknown order", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusNotFound},
+	} {
+		if rec := e.signed(t, tc.cb); rec.Code != tc.status {
+			t.Fatalf("%s: status %d %s, want %d", tc.name, rec.Code, rec.Body, tc.status)
+		}
+		eventually(t, tc.name+": the connection released", func() bool { return e.db.Pool.Stat().AcquiredConns() == 0 })
+	}
+	if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d payments, want 1", n)
+	}
+}

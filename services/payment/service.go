@@ -109,6 +109,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		Name:            ConsumerName,
 		Stream:          "ORDERS",
 		Handler:         s.handle,
+		Handles:         handledTypes,
 		Workers:         consumerWorkers(pool),
 		DuplicateWindow: broker.DuplicateWindow,
 		// The order service's relay may publish a copy this long after the
@@ -160,57 +161,54 @@ func (s *Service) recordCallback(ctx context.Context, cb Callback) (p Payment, r
 	return p, replayed, err
 }
 
-func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (p Payment, replayed bool, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		in, err := getIntent(ctx, tx, cb.OrderID, true)
-		if err != nil {
-			return err
-		}
-		// Replay first: a callback accepted once is answered the same way
-		// whatever the order has done since.
-		p, err = paymentByProviderID(ctx, tx, cb.ProviderPaymentID)
-		switch {
-		case err == nil:
-			if p.OrderID != cb.OrderID || p.Status != cb.Status || p.Amount != cb.Amount {
-				return ErrPaymentConflict
-			}
-			replayed = true
-			return nil
-		case !errors.Is(err, ErrNotFound):
-			return err
-		}
-		if in.State == StatePending {
-			return ErrNotPayable
-		}
-		if cb.Amount != in.Amount {
-			return ErrAmountMismatch
-		}
-		// Any other state is accepted: a success for a CLOSED or already
-		// PAID order means money was taken, and the order saga turns the
-		// event into a refund request. Refusing it would lose that money.
-		id, err := uuid.NewV7()
-		if err != nil {
-			return fmt.Errorf("new payment id: %w", err)
-		}
-		now := s.cfg.Now()
-		p = Payment{
-			PaymentID:         id,
-			OrderID:           cb.OrderID,
-			ProviderPaymentID: cb.ProviderPaymentID,
-			Status:            cb.Status,
-			Amount:            cb.Amount,
-			CreatedAt:         now,
-		}
-		if err := insertPayment(ctx, tx, p); err != nil {
-			return err
-		}
-		return s.outbox.Add(ctx, tx, paymentEvent(p, now))
-	})
+func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, bool, error) {
+	tx, in, recorded, err := beginCallback(ctx, s.pool, cb)
 	if err != nil {
 		return Payment{}, false, err
 	}
-	if !replayed {
-		s.log.Info("payment recorded", "order_id", p.OrderID, "payment_id", p.PaymentID, "status", p.Status, "amount", p.Amount)
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	// Replay first: a callback accepted once is answered the same way
+	// whatever the order has done since.
+	if recorded != nil {
+		if recorded.OrderID != cb.OrderID || recorded.Status != cb.Status || recorded.Amount != cb.Amount {
+			return Payment{}, false, ErrPaymentConflict
+		}
+		return *recorded, true, nil
 	}
-	return p, replayed, nil
+	if in.State == StatePending {
+		return Payment{}, false, ErrNotPayable
+	}
+	if cb.Amount != in.Amount {
+		return Payment{}, false, ErrAmountMismatch
+	}
+	// Any other state is accepted: a success for a CLOSED or already
+	// PAID order means money was taken, and the order saga turns the
+	// event into a refund request. Refusing it would lose that money.
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Payment{}, false, fmt.Errorf("new payment id: %w", err)
+	}
+	now := s.cfg.Now()
+	p := Payment{
+		PaymentID:         id,
+		OrderID:           cb.OrderID,
+		ProviderPaymentID: cb.ProviderPaymentID,
+		Status:            cb.Status,
+		Amount:            cb.Amount,
+		CreatedAt:         now,
+	}
+	// The payment and its event travel in one round trip.
+	b := &pgx.Batch{}
+	queueInsertPayment(b, p)
+	if err := s.outbox.Queue(b, paymentEvent(p, now)); err != nil {
+		return Payment{}, false, err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return Payment{}, false, fmt.Errorf("insert payment: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Payment{}, false, fmt.Errorf("commit payment: %w", err)
+	}
+	s.log.Info("payment recorded", "order_id", p.OrderID, "payment_id", p.PaymentID, "status", p.Status, "amount", p.Amount)
+	return p, false, nil
 }

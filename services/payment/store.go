@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DB is what the read functions need: a *pgxpool.Pool or a pgx.Tx.
@@ -69,15 +70,13 @@ type Refund struct {
 	LastError        *string   `json:"last_error"`
 }
 
-func getIntent(ctx context.Context, db DB, orderID string, forUpdate bool) (Intent, error) {
-	q := `SELECT order_id, state, amount, updated_at FROM intents WHERE order_id = $1`
-	if forUpdate {
-		// Serializes callbacks of one order, so that a twin of a callback
-		// waits and then finds the first one's payment (a replay).
-		q += ` FOR UPDATE`
-	}
+const intentColumns = `order_id, state, amount, updated_at`
+
+// getIntent reads orderID's intent, or returns ErrNotFound.
+func getIntent(ctx context.Context, db DB, orderID string) (Intent, error) {
 	var in Intent
-	err := db.QueryRow(ctx, q, orderID).Scan(&in.OrderID, &in.State, &in.Amount, &in.UpdatedAt)
+	err := db.QueryRow(ctx, `SELECT `+intentColumns+` FROM intents WHERE order_id = $1`, orderID).
+		Scan(&in.OrderID, &in.State, &in.Amount, &in.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return in, ErrNotFound
 	}
@@ -88,12 +87,6 @@ func getIntent(ctx context.Context, db DB, orderID string, forUpdate bool) (Inte
 }
 
 const paymentColumns = `payment_id, order_id, provider_payment_id, status, amount, created_at`
-
-// paymentByProviderID returns the payment recorded for a provider payment
-// id, or ErrNotFound.
-func paymentByProviderID(ctx context.Context, db DB, providerPaymentID string) (Payment, error) {
-	return onePayment(ctx, db, `SELECT `+paymentColumns+` FROM payments WHERE provider_payment_id = $1`, providerPaymentID)
-}
 
 func paymentByID(ctx context.Context, db DB, id uuid.UUID) (Payment, error) {
 	return onePayment(ctx, db, `SELECT `+paymentColumns+` FROM payments WHERE payment_id = $1`, id)
@@ -111,24 +104,86 @@ func onePayment(ctx context.Context, db DB, q string, arg any) (Payment, error) 
 	return p, nil
 }
 
-func listPayments(ctx context.Context, db DB, orderID string) ([]Payment, error) {
-	rows, _ := db.Query(ctx, `SELECT `+paymentColumns+` FROM payments WHERE order_id = $1 ORDER BY created_at, payment_id`, orderID)
-	ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Payment])
-	if err != nil {
-		return nil, fmt.Errorf("list payments: %w", err)
+// collectInto is a batch callback that collects a query's rows into *dst.
+func collectInto[T any](dst *[]T) func(pgx.Rows) error {
+	return func(rows pgx.Rows) error {
+		var err error
+		*dst, err = pgx.CollectRows(rows, pgx.RowToStructByPos[T])
+		return err
 	}
-	return ps, nil
 }
 
-func insertPayment(ctx context.Context, tx pgx.Tx, p Payment) error {
-	_, err := tx.Exec(ctx, `
+// beginCallback begins the transaction that records a callback and, in the
+// same round trip, reads what the callback is checked against: its order's
+// intent and the payment already recorded under its provider payment id
+// (nil if none). The intent is read FOR UPDATE, which serializes callbacks
+// of one order: a twin of a callback waits there, and the payment read, a
+// statement of its own that takes its snapshot only once the lock is held,
+// then finds the first one's payment (a replay). With no intent it returns
+// ErrNotFound and no transaction.
+func beginCallback(ctx context.Context, pool *pgxpool.Pool, cb Callback) (tx pgx.Tx, in Intent, recorded *Payment, err error) {
+	var intents []Intent
+	var payments []Payment
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(`SELECT `+intentColumns+` FROM intents WHERE order_id = $1 FOR UPDATE`, cb.OrderID).
+		Query(collectInto(&intents))
+	b.Queue(`SELECT `+paymentColumns+` FROM payments WHERE provider_payment_id = $1`, cb.ProviderPaymentID).
+		Query(collectInto(&payments))
+	br := pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	switch err = br.Close(); {
+	case err != nil:
+		err = fmt.Errorf("read intent and payment: %w", err)
+	case len(intents) == 0:
+		err = ErrNotFound
+	}
+	if err != nil {
+		_ = tx.Rollback(ctx) // gives the connection back to the pool
+		return nil, Intent{}, nil, err
+	}
+	if len(payments) > 0 {
+		recorded = &payments[0] // provider_payment_id is unique
+	}
+	return tx, intents[0], recorded, nil
+}
+
+// orderView is what payment knows of an order: its intent, payments and
+// refunds.
+type orderView struct {
+	Intent
+	Payments []Payment `json:"payments"`
+	Refunds  []Refund  `json:"refunds"`
+}
+
+// readOrderView reads orderID's intent, payments and refunds in one round
+// trip, or returns ErrNotFound.
+func readOrderView(ctx context.Context, pool *pgxpool.Pool, orderID string) (orderView, error) {
+	var v orderView
+	var intents []Intent
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+intentColumns+` FROM intents WHERE order_id = $1`, orderID).
+		Query(collectInto(&intents))
+	b.Queue(`SELECT `+paymentColumns+` FROM payments WHERE order_id = $1 ORDER BY created_at, payment_id`, orderID).
+		Query(collectInto(&v.Payments))
+	b.Queue(`SELECT `+refundColumns+` FROM refunds WHERE order_id = $1 ORDER BY created_at, refund_id`, orderID).
+		Query(collectInto(&v.Refunds))
+	if err := pool.SendBatch(ctx, b).Close(); err != nil {
+		return orderView{}, fmt.Errorf("read intent, payments and refunds: %w", err)
+	}
+	if len(intents) == 0 {
+		return orderView{}, ErrNotFound
+	}
+	v.Intent = intents[0]
+	return v, nil
+}
+
+// queueInsertPayment queues into b the insert of p.
+func queueInsertPayment(b *pgx.Batch, p Payment) {
+	b.Queue(`
 		INSERT INTO payments (payment_id, order_id, provider_payment_id, status, amount, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6)`,
 		p.PaymentID, p.OrderID, p.ProviderPaymentID, p.Status, p.Amount, p.CreatedAt)
-	if err != nil {
-		return fmt.Errorf("insert payment: %w", err)
-	}
-	return nil
 }
 
 // The intent writes below run in the inbox transaction of the ORDERS event
@@ -246,15 +301,6 @@ func failRefund(ctx context.Context, db DB, refundID uuid.UUID, cause string, re
 		return fmt.Errorf("record refund failure: %w", err)
 	}
 	return nil
-}
-
-func listRefunds(ctx context.Context, db DB, orderID string) ([]Refund, error) {
-	rows, _ := db.Query(ctx, `SELECT `+refundColumns+` FROM refunds WHERE order_id = $1 ORDER BY created_at, refund_id`, orderID)
-	rs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Refund])
-	if err != nil {
-		return nil, fmt.Errorf("list refunds: %w", err)
-	}
-	return rs, nil
 }
 
 func isUniqueViolation(err error) bool {
