@@ -279,7 +279,7 @@ func TestComposeEnvVars(t *testing.T) {
 	}
 	for _, v := range vars {
 		value := "42h" // a duration, and a string
-		if v == "NATS_REPLICAS" {
+		if v == "NATS_REPLICAS" || v == "ORDER_MAX_BACKLOG" {
 			value = "3" // a count
 		}
 		cfg, err := LoadConfig(func(k string) string {

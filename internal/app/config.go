@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/services/order"
 )
 
 // Defaults of the contract's configuration.
@@ -58,6 +59,10 @@ type Config struct {
 	// IdempotencyKeyTTL is how long the order service remembers an
 	// Idempotency-Key (IDEMPOTENCY_KEY_TTL, default 24h).
 	IdempotencyKeyTTL time.Duration
+	// OrderMaxBacklog is how many events the saga's consumers may have left
+	// to settle before POST /orders answers 503 with Retry-After
+	// (ORDER_MAX_BACKLOG, default 1000; 0: never shed).
+	OrderMaxBacklog int64
 	// NATSReplicas is how many copies JetStream keeps of each stream
 	// (NATS_REPLICAS, default 1): 3 on a three-node cluster.
 	NATSReplicas int
@@ -89,6 +94,14 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		WebhookSecret: cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
 		NATSReplicas:  1,
 		DashboardAddr: cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
+	}
+	cfg.OrderMaxBacklog = order.DefaultMaxBacklog
+	if v := getenv("ORDER_MAX_BACKLOG"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return Config{}, fmt.Errorf("ORDER_MAX_BACKLOG=%q: want a count of events, 0 to never shed orders", v)
+		}
+		cfg.OrderMaxBacklog = n
 	}
 	if v := getenv("NATS_REPLICAS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -157,6 +170,7 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
 	fs.StringVar(&cfg.DashboardAddr, "dashboard-addr", cfg.DashboardAddr, "HTTP listen `address` of the dashboard of shop all (DASHBOARD_ADDR)")
+	fs.Int64Var(&cfg.OrderMaxBacklog, "order-max-backlog", cfg.OrderMaxBacklog, "saga events waiting for consumers above which POST /orders is 503; 0: never (ORDER_MAX_BACKLOG)")
 	fs.DurationVar(&cfg.IdempotencyKeyTTL, "idempotency-key-ttl", cfg.IdempotencyKeyTTL, "how long Idempotency-Keys are remembered (IDEMPOTENCY_KEY_TTL)")
 }
 

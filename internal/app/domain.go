@@ -34,7 +34,11 @@ func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Conf
 	observe func(consumer string, d time.Duration)) (domain, error) {
 	switch name {
 	case "order":
-		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL,
+		maxBacklog := cfg.OrderMaxBacklog
+		if maxBacklog == 0 {
+			maxBacklog = -1 // the variable's 0 means never; order.Config's 0 means its default
+		}
+		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL, MaxBacklog: maxBacklog,
 			Logger: log, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
 	case "inventory":
 		return inventory.New(pool, js, inventory.Config{Logger: log, ObserveInboxFunc: observe,

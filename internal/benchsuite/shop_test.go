@@ -71,7 +71,8 @@ type shop struct {
 	dir      string
 	dbName   string
 	dbURL    string
-	maintURL string // the "postgres" maintenance database, for the drop
+	maintURL string   // the "postgres" maintenance database, for the drop
+	env      []string // extra environment of the shop's commands
 	admin    *pgxpool.Pool
 	cmd      *exec.Cmd
 	exited   chan struct{}
@@ -90,13 +91,13 @@ func freeAddr(tb testing.TB) string {
 
 // startShop creates a throwaway database, migrates it with `shop migrate`,
 // starts `shop all` (embedded NATS in its own temp dir, services on free
-// 127.0.0.1 ports, FULFILLMENT_DELAY 10ms), waits until every service is
-// ready and stocks SKU-1.
-func startShop(tb testing.TB, tag string) *shop {
+// 127.0.0.1 ports, FULFILLMENT_DELAY 10ms, plus env), waits until every
+// service is ready and stocks SKU-1 to SKU-16.
+func startShop(tb testing.TB, tag string, env ...string) *shop {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s := &shop{tb: tb, bin: shopBinary(tb), addrs: map[string]string{}}
+	s := &shop{tb: tb, bin: shopBinary(tb), addrs: map[string]string{}, env: env}
 	var err error
 	if s.dir, err = os.MkdirTemp("", "benchsuite-shop-"); err != nil {
 		tb.Fatal(err)
@@ -202,6 +203,7 @@ func (s *shop) command(args ...string) *exec.Cmd {
 		"FULFILLMENT_DELAY=10ms",
 		"DASHBOARD_ADDR=127.0.0.1:0",
 	}
+	cmd.Env = append(cmd.Env, s.env...)
 	for svc, a := range s.addrs {
 		cmd.Env = append(cmd.Env, strings.ToUpper(svc)+"_ADDR="+a)
 	}
@@ -347,6 +349,7 @@ func (s *shop) runLoadgen(args ...string) (loadgenResult, error) {
 
 type sagaResult struct {
 	rate, p99, backlog, oldest, unpublished, rssMB float64
+	shed                                           float64 // POST /orders refused with 503 (admission control)
 	txPerOrder                                     float64 // committed transactions in the shop's database per completed order
 }
 
@@ -422,7 +425,7 @@ func saga(b *testing.B, sz sizes) sagaResult {
 		if err := nc.Flush(); err != nil {
 			tb.Fatal(err)
 		}
-		var errs atomic.Int64
+		var errs, shed atomic.Int64
 		var firstErr atomic.Value
 		noteErr := func(err error) {
 			errs.Add(1)
@@ -485,6 +488,10 @@ func saga(b *testing.B, sz sizes) sagaResult {
 					body := fmt.Sprintf(`{"customer_id":"bench-%d","items":[{"sku":"SKU-%d","quantity":1}]}`, i%100, i%16+1)
 					t0 := time.Now()
 					st, resp, err := post(s.url("order")+"/orders", fmt.Sprint("saga-", i), body)
+					if err == nil && st == http.StatusServiceUnavailable {
+						shed.Add(1) // refused by admission control: offered, not taken
+						continue
+					}
 					if err != nil || st != http.StatusCreated {
 						noteErr(fmt.Errorf("POST /orders: %d %s %v", st, resp, err))
 						continue
@@ -512,6 +519,13 @@ func saga(b *testing.B, sz sizes) sagaResult {
 			tb.Error(err)
 		}
 		res.backlog, res.oldest = float64(backlog), oldest
+		res.shed = float64(shed.Load())
+		var states string // where the unended orders wait, for the log
+		if err := s.admin.QueryRow(ctx, `SELECT coalesce(string_agg(status || ' ' || n, ', ' ORDER BY status), '')
+			FROM (SELECT status, count(*) AS n FROM orders.orders GROUP BY status) c`).Scan(&states); err != nil {
+			tb.Error(err)
+		}
+		tb.Logf("saga run: orders by state at the end of the load: %s; %d shed", states, shed.Load())
 		for _, sc := range schemas {
 			var n int64
 			if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM `+sc+`.outbox WHERE published_at IS NULL`).Scan(&n); err != nil {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/go-chi/chi/v5"
@@ -66,6 +67,12 @@ func (s *Service) createOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := req.validate(); err != nil {
 		httpx.WriteProblem(w, r, s.log, err)
+		return
+	}
+	// Shed while the saga lags: refused before any database work, so a
+	// refused request costs next to nothing and writes nothing.
+	if busy, shed := s.admission.shed(); shed {
+		writeOverloaded(w, r, s.log, busy, time.Second)
 		return
 	}
 	res, err := s.create(r.Context(), key, req)

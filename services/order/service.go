@@ -42,7 +42,11 @@ import (
 type Config struct {
 	PaymentTimeout time.Duration // PAYMENT_TIMEOUT: how long an order may wait in WAIT_PAY; default 15m
 	KeyTTL         time.Duration // how long an Idempotency-Key is remembered; default 24h
-	Logger         *slog.Logger  // nil: discard
+	// MaxBacklog is how many events the saga's consumers may have left to
+	// settle before POST /orders answers 503 (see admission); default
+	// DefaultMaxBacklog, negative: never shed.
+	MaxBacklog int64
+	Logger     *slog.Logger // nil: discard
 
 	// ObserveInboxFunc, when set, observes the consumers' processing times
 	// (inbox.Config.ObserveFunc). Default: none.
@@ -65,6 +69,7 @@ func (c *Config) failpoint(name string) error {
 func (c *Config) setDefaults() {
 	c.PaymentTimeout = cmp.Or(c.PaymentTimeout, 15*time.Minute)
 	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
+	c.MaxBacklog = cmp.Or(c.MaxBacklog, DefaultMaxBacklog)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -76,6 +81,12 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// DefaultMaxBacklog is Config.MaxBacklog's default. Each order puts about
+// three events at a time before the saga's consumers (OrderCreated reaches
+// inventory, payment and fulfillment), so this is a few hundred orders in
+// flight: a few seconds of work for the demo shop on two cores.
+const DefaultMaxBacklog = 1000
 
 // consumerWorkers is the Workers of each of the three consumers. Each needs
 // Workers+2 pool connections, so the service's pool wants about
@@ -96,6 +107,7 @@ type Service struct {
 	saga      *saga.Saga
 	consumers []*inbox.Consumer
 	scanner   *saga.Scanner
+	admission *admission
 
 	scanEvery    time.Duration // how often the saga scanner looks for due timeouts
 	cleanupEvery time.Duration // how often expired idempotency keys are deleted
@@ -121,6 +133,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		scanEvery:    cmp.Or(min(cfg.PaymentTimeout/4, time.Second), time.Millisecond),
 		cleanupEvery: max(min(cfg.KeyTTL/2, time.Hour), time.Second),
 	}
+	s.admission = &admission{js: js, limit: cfg.MaxBacklog, every: 200 * time.Millisecond, log: s.log}
 	var err error
 	if s.saga, err = s.newSaga(); err != nil {
 		return nil, err
@@ -167,7 +180,8 @@ func (s *Service) Consumers() []*inbox.Consumer { return s.consumers }
 func (s *Service) TimeoutsFired() int64 { return s.scanner.Fired() }
 
 // Run consumes the INVENTORY, PAYMENT and FULFILLMENT streams, fires payment
-// timeouts and deletes expired idempotency keys until ctx ends; it then
+// timeouts, deletes expired idempotency keys and watches the saga's backlog
+// for admission until ctx ends; it then
 // returns nil. It returns an error when a part cannot start or fails.
 func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
@@ -184,6 +198,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { return s.scanner.Run(ctx) })
 	g.Go(func() error { s.cleanKeys(ctx); return nil })
+	g.Go(func() error { s.admission.run(ctx); return nil })
 	return g.Wait()
 }
 

@@ -1,0 +1,114 @@
+package order
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/httpx"
+)
+
+// admission sheds new orders while the saga cannot keep up. Every order
+// starts a chain of about 17 deliveries across the four services; accepting
+// orders faster than that chain is worked off only grows a backlog, and the
+// CPU spent taking the surplus is taken from the orders already in flight,
+// so fewer of them complete, not more. While the saga's streams hold more
+// than a limit of events their consumers have not yet settled, POST /orders
+// answers 503 with Retry-After and writes nothing: the client retries with
+// the same Idempotency-Key.
+//
+// The backlog is read from JetStream (every consumer of the four streams:
+// messages not yet delivered plus those delivered and not yet acked) every
+// interval, so a request never waits for it. Events still in a producer's
+// outbox are not counted: a relay that is behind shows in its
+// shop_outbox_backlog_events metric instead.
+type admission struct {
+	js      jetstream.JetStream
+	limit   int64 // shed above this many events; <= 0: never shed
+	every   time.Duration
+	log     *slog.Logger
+	backlog atomic.Int64 // the last reading
+}
+
+// sagaStreams are the streams whose consumers carry an order through its saga.
+var sagaStreams = []string{"ORDERS", "INVENTORY", "PAYMENT", "FULFILLMENT"}
+
+// run reads the backlog until ctx ends. A failed reading keeps the last
+// one: a broker outage is no reason to refuse orders (the outbox holds
+// their events until it is back).
+func (a *admission) run(ctx context.Context) {
+	if a.limit <= 0 {
+		return
+	}
+	tick := time.NewTicker(a.every)
+	defer tick.Stop()
+	for {
+		n, err := a.read(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			a.log.Debug("saga backlog not read; keeping the last reading", "err", err)
+		case err == nil:
+			if old := a.backlog.Swap(n); (old > a.limit) != (n > a.limit) {
+				a.log.Warn("order admission changed", "shedding", n > a.limit, "backlog", n, "limit", a.limit)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// read sums the unsettled messages of every consumer of the saga's streams.
+func (a *admission) read(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.every)
+	defer cancel()
+	var total int64
+	for _, name := range sagaStreams {
+		st, err := a.js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue // its producer has not started yet: nothing waits there
+		}
+		if err != nil {
+			return 0, fmt.Errorf("stream %s: %w", name, err)
+		}
+		list := st.ListConsumers(ctx)
+		for info := range list.Info() {
+			total += int64(info.NumPending) + int64(max(info.NumAckPending, 0))
+		}
+		if err := list.Err(); err != nil {
+			return 0, fmt.Errorf("consumers of %s: %w", name, err)
+		}
+	}
+	return total, nil
+}
+
+// overloaded is the answer to a POST /orders that is shed.
+type overloaded struct{ backlog, limit int64 }
+
+func (e overloaded) Error() string {
+	return fmt.Sprintf("the shop is busy: %d events wait for their consumers (limit %d)", e.backlog, e.limit)
+}
+
+// shed reports whether to refuse a new order now: the last reading is above
+// the limit.
+func (a *admission) shed() (overloaded, bool) {
+	n := a.backlog.Load()
+	return overloaded{backlog: n, limit: a.limit}, a.limit > 0 && n > a.limit
+}
+
+// writeOverloaded answers 503 with Retry-After: the request wrote nothing and
+// may be sent again, with the same Idempotency-Key, after that many seconds.
+func writeOverloaded(w http.ResponseWriter, r *http.Request, log *slog.Logger, e overloaded, retryAfter time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(int(retryAfter.Round(time.Second)/time.Second), 1)))
+	httpx.WriteProblem(w, r, log, httpx.NewProblem(http.StatusServiceUnavailable, "overloaded",
+		e.Error()+"; retry with the same Idempotency-Key"))
+}

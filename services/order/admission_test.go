@@ -1,0 +1,67 @@
+package order
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/natstest"
+)
+
+// While the saga's consumers have more than MaxBacklog events to settle,
+// POST /orders is 503 with Retry-After and writes nothing; once they catch
+// up, the same key creates the order.
+func TestOrdersAreShedWhileTheSagaLags(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{MaxBacklog: 3})
+	e.stock(t, "SKU-1", 100)
+	ctx := context.Background()
+
+	// A consumer of ORDERS that has not settled five events.
+	slow, err := e.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable: "slow", AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		natstest.Publish(t, e.js, nats.NewMsg("orders.x.Something"))
+	}
+
+	const body = `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`
+	var res response
+	var key string
+	tries := 0
+	eventually(t, "POST /orders to be shed", func() bool { // the backlog is read every 200ms
+		tries++
+		key = fmt.Sprint("shed-", tries)
+		res = e.post(t, key, body)
+		return res.status == http.StatusServiceUnavailable
+	})
+	if res.header.Get("Retry-After") != "1" || !strings.Contains(string(res.body), `"code":"overloaded"`) {
+		t.Errorf("shed answer: Retry-After %q, body %s", res.header.Get("Retry-After"), res.body)
+	}
+	if n := e.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = $1`, key); n != 0 {
+		t.Errorf("a shed request stored its key")
+	}
+
+	// The consumer catches up.
+	batch, err := slow.Fetch(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "POST /orders to be admitted again", func() bool {
+		res = e.post(t, key, body)
+		return res.status == http.StatusCreated
+	})
+}
