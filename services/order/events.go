@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,15 @@ func event(id uuid.UUID, typ string, payload any) outbox.Event {
 	}
 }
 
+// The upstream events the saga acts on. Each consumer's inbox
+// Config.Handles lists them too, so the others (inventory's released and
+// committed notices) only advance the sequence cursor.
+var (
+	inventoryOutcomes   = []string{"InventoryReserved", "InventoryRejected"}
+	paymentOutcomes     = []string{"PaymentSucceeded", "PaymentFailed", "PaymentRefunded"}
+	fulfillmentOutcomes = []string{"FulfillmentStarted", "ShipmentDelivered"}
+)
+
 // handleInventory is the order-inventory consumer: catalogue updates and
 // reservation outcomes.
 func (s *Service) handleInventory(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
@@ -41,7 +51,8 @@ func (s *Service) handleInventory(ctx context.Context, tx pgx.Tx, m inbox.Messag
 			return inbox.Poison(fmt.Errorf("ProductUpdated payload %s: %v", m.Data, err))
 		}
 		return upsertProduct(ctx, tx, p.SKU, *p.Price, m.Seq)
-	case "InventoryReserved", "InventoryRejected":
+	}
+	if slices.Contains(inventoryOutcomes, m.Type) {
 		return s.applyEvent(ctx, tx, m)
 	}
 	return nil
@@ -49,8 +60,7 @@ func (s *Service) handleInventory(ctx context.Context, tx pgx.Tx, m inbox.Messag
 
 // handlePayment is the order-payment consumer.
 func (s *Service) handlePayment(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	switch m.Type {
-	case "PaymentSucceeded", "PaymentFailed", "PaymentRefunded":
+	if slices.Contains(paymentOutcomes, m.Type) {
 		return s.applyEvent(ctx, tx, m)
 	}
 	return nil
@@ -58,8 +68,7 @@ func (s *Service) handlePayment(ctx context.Context, tx pgx.Tx, m inbox.Message)
 
 // handleFulfillment is the order-fulfillment consumer.
 func (s *Service) handleFulfillment(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	switch m.Type {
-	case "FulfillmentStarted", "ShipmentDelivered":
+	if slices.Contains(fulfillmentOutcomes, m.Type) {
 		return s.applyEvent(ctx, tx, m)
 	}
 	return nil

@@ -44,6 +44,11 @@ type sagaData struct {
 // the step's batch, which Apply sends with the new state in one round trip;
 // only the reads a func needs (the total, the items) take one of their own.
 func (s *Service) newSaga() (*saga.Saga, error) {
+	return saga.New("order", s.transitions()...)
+}
+
+// transitions are the order saga's transitions (see newSaga).
+func (s *Service) transitions() []saga.Transition {
 	ts := []saga.Transition{
 		{From: Pending, Event: "InventoryReserved", To: WaitPay, Func: s.awaitPayment},
 		{From: Pending, Event: "InventoryRejected", To: Rejected, Func: s.reject},
@@ -63,7 +68,7 @@ func (s *Service) newSaga() (*saga.Saga, error) {
 		}
 		ts = append(ts, saga.Transition{From: st, Event: "PaymentRefunded", To: st, Func: s.refunded})
 	}
-	return saga.New("order", ts...)
+	return ts
 }
 
 // payload decodes an event's data; a payload that does not decode never

@@ -2,6 +2,8 @@ package order
 
 import (
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/pkg/saga"
 )
 
 func TestSagaHappyPath(t *testing.T) {
@@ -220,5 +224,20 @@ func TestUnknownSchemaVersionIsDeadLettered(t *testing.T) {
 	})
 	if n := e.count(t, `SELECT count(*) FROM catalogue`); n != 0 {
 		t.Fatal("a version 2 event was applied")
+	}
+}
+
+// Every upstream event the saga has a transition for must be in its
+// consumer's Config.Handles: an event left out would only advance the
+// cursor and never reach the saga.
+func TestSagaEventsAreHandled(t *testing.T) {
+	handled := slices.Concat(inventoryOutcomes, paymentOutcomes, fulfillmentOutcomes)
+	for _, tr := range (&Service{}).transitions() {
+		if tr.Event == evCancel || strings.HasPrefix(tr.Event, saga.TimeoutEvent("")) {
+			continue // raised inside the order service, not consumed
+		}
+		if !slices.Contains(handled, tr.Event) {
+			t.Errorf("the saga has a transition on %s, which no consumer's Handles lists", tr.Event)
+		}
 	}
 }

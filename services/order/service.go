@@ -139,14 +139,10 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		return nil, err
 	}
 	consumers := []inbox.Config{
-		// Handles: the types each handler acts on; the others (inventory's
-		// released and committed notices) only advance the cursor.
 		{Name: "order-inventory", Stream: "INVENTORY", Handler: s.handleInventory,
-			Handles: []string{"ProductUpdated", "InventoryReserved", "InventoryRejected"}},
-		{Name: "order-payment", Stream: "PAYMENT", Handler: s.handlePayment,
-			Handles: []string{"PaymentSucceeded", "PaymentFailed", "PaymentRefunded"}},
-		{Name: "order-fulfillment", Stream: "FULFILLMENT", Handler: s.handleFulfillment,
-			Handles: []string{"FulfillmentStarted", "ShipmentDelivered"}},
+			Handles: append([]string{"ProductUpdated"}, inventoryOutcomes...)},
+		{Name: "order-payment", Stream: "PAYMENT", Handler: s.handlePayment, Handles: paymentOutcomes},
+		{Name: "order-fulfillment", Stream: "FULFILLMENT", Handler: s.handleFulfillment, Handles: fulfillmentOutcomes},
 	}
 	for _, c := range consumers {
 		c.Workers = consumerWorkers
