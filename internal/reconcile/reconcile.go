@@ -404,7 +404,8 @@ func (r *run) republishLost(id, producer, service, consumer string) (int, error)
 		SELECT event_id FROM outbox
 		WHERE aggregate_type = 'order' AND aggregate_id = $1 AND dead_at IS NULL
 		  AND published_at < now() - $2 * interval '1 microsecond'
-		ORDER BY aggregate_seq`, id, micros(r.cfg.RepublishAfter))
+		  AND ($3::text[] IS NULL OR event_type = ANY($3)) -- only what the consumer reads
+		ORDER BY aggregate_seq`, id, micros(r.cfg.RepublishAfter), verify.ConsumedTypes(consumer))
 	if err != nil {
 		return 0, fmt.Errorf("reconcile: %s events of order %s: %w", producer, id, err)
 	}

@@ -90,14 +90,28 @@ func (p Pools) of(service string) *pgxpool.Pool {
 }
 
 // consumers are the durable consumers of docs/events.md: who reads whose
-// stream.
-var consumers = []struct{ name, service, producer string }{
-	{"order-inventory", "order", "inventory"},
-	{"order-payment", "order", "payment"},
-	{"order-fulfillment", "order", "fulfillment"},
-	{"inventory-orders", "inventory", "order"},
-	{"payment-orders", "payment", "order"},
-	{"fulfillment-orders", "fulfillment", "order"},
+// stream, and which event types a consumer filters on (nil: all of them).
+var consumers = []struct {
+	name, service, producer string
+	types                   []string
+}{
+	{"order-inventory", "order", "inventory", nil},
+	{"order-payment", "order", "payment", nil},
+	{"order-fulfillment", "order", "fulfillment", nil},
+	{"inventory-orders", "inventory", "order", nil},
+	{"payment-orders", "payment", "order", nil},
+	{"fulfillment-orders", "fulfillment", "order", []string{"OrderPaid"}},
+}
+
+// ConsumedTypes returns the event types consumer filters on, nil when it
+// reads every event of its stream.
+func ConsumedTypes(consumer string) []string {
+	for _, c := range consumers {
+		if c.name == consumer {
+			return c.types
+		}
+	}
+	return nil
 }
 
 var services = []string{"order", "inventory", "payment", "fulfillment"}
@@ -255,7 +269,8 @@ func (v *run) delivery() {
 			return
 		}
 		published := v.rows(c.producer, `SELECT event_id::text FROM outbox
-			WHERE published_at IS NOT NULL AND occurred_at > $1`, v.since)
+			WHERE published_at IS NOT NULL AND occurred_at > $1
+			  AND ($2::text[] IS NULL OR event_type = ANY($2))`, v.since, c.types)
 		processed := v.rows(c.service, `SELECT event_id::text FROM processed_events
 			WHERE consumer_name = $1 AND event_id = ANY($2::uuid[])`, c.name, published)
 		slices.Sort(processed)

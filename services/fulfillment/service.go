@@ -61,11 +61,17 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		outbox: &outbox.Writer{NotifyInterval: 5 * time.Millisecond},
 	}
 	c, err := inbox.NewConsumer(pool, js, inbox.Config{
-		Name:            ConsumerName,
-		Stream:          "ORDERS",
-		Handler:         s.handle,
-		Handles:         []string{typeOrderPaid}, // the rest only advance the cursor
-		DuplicateWindow: broker.DuplicateWindow,
+		Name:    ConsumerName,
+		Stream:  "ORDERS",
+		Handler: s.handle,
+		// Fulfillment needs one event per order, OrderPaid, and nothing
+		// it does depends on the order of events: JetStream delivers only
+		// OrderPaid, and the per-aggregate sequence check, which would
+		// need every event of the order, is off. processed_events still
+		// absorbs every copy, and the shipment is keyed by order besides.
+		FilterSubjects:    []string{"orders.*." + typeOrderPaid},
+		SkipSequenceCheck: true,
+		DuplicateWindow:   broker.DuplicateWindow,
 		// The order service's relay may publish a copy of an event for this
 		// long; the inbox must remember event ids for longer.
 		PublishHorizon: (outbox.Config{}).RetryHorizon(),
