@@ -6,8 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -27,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
@@ -66,18 +63,16 @@ func shopBinary(tb testing.TB) string {
 
 // shop is one `shop all` child process on a database of its own.
 type shop struct {
-	tb       testing.TB
-	bin      string
-	dir      string
-	dbName   string
-	dbURL    string
-	maintURL string   // the "postgres" maintenance database, for the drop
-	env      []string // extra environment of the shop's commands
-	admin    *pgxpool.Pool
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	addrs    map[string]string
-	stopped  bool
+	tb      testing.TB
+	bin     string
+	dir     string
+	db      pgtest.Database
+	env     []string // extra environment of the shop's commands
+	admin   *pgxpool.Pool
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	addrs   map[string]string
+	stopped bool
 }
 
 func freeAddr(tb testing.TB) string {
@@ -102,25 +97,16 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 	if s.dir, err = os.MkdirTemp("", "benchsuite-shop-"); err != nil {
 		tb.Fatal(err)
 	}
-	var rb [4]byte
-	_, _ = rand.Read(rb[:])
-	s.dbName = "shop_bench_" + tag + "_" + hex.EncodeToString(rb[:])
-	if s.dbURL, err = withDatabase(pgtest.URL(), s.dbName); err != nil {
-		tb.Fatal(err)
-	}
-	// The drop must not depend on the test database existing: on a fresh
-	// machine only rows 5-8 may run, and nothing else creates it.
-	if s.maintURL, err = withDatabase(pgtest.URL(), "postgres"); err != nil {
-		tb.Fatal(err)
-	}
-	if err := database.EnsureExists(ctx, s.dbURL); err != nil {
+	// Dropped by stop, after the process: not pgtest.NewDatabase, since
+	// row 5 stops its shop before the benchmark ends.
+	if s.db, err = pgtest.CreateDatabase(ctx, "shop_bench_"+tag+"_"); err != nil {
 		tb.Fatal(err)
 	}
 	if out, err := s.command("migrate").CombinedOutput(); err != nil {
 		s.dropDB()
 		tb.Fatalf("shop migrate: %v\n%s", err, out)
 	}
-	if s.admin, err = database.NewPool(ctx, s.dbURL, "public", 4); err != nil {
+	if s.admin, err = database.NewPool(ctx, s.db.URL, "public", 4); err != nil {
 		s.dropDB()
 		tb.Fatal(err)
 	}
@@ -179,26 +165,13 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 	return s
 }
 
-// withDatabase returns url with its database name replaced by name.
-func withDatabase(url, name string) (string, error) {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return "", err
-	}
-	i := strings.LastIndex(url, "/"+cfg.Database)
-	if i < 0 {
-		return "", fmt.Errorf("cannot find the database name in %q", url)
-	}
-	return url[:i+1] + name + url[i+1+len(cfg.Database):], nil
-}
-
 func (s *shop) url(svc string) string { return "http://" + s.addrs[svc] }
 
 func (s *shop) command(args ...string) *exec.Cmd {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
 	cmd.Env = []string{
-		"DATABASE_URL=" + s.dbURL,
+		"DATABASE_URL=" + s.db.URL,
 		"PAYMENT_WEBHOOK_SECRET=bench-secret",
 		"FULFILLMENT_DELAY=10ms",
 		"DASHBOARD_ADDR=127.0.0.1:0",
@@ -279,14 +252,8 @@ var keepLogs = flag.Bool("suite.keep-logs", false, "keep the shop processes' log
 func (s *shop) dropDB() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, s.maintURL)
-	if err != nil {
-		s.tb.Errorf("drop %s: %v", s.dbName, err)
-		return
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{s.dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
-		s.tb.Errorf("drop %s: %v", s.dbName, err)
+	if err := s.db.Drop(ctx); err != nil {
+		s.tb.Error(err)
 	}
 }
 

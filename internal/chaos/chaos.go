@@ -176,7 +176,7 @@ func Run(t testing.TB, cfg Config) Result {
 	defer cancel()
 
 	h.build()
-	h.database(ctx)
+	h.database()
 	h.nats = natstest.New(t)
 	h.migrate(ctx)
 	h.fill(ctx)
@@ -276,36 +276,9 @@ func (h *harness) build() {
 }
 
 // database creates a throwaway database, dropped at the end.
-func (h *harness) database(ctx context.Context) {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	h.dbName = "shop_chaos_" + hex.EncodeToString(b[:])
-	base := pgtest.URL()
-	cfg, err := pgx.ParseConfig(base)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	i := strings.LastIndex(base, "/"+cfg.Database)
-	if i < 0 {
-		h.t.Fatalf("cannot find the database name in %q", base)
-	}
-	h.dbURL = base[:i+1] + h.dbName + base[i+1+len(cfg.Database):]
-	if err := database.EnsureExists(ctx, h.dbURL); err != nil {
-		h.t.Fatalf("chaos database (set TEST_DATABASE_URL to use another server): %v", err)
-	}
-	h.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			h.t.Logf("drop chaos database: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{h.dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
-			h.t.Logf("drop chaos database: %v", err)
-		}
-	})
+func (h *harness) database() {
+	db := pgtest.NewDatabase(h.t, "shop_chaos_")
+	h.dbName, h.dbURL = db.Name, db.URL
 }
 
 // withAppName sets application_name in a database URL, so that one

@@ -23,7 +23,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/app"
@@ -53,19 +52,17 @@ func runMain(m *testing.M) int {
 	defer cancel()
 
 	// A throwaway database: the services use their fixed schema names.
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	dbName := "shop_e2e_" + hex.EncodeToString(b[:])
-	dbURL, err := withDatabase(pgtest.URL(), dbName)
+	db, err := pgtest.CreateDatabase(ctx, "shop_e2e_")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := database.EnsureExists(ctx, dbURL); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e database:", err)
 		return 1
 	}
-	defer dropDatabase(dbName)
+	defer func() {
+		if err := db.Drop(context.Background()); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e database:", err)
+		}
+	}()
+	dbURL := db.URL
 
 	srv := natstest.New(&mainTB{})
 	defer srv.Stop()
@@ -292,32 +289,6 @@ func waitReady(base string, timeout time.Duration) bool {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return false
-}
-
-func withDatabase(url, name string) (string, error) {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return "", err
-	}
-	i := strings.LastIndex(url, "/"+cfg.Database)
-	if i < 0 {
-		return "", fmt.Errorf("cannot find the database name in %q", url)
-	}
-	return url[:i+1] + name + url[i+1+len(cfg.Database):], nil
-}
-
-func dropDatabase(name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, pgtest.URL())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "drop e2e database:", err)
-		return
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		fmt.Fprintln(os.Stderr, "drop e2e database:", err)
-	}
 }
 
 // mainTB lets natstest run outside a test: TestMain has no testing.T.
