@@ -736,3 +736,80 @@ func TestUnhandledTypesOnlyAdvanceTheCursor(t *testing.T) {
 		t.Errorf("counters %+v, want 5 processed", got)
 	}
 }
+
+// An unhandled event commits with its one record statement; dying before
+// its ack leaves a copy that must be absorbed like any other.
+func TestCrashAfterRecordingUnhandledEvent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.config(t, record(""))
+	cfg.Handles = []string{"OrderCreated"}
+	cfg.AckWait = time.Second // the redelivery comes after AckWait
+	c := e.consumer(t, e.pool, e.js, cfg)
+	var calls atomic.Int32
+	c.crash = func(p crashPoint, m Message) bool {
+		return p == afterCommit && m.Seq == 2 && calls.Add(1) == 1
+	}
+	run(t, c)
+
+	ev := newEvent("a", 2)
+	ev.typ = "OrderAwaitingPayment"
+	e.publish(t, newEvent("a", 1), ev, newEvent("a", 3))
+	eventually(t, "the redelivered copy is acked", func() bool { return calls.Load() >= 2 && e.settled(t) })
+
+	wantSeqs(t, e, "a", 1, 3)
+	// The crashed delivery counts nothing; its copy is the duplicate.
+	if n := e.count(t, `SELECT last_seq FROM inbox_sequences WHERE consumer_name = $1 AND aggregate_id = 'a'`, testConsumer); n != 3 {
+		t.Errorf("cursor of a: %d, want 3", n)
+	}
+	if got := c.Counters(); got != (Counters{Processed: 2, Duplicates: 1}) {
+		t.Errorf("counters %+v, want 2 processed and the copy of the unhandled event as 1 duplicate", got)
+	}
+}
+
+// When the database refuses the inbox's own record statement, before any
+// handler ran, the event is retried without counting an attempt: with
+// MaxDeliver 1 a counted failure would dead-letter it at once. Both paths
+// take this statement: with a transaction (a handled type) and without
+// (an unhandled one).
+func TestDatabaseFailureBeforeTheHandlerIsNotAnAttempt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	if _, err := e.db.Pool.Exec(ctx, `
+		CREATE TABLE refuse (on_ boolean NOT NULL);
+		INSERT INTO refuse VALUES (true);
+		CREATE FUNCTION refuse_processed() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF EXISTS (SELECT 1 FROM refuse WHERE on_) THEN
+				RAISE EXCEPTION 'the database refuses for now';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON processed_events FOR EACH ROW EXECUTE FUNCTION refuse_processed();`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config(t, record(""))
+	cfg.Handles = []string{"OrderCreated"}
+	cfg.MaxDeliver = 1
+	c := e.consumer(t, e.pool, e.js, cfg)
+	run(t, c)
+
+	unhandled := newEvent("b", 1) // its own aggregate, so it is not held at a gap behind a
+	unhandled.typ = "OrderAwaitingPayment"
+	e.publish(t, newEvent("a", 1), unhandled)
+	eventually(t, "both kinds of delivery are retried", func() bool { return c.Counters().Retries >= 4 })
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE refuse SET on_ = false`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "all messages are acked", func() bool { return e.settled(t) })
+
+	wantSeqs(t, e, "a", 1)
+	wantSeqs(t, e, "b") // recorded, never handled
+	if n := e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = $1`, testConsumer); n != 2 {
+		t.Errorf("processed_events: %d rows, want 2", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM dead_letters`) + e.count(t, `SELECT count(*) FROM inbox_failures`); n != 0 {
+		t.Errorf("%d dead letters and failure records, want none: the handler never failed", n)
+	}
+}

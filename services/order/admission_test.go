@@ -3,9 +3,11 @@ package order
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -64,4 +66,23 @@ func TestOrdersAreShedWhileTheSagaLags(t *testing.T) {
 		res = e.post(t, key, body)
 		return res.status == http.StatusCreated
 	})
+}
+
+// A broker that cannot be asked changes nothing: the outbox absorbs an
+// outage, so it is no reason to start refusing orders, nor to stop.
+func TestAdmissionKeepsItsLastReadingWhileTheBrokerIsAway(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	nc, js := srv.Connect(t)
+	nc.Close()
+	for _, last := range []int64{0, 10} {
+		a := &admission{js: js, limit: 3, every: 10 * time.Millisecond, log: slog.New(slog.DiscardHandler)}
+		a.backlog.Store(last)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		a.run(ctx) // several failed readings
+		cancel()
+		if _, shed := a.shed(); shed != (last > a.limit) {
+			t.Errorf("last reading %d: shed %v after failed readings, want %v", last, shed, last > a.limit)
+		}
+	}
 }
