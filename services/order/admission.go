@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -106,9 +105,10 @@ func (a *admission) shed() (overloaded, bool) {
 }
 
 // writeOverloaded answers 503 with Retry-After: the request wrote nothing and
-// may be sent again, with the same Idempotency-Key, after that many seconds.
-func writeOverloaded(w http.ResponseWriter, r *http.Request, log *slog.Logger, e overloaded, retryAfter time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(max(int(retryAfter.Round(time.Second)/time.Second), 1)))
+// may be sent again, with the same Idempotency-Key, a second later (the
+// backlog is read five times in that second).
+func writeOverloaded(w http.ResponseWriter, r *http.Request, log *slog.Logger, e overloaded) {
+	w.Header().Set("Retry-After", "1")
 	httpx.WriteProblem(w, r, log, httpx.NewProblem(http.StatusServiceUnavailable, "overloaded",
 		e.Error()+"; retry with the same Idempotency-Key"))
 }

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"time"
 	"unicode"
 
 	"github.com/go-chi/chi/v5"
@@ -72,7 +71,7 @@ func (s *Service) createOrder(w http.ResponseWriter, r *http.Request) {
 	// Shed while the saga lags: refused before any database work, so a
 	// refused request costs next to nothing and writes nothing.
 	if busy, shed := s.admission.shed(); shed {
-		writeOverloaded(w, r, s.log, busy, time.Second)
+		writeOverloaded(w, r, s.log, busy)
 		return
 	}
 	res, err := s.create(r.Context(), key, req)
