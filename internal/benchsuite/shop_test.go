@@ -27,6 +27,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/pgtest"
@@ -318,6 +319,8 @@ type sagaResult struct {
 	rate, p99, backlog, oldest, unpublished, rssMB float64
 	shed                                           float64 // POST /orders refused with 503 (admission control)
 	txPerOrder                                     float64 // committed transactions in the shop's database per completed order
+	busy                                           float64 // machine CPU busy over the measured window, %
+	cpuPerOrder                                    float64 // machine CPU (all cores, everything on it) per order completed in the window, ms
 }
 
 var schemas = []string{"orders", "inventory", "payment", "fulfillment"}
@@ -434,6 +437,8 @@ func saga(b *testing.B, sz sizes) sagaResult {
 		x0 := xacts()
 		start := time.Now()
 		window := time.Duration(secs) * time.Second
+		cpuFrom := make(chan cpuSample, 1) // the CPU reading where the measured window starts
+		time.AfterFunc(window/4, func() { cpuFrom <- readCPU() })
 		jobs := make(chan int)
 		go func() {
 			defer close(jobs)
@@ -477,7 +482,7 @@ func saga(b *testing.B, sz sizes) sagaResult {
 			})
 		}
 		creators.Wait()
-		end := time.Now()
+		end, cpuEnd := time.Now(), readCPU()
 		var res sagaResult
 		var oldest float64
 		var backlog int64
@@ -492,7 +497,8 @@ func saga(b *testing.B, sz sizes) sagaResult {
 			FROM (SELECT status, count(*) AS n FROM orders.orders GROUP BY status) c`).Scan(&states); err != nil {
 			tb.Error(err)
 		}
-		tb.Logf("saga run: orders by state at the end of the load: %s; %d shed", states, shed.Load())
+		tb.Logf("saga run: orders by state at the end of the load: %s; %d shed; unsettled messages by consumer: %s",
+			states, shed.Load(), consumerBacklog(ctx, nc))
 		for _, sc := range schemas {
 			var n int64
 			if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM `+sc+`.outbox WHERE published_at IS NULL`).Scan(&n); err != nil {
@@ -528,6 +534,10 @@ func saga(b *testing.B, sz sizes) sagaResult {
 		nCreated, nDone := len(created), len(completedAt)
 		mu.Unlock()
 		res.rate = float64(inWindow) / end.Sub(from).Seconds()
+		if c0 := <-cpuFrom; inWindow > 0 {
+			res.busy = busyShare(c0, cpuEnd)
+			res.cpuPerOrder = 1000 * busySeconds(c0, cpuEnd) / float64(inWindow)
+		}
 		res.txPerOrder = float64(x1-x0) / float64(max(nDone, 1))
 		if len(lat) > 0 {
 			res.p99 = quantiles(lat)[1]
@@ -587,4 +597,26 @@ func (s *shop) natsURL(tb testing.TB) string {
 		tb.Fatalf("no embedded nats URL in %s/shop.log", s.dir)
 	}
 	return string(m[1])
+}
+
+// consumerBacklog names each consumer of the shop's streams with the
+// messages it has not settled (pending + ack pending): where the saga queues.
+func consumerBacklog(ctx context.Context, nc *nats.Conn) string {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, name := range []string{"ORDERS", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			parts = append(parts, name+": "+err.Error())
+			continue
+		}
+		list := st.ListConsumers(ctx)
+		for info := range list.Info() {
+			parts = append(parts, fmt.Sprintf("%s %d", info.Name, info.NumPending+uint64(max(info.NumAckPending, 0))))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

@@ -173,12 +173,15 @@ func BenchmarkSystem(b *testing.B) {
 			t.add("1", "JetStream async publish, 1 KiB + msg id", "msgs/s", repeat(b, func() float64 { return jsPublish(b, sz) }))
 			t.add("1", "order-creation SQL direct, 8 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 8, true) }))
 			t.add("1", "order-creation SQL direct, 32 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 32, true) }))
-			t.add("1", "DB-only claim + mark (50k backlog)", "events/s", repeat(b, func() float64 { return dbOnly(b, sz) }))
+			m := repeatMeasured(b, func() measured { return dbOnly(b, sz) })
+			t.add("1", "DB-only claim + mark (50k backlog)", "events/s", m.rates)
+			t.add("1", "  machine CPU busy meanwhile (one client loop)", "%", m.busy)
 		}
 		if wanted("2") {
 			for _, n := range []int{1, 2, 4} {
-				t.add("2", fmt.Sprintf("relay drain 50k, %d relay(s) × 2 workers", n), "events/s",
-					repeat(b, func() float64 { return relayDrain(b, sz, n, 0) }))
+				m := repeatMeasured(b, func() measured { return relayDrain(b, sz, n) })
+				t.add("2", fmt.Sprintf("relay drain 50k, %d relay(s) × 2 workers", n), "events/s", m.rates)
+				t.add("2", fmt.Sprintf("  machine CPU busy meanwhile (%d relay(s))", n), "%", m.busy)
 			}
 		}
 		if wanted("3") {
@@ -208,7 +211,7 @@ func BenchmarkSystem(b *testing.B) {
 			}
 		}
 		if wanted("5") {
-			var rate, p50, p99 []float64
+			var rate, p50, p99, busy []float64
 			func() {
 				// Shedding off: this row measures the HTTP path, and its
 				// 4,000 orders outrun the saga on purpose.
@@ -218,28 +221,37 @@ func BenchmarkSystem(b *testing.B) {
 					// Creation alone (-follow=false: no GET polling beside
 					// it), over the 16 SKUs, as in row 6. The rest of the
 					// shop reserves stock for these orders meanwhile.
+					cpu0 := readCPU()
 					r := s.loadgen(b, "-orders", fmt.Sprint(sz.httpOrders), "-concurrency", "32", "-follow=false",
 						"-sku", skuList, "-timeout", "5m")
 					rate, p50, p99 = append(rate, r.createRate), append(p50, r.createP50), append(p99, r.createP99)
+					busy = append(busy, busyShare(cpu0, readCPU()))
 					s.waitIdle(b, 3*time.Minute) // the next run starts on a shop with no backlog
 				}
 			}()
 			t.add("5", "POST /orders, 32 clients (shop loadgen)", "orders/s", rate)
 			t.add("5", "POST /orders p50", "ms", p50)
 			t.add("5", "POST /orders p99", "ms", p99)
+			t.add("5", "  machine CPU busy meanwhile", "%", busy)
 		}
 		if wanted("6") || wanted("8") {
-			var rate, p99, backlog, oldest, unpublished, rss, txs, shed []float64
+			var rate, p99, backlog, oldest, unpublished, rss, txs, shed, busy, cpu []float64
 			for range *runs {
 				r := saga(b, sz)
 				rate, p99, backlog, oldest, unpublished, rss = append(rate, r.rate), append(p99, r.p99), append(backlog, r.backlog),
 					append(oldest, r.oldest), append(unpublished, r.unpublished), append(rss, r.rssMB)
 				txs, shed = append(txs, r.txPerOrder), append(shed, r.shed)
+				busy, cpu = append(busy, r.busy), append(cpu, r.cpuPerOrder)
 			}
 			secs := *sagaSeconds
+			if *quick {
+				secs = 4 // as saga() runs it
+			}
 			t.add("6", fmt.Sprintf("whole saga, %d s at %g orders/s offered: COMPLETED/s", secs, *sagaRate), "orders/s", rate)
 			t.add("6", "order → COMPLETED p99 (orders done ≤ 15 s after the load)", "ms", p99)
 			t.add("6", "database transactions per completed order", "tx", txs)
+			t.add("6", "machine CPU busy in the measured window", "%", busy)
+			t.add("6", "machine CPU per completed order (all processes)", "ms", cpu)
 			t.add("6", "orders shed (503, admission control) during the load", "orders", shed)
 			t.add("6", "at end of load: orders not yet ended", "orders", backlog)
 			t.add("6", "at end of load: oldest unended order age", "ms", oldest)
@@ -247,10 +259,15 @@ func BenchmarkSystem(b *testing.B) {
 			t.add("8", "peak RSS of shop all (VmHWM) during row 6", "MB", rss)
 		}
 		if wanted("7") {
-			t.add("7", "relay drain 50k, empty outbox", "events/s", repeat(b, func() float64 { return relayDrain(b, sz, 1, 0) }))
+			t.add("7", "relay drain 50k, empty outbox", "events/s", repeatMeasured(b, func() measured { return relayDrain(b, sz, 1) }).rates)
 			t.add("7", fmt.Sprintf("relay drain 50k, %s published rows kept", fmtNum(float64(sz.kept))), "events/s", keptOutbox(b, sz))
-			t.add("7", "consumer drain 20k, empty processed_events", "events/s", repeat(b, func() float64 { return consumerDrain(b, sz, false)[0] }))
-			t.add("7", fmt.Sprintf("consumer drain 20k, %s rows in processed_events", fmtNum(float64(sz.kept))), "events/s", consumerDrain(b, sz, true))
+			empty := repeatMeasured(b, func() measured {
+				m := consumerDrain(b, sz, false)
+				return measured{rate: m.rates[0], busy: m.busy[0]}
+			})
+			t.add("7", "consumer drain 20k, empty processed_events", "events/s", empty.rates)
+			t.add("7", "  machine CPU busy meanwhile (empty processed_events)", "%", empty.busy)
+			t.add("7", fmt.Sprintf("consumer drain 20k, %s rows in processed_events", fmtNum(float64(sz.kept))), "events/s", consumerDrain(b, sz, true).rates)
 		}
 	}
 	ceil := "DB-only claim + mark (50k backlog)"
@@ -283,6 +300,22 @@ func repeat(b *testing.B, f func() float64) []float64 {
 	var out []float64
 	for range *runs {
 		out = append(out, f())
+	}
+	return out
+}
+
+// measured is a rate and how busy the machine's CPU was meanwhile (%).
+type measured struct{ rate, busy float64 }
+
+type measuredRuns struct{ rates, busy []float64 }
+
+// repeatMeasured runs f *runs times and returns its figures.
+func repeatMeasured(b *testing.B, f func() measured) measuredRuns {
+	b.Helper()
+	var out measuredRuns
+	for range *runs {
+		m := f()
+		out.rates, out.busy = append(out.rates, m.rate), append(out.busy, m.busy)
 	}
 	return out
 }
@@ -535,13 +568,13 @@ func orderTx(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, withOutb
 	return tx.Commit(ctx)
 }
 
-func dbOnly(b *testing.B, sz sizes) float64 {
-	return scoped(b, func(tb testing.TB) float64 {
+func dbOnly(b *testing.B, sz sizes) measured {
+	return scoped(b, func(tb testing.TB) measured {
 		e := newEnv(tb, "")
 		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
 		r := quietRelay(tb, e.db.Pool, e.js, outbox.Config{})
 		ctx := context.Background()
-		start := time.Now()
+		start, cpu0 := time.Now(), readCPU()
 		done := 0
 		for done < sz.backlog {
 			n, err := r.ClaimAndMark(ctx)
@@ -553,7 +586,7 @@ func dbOnly(b *testing.B, sz sizes) float64 {
 			}
 			done += n
 		}
-		return float64(done) / time.Since(start).Seconds()
+		return measured{rate: float64(done) / time.Since(start).Seconds(), busy: busyShare(cpu0, readCPU())}
 	})
 }
 
@@ -561,15 +594,15 @@ func dbOnly(b *testing.B, sz sizes) float64 {
 
 // relayDrain drains a backlog of sz.backlog 1 KiB events with n relays of
 // the default two workers each, from commit to marked published.
-func relayDrain(b *testing.B, sz sizes, n int, _ int) float64 {
-	return scoped(b, func(tb testing.TB) float64 {
+func relayDrain(b *testing.B, sz sizes, n int) measured {
+	return scoped(b, func(tb testing.TB) measured {
 		e := newEnv(tb, "")
 		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
 		return drain(tb, e, n, sz.backlog)
 	})
 }
 
-func drain(tb testing.TB, e *env, n, backlog int) float64 {
+func drain(tb testing.TB, e *env, n, backlog int) measured {
 	pool := e.db.NewPool(tb, int32(3*n+2))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -578,7 +611,7 @@ func drain(tb testing.TB, e *env, n, backlog int) float64 {
 	for i := range rs {
 		rs[i] = quietRelay(tb, pool, e.js, outbox.Config{Name: fmt.Sprint("r", i), PollInterval: 5 * time.Millisecond})
 	}
-	start := time.Now()
+	start, cpu0 := time.Now(), readCPU()
 	for _, r := range rs {
 		wg.Go(func() { _ = r.Run(ctx) })
 	}
@@ -596,10 +629,10 @@ func drain(tb testing.TB, e *env, n, backlog int) float64 {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	el := time.Since(start)
+	el, cpu1 := time.Since(start), readCPU()
 	cancel()
 	wg.Wait()
-	return float64(backlog) / el.Seconds()
+	return measured{rate: float64(backlog) / el.Seconds(), busy: busyShare(cpu0, cpu1)}
 }
 
 // keptOutbox: the same drain with sz.kept published rows kept in the
@@ -611,7 +644,7 @@ func keptOutbox(b *testing.B, sz sizes) []float64 {
 		var out []float64
 		for i := range *runs {
 			fillBacklog(tb, e.db.Pool, sz.backlog, false, fmt.Sprintf("run%d-", i))
-			out = append(out, drain(tb, e, 1, sz.backlog))
+			out = append(out, drain(tb, e, 1, sz.backlog).rate)
 		}
 		return out
 	})
@@ -622,8 +655,8 @@ func keptOutbox(b *testing.B, sz sizes) []float64 {
 // sz.consumed messages already in the stream. kept: sz.kept rows of the
 // same consumer are in processed_events first; then it runs *runs times
 // on one schema (each run adds fresh messages) and returns every figure.
-func consumerDrain(b *testing.B, sz sizes, kept bool) []float64 {
-	return scoped(b, func(tb testing.TB) []float64 {
+func consumerDrain(b *testing.B, sz sizes, kept bool) measuredRuns {
+	return scoped(b, func(tb testing.TB) measuredRuns {
 		e := newEnv(tb, "")
 		ctx := context.Background()
 		const name = "bench"
@@ -649,7 +682,7 @@ func consumerDrain(b *testing.B, sz sizes, kept bool) []float64 {
 			n = *runs
 		}
 		pool := e.db.NewPool(tb, 12)
-		var out []float64
+		var out measuredRuns
 		for range n {
 			publishEvents(tb, e.js, sz.consumed)
 			var processed atomic.Int64
@@ -660,7 +693,7 @@ func consumerDrain(b *testing.B, sz sizes, kept bool) []float64 {
 			}
 			rctx, cancel := context.WithCancel(ctx)
 			done := make(chan struct{})
-			start := time.Now()
+			start, cpu0 := time.Now(), readCPU()
 			go func() { _ = c.Run(rctx); close(done) }()
 			deadline := time.Now().Add(5 * time.Minute)
 			for c.Counters().Processed < int64(sz.consumed) {
@@ -670,7 +703,8 @@ func consumerDrain(b *testing.B, sz sizes, kept bool) []float64 {
 				}
 				time.Sleep(2 * time.Millisecond)
 			}
-			out = append(out, float64(sz.consumed)/time.Since(start).Seconds())
+			out.rates = append(out.rates, float64(sz.consumed)/time.Since(start).Seconds())
+			out.busy = append(out.busy, busyShare(cpu0, readCPU()))
 			cancel()
 			<-done
 		}

@@ -1,0 +1,46 @@
+//go:build shopbench
+
+package benchsuite
+
+import (
+	"os"
+	"strconv"
+	"strings"
+)
+
+// cpuSample is the machine's cumulative CPU time from the first line of
+// /proc/stat, in clock ticks (USER_HZ, 100 per second on Linux): busy is
+// user, nice, system, irq and softirq; idle is idle and iowait; steal is
+// time the hypervisor gave to someone else. The rows that print CPU figures
+// use it to show what bounds them: a row whose machine is ~100 % busy is
+// bound by CPU, not by waiting.
+type cpuSample struct{ busy, idle, steal float64 }
+
+const ticksPerSecond = 100
+
+func readCPU() cpuSample {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuSample{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return cpuSample{}
+	}
+	v := func(i int) float64 { x, _ := strconv.ParseFloat(f[i], 64); return x }
+	return cpuSample{busy: v(1) + v(2) + v(3) + v(6) + v(7), idle: v(4) + v(5), steal: v(8)}
+}
+
+// busyShare is the share of the machine's CPU time between a and b that
+// was busy, in percent (0 if /proc/stat could not be read).
+func busyShare(a, b cpuSample) float64 {
+	total := (b.busy - a.busy) + (b.idle - a.idle) + (b.steal - a.steal)
+	if total <= 0 {
+		return 0
+	}
+	return 100 * (b.busy - a.busy) / total
+}
+
+// busySeconds is the busy CPU time between a and b, summed over all cores.
+func busySeconds(a, b cpuSample) float64 { return (b.busy - a.busy) / ticksPerSecond }
