@@ -173,9 +173,12 @@ func BenchmarkSystem(b *testing.B) {
 			t.add("1", "JetStream async publish, 1 KiB + msg id", "msgs/s", repeat(b, func() float64 { return jsPublish(b, sz) }))
 			t.add("1", "order-creation SQL direct, 8 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 8, true) }))
 			t.add("1", "order-creation SQL direct, 32 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 32, true) }))
-			m := repeatMeasured(b, func() measured { return dbOnly(b, sz) })
+			m := repeatMeasured(b, func() measured { return dbOnly(b, sz, 1) })
 			t.add("1", "DB-only claim + mark (50k backlog)", "events/s", m.rates)
 			t.add("1", "  machine CPU busy meanwhile (one client loop)", "%", m.busy)
+			m = repeatMeasured(b, func() measured { return dbOnly(b, sz, 2) })
+			t.add("1", "DB-only claim + mark, 2 loops side by side", "events/s", m.rates)
+			t.add("1", "  machine CPU busy meanwhile (two client loops)", "%", m.busy)
 		}
 		if wanted("2") {
 			for _, n := range []int{1, 2, 4} {
@@ -277,8 +280,16 @@ func BenchmarkSystem(b *testing.B) {
 			t.add("7", fmt.Sprintf("consumer drain 20k, %s rows in processed_events", fmtNum(float64(sz.kept))), "events/s", consumerDrain(b, sz, true).rates)
 		}
 	}
-	ceil := "DB-only claim + mark (50k backlog)"
-	t.ratio("relay drain 50k, 1 relay(s) × 2 workers", ceil, "of DB-only", "≥ 0.80")
+	// The relay's ceiling is the better of the two database-only rates: a
+	// relay's two workers claim side by side, which costs the database more
+	// than one loop does, and may also use both cores.
+	one, two := "DB-only claim + mark (50k backlog)", "DB-only claim + mark, 2 loops side by side"
+	t.ratio(two, one, "of 1 loop", "")
+	ceil, label := one, "of DB-only"
+	if a, b := t.find(one), t.find(two); a != nil && b != nil && median(b.samples) > median(a.samples) {
+		ceil, label = two, "of DB-only 2 loops"
+	}
+	t.ratio("relay drain 50k, 1 relay(s) × 2 workers", ceil, label, "≥ 0.80")
 	t.ratio("relay drain 50k, 2 relay(s) × 2 workers", "relay drain 50k, 1 relay(s) × 2 workers", "of 1 relay", "≥ 1.3")
 	t.ratio("relay drain 50k, 4 relay(s) × 2 workers", "relay drain 50k, 1 relay(s) × 2 workers", "of 1 relay", "")
 	t.ratio("write path, order tx + outbox, 8 clients", "write path, order tx, no outbox, 8 clients", "of no outbox", "≥ 0.85")
@@ -575,25 +586,37 @@ func orderTx(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, withOutb
 	return tx.Commit(ctx)
 }
 
-func dbOnly(b *testing.B, sz sizes) measured {
+// dbOnly measures the relay's database work alone (Relay.ClaimAndMark:
+// claim a batch, mark it published, publish nothing) over a backlog, from
+// loops concurrent loops: one, the plain ceiling; two, as a relay's two
+// workers claim side by side.
+func dbOnly(b *testing.B, sz sizes, loops int) measured {
 	return scoped(b, func(tb testing.TB) measured {
 		e := newEnv(tb, "")
 		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
-		r := quietRelay(tb, e.db.Pool, e.js, outbox.Config{})
+		pool := e.db.NewPool(tb, int32(loops+2))
+		r := quietRelay(tb, pool, e.js, outbox.Config{})
 		ctx := context.Background()
 		start, cpu0 := time.Now(), readCPU()
-		done := 0
-		for done < sz.backlog {
-			n, err := r.ClaimAndMark(ctx)
-			if err != nil {
-				tb.Fatal(err)
-			}
-			if n == 0 {
-				tb.Fatalf("claimed nothing with %d of %d done", done, sz.backlog)
-			}
-			done += n
+		var done atomic.Int64
+		var wg sync.WaitGroup
+		for range loops {
+			wg.Go(func() {
+				for done.Load() < int64(sz.backlog) {
+					n, err := r.ClaimAndMark(ctx)
+					if err != nil {
+						tb.Error(err)
+						return
+					}
+					done.Add(int64(n))
+				}
+			})
 		}
-		return measured{rate: float64(done) / time.Since(start).Seconds(), busy: busyShare(cpu0, readCPU())}
+		wg.Wait()
+		if done.Load() < int64(sz.backlog) {
+			tb.Fatalf("DB-only: %d of %d marked", done.Load(), sz.backlog)
+		}
+		return measured{rate: float64(done.Load()) / time.Since(start).Seconds(), busy: busyShare(cpu0, readCPU())}
 	})
 }
 
