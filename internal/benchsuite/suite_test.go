@@ -171,8 +171,10 @@ func BenchmarkSystem(b *testing.B) {
 	for range b.N {
 		if wanted("1") {
 			t.add("1", "JetStream async publish, 1 KiB + msg id", "msgs/s", repeat(b, func() float64 { return jsPublish(b, sz) }))
-			t.add("1", "order-creation SQL direct, 8 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 8, true) }))
-			t.add("1", "order-creation SQL direct, 32 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 32, true) }))
+			t.add("1", "order-creation SQL direct, 8 clients", "tx/s", repeat(b, func() float64 { return orderSQL(b, sz, 8, true).rate }))
+			m32 := repeatMeasured(b, func() measured { return orderSQL(b, sz, 32, true) })
+			t.add("1", "order-creation SQL direct, 32 clients", "tx/s", m32.rates)
+			t.add("1", "  machine CPU busy meanwhile (32 clients)", "%", m32.busy)
 			m := repeatMeasured(b, func() measured { return dbOnly(b, sz, 1) })
 			t.add("1", "DB-only claim + mark (50k backlog)", "events/s", m.rates)
 			t.add("1", "  machine CPU busy meanwhile (one client loop)", "%", m.busy)
@@ -192,8 +194,8 @@ func BenchmarkSystem(b *testing.B) {
 			// the row does not land on one side of the ratio.
 			var without, with []float64
 			for range *runs {
-				without = append(without, orderSQL(b, sz, 8, false))
-				with = append(with, orderSQL(b, sz, 8, true))
+				without = append(without, orderSQL(b, sz, 8, false).rate)
+				with = append(with, orderSQL(b, sz, 8, true).rate)
 			}
 			t.add("3", "write path, order tx, no outbox, 8 clients", "tx/s", without)
 			t.add("3", "write path, order tx + outbox, 8 clients", "tx/s", with)
@@ -492,8 +494,8 @@ func jsPublish(b *testing.B, sz sizes) float64 {
 // outbox.Writer (sequence from the outbox's counter, NOTIFYs coalesced to
 // 5 ms, as the service configures it) and the stored response; then
 // COMMIT. withOutbox false leaves the event out (row 3).
-func orderSQL(b *testing.B, sz sizes, clients int, withOutbox bool) float64 {
-	return scoped(b, func(tb testing.TB) float64 {
+func orderSQL(b *testing.B, sz sizes, clients int, withOutbox bool) measured {
+	return scoped(b, func(tb testing.TB) measured {
 		e := newEnv(tb, "order")
 		ctx := context.Background()
 		pool := e.db.NewPool(tb, int32(clients+2))
@@ -504,7 +506,7 @@ func orderSQL(b *testing.B, sz sizes, clients int, withOutbox bool) float64 {
 		each := sz.orderTx / clients
 		var failed atomic.Int64
 		var firstErr atomic.Value
-		start := time.Now()
+		start, cpu0 := time.Now(), readCPU()
 		var wg sync.WaitGroup
 		for c := range clients {
 			wg.Go(func() {
@@ -517,11 +519,11 @@ func orderSQL(b *testing.B, sz sizes, clients int, withOutbox bool) float64 {
 			})
 		}
 		wg.Wait()
-		el := time.Since(start)
+		el, cpu1 := time.Since(start), readCPU()
 		if failed.Load() > 0 {
 			tb.Fatalf("%d order transactions failed: %v", failed.Load(), firstErr.Load())
 		}
-		return float64(each*clients) / el.Seconds()
+		return measured{rate: float64(each*clients) / el.Seconds(), busy: busyShare(cpu0, cpu1)}
 	})
 }
 
