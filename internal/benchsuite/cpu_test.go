@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"testing"
 )
 
 // cpuSample is the machine's cumulative CPU time from the first line of
@@ -44,3 +45,21 @@ func busyShare(a, b cpuSample) float64 {
 
 // busySeconds is the busy CPU time between a and b, summed over all cores.
 func busySeconds(a, b cpuSample) float64 { return (b.busy - a.busy) / ticksPerSecond }
+
+func TestBusyShare(t *testing.T) {
+	a := cpuSample{busy: 100, idle: 300, steal: 0}
+	b := cpuSample{busy: 250, idle: 350, steal: 0} // 150 busy, 50 idle ticks between them
+	if got := busyShare(a, b); got != 75 {
+		t.Errorf("busyShare = %v, want 75", got)
+	}
+	if got := busySeconds(a, b); got != 1.5 {
+		t.Errorf("busySeconds = %v, want 1.5", got)
+	}
+	if got := busyShare(b, b); got != 0 {
+		t.Errorf("busyShare of no time = %v, want 0", got)
+	}
+	now := readCPU()
+	if now.busy <= 0 || now.idle <= 0 {
+		t.Fatalf("readCPU = %+v; /proc/stat unreadable?", now)
+	}
+}
