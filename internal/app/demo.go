@@ -9,7 +9,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"time"
+
+	"github.com/shop-ref/shop/internal/httpx"
 )
 
 // demoCatalogue is what `shop all -demo` stocks: SKU, units, price in cents.
@@ -32,7 +33,7 @@ func SeedDemo(ctx context.Context, cfg Config, out io.Writer) error {
 	ord := baseURL(cfg.Services["order"].Addr)
 	pay := baseURL(cfg.Services["payment"].Addr)
 	for _, base := range []string{inv, ord, pay} {
-		if err := waitReady(ctx, base); err != nil {
+		if err := httpx.WaitReady(ctx, nil, base); err != nil {
 			return err
 		}
 	}
@@ -82,21 +83,4 @@ func baseURL(addr string) string {
 		host = "[" + host + "]"
 	}
 	return "http://" + host + ":" + port
-}
-
-func waitReady(ctx context.Context, base string) error {
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
-		if res, err := http.DefaultClient.Do(req); err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }

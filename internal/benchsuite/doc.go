@@ -7,8 +7,11 @@
 // the relay, the write path, latency at a steady rate, POST /orders over
 // HTTP, the whole saga through a real `shop all` process, cost growth with
 // large tables and the peak memory of `shop all` — and prints one table in
-// which every row is the median, minimum and maximum of several runs.
+// which every row is the median, minimum and maximum of several runs. Beside
+// the rows whose bound is in question it prints how busy the machine's CPU
+// was meanwhile: a row at ~100 % is bound by CPU, not by waiting.
 //
-// It is a benchmark only: `go test ./...` runs none of it. Nothing in it
-// asserts on time; it prints figures. See docs/performance.md.
+// It is a benchmark only: `go test ./...` runs none of it (only a test of
+// its CPU arithmetic). Nothing in it asserts on time; it prints figures. See
+// docs/performance.md.
 package benchsuite

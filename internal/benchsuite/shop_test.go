@@ -30,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/pgtest"
 )
 
@@ -127,9 +128,11 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.exited) }()
 	tb.Cleanup(s.stop)
 	client := &http.Client{Timeout: 5 * time.Second}
+	ready, stopWaiting := context.WithTimeout(context.Background(), time.Minute)
+	defer stopWaiting()
 	for _, svc := range []string{"order", "inventory", "payment", "fulfillment"} {
-		if !waitReady(client, s.url(svc), time.Minute) {
-			tb.Fatalf("%s service never became ready; log in %s", svc, s.dir)
+		if err := httpx.WaitReady(ready, client, s.url(svc)); err != nil {
+			tb.Fatalf("%s service: %v; log in %s", svc, err, s.dir)
 		}
 	}
 	// Stock, then wait until the order service has the catalogue entries.
@@ -187,21 +190,6 @@ func (s *shop) command(args ...string) *exec.Cmd {
 		}
 	}
 	return cmd
-}
-
-func waitReady(c *http.Client, base string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		res, err := c.Get(base + "/readyz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return true
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return false
 }
 
 // peakRSSMB reads VmHWM of the shop process.

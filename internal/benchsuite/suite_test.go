@@ -463,24 +463,9 @@ func jsPublish(b *testing.B, sz sizes) float64 {
 		payload := []byte(strings.Repeat("x", payloadSize))
 		n := sz.jsMsgs
 		start := time.Now()
-		for off := 0; off < n; off += 500 {
-			futures := make([]jetstream.PubAckFuture, 0, 500)
-			for i := off; i < off+500 && i < n; i++ {
-				f, err := e.js.PublishMsgAsync(&nats.Msg{Subject: fmt.Sprintf("ev.p-%d.Raw", i%1000), Data: payload},
-					jetstream.WithMsgID(uuid.NewString()))
-				if err != nil {
-					tb.Fatal(err)
-				}
-				futures = append(futures, f)
-			}
-			for _, f := range futures {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					tb.Fatal(err)
-				}
-			}
-		}
+		natstest.PublishAll(tb, e.js, n, func(i int) (*nats.Msg, string) {
+			return &nats.Msg{Subject: fmt.Sprintf("ev.p-%d.Raw", i%1000), Data: payload}, uuid.NewString()
+		})
 		return float64(n) / time.Since(start).Seconds()
 	})
 }
@@ -750,32 +735,18 @@ func publishEvents(tb testing.TB, js jetstream.JetStream, n int) {
 	tb.Helper()
 	payload := []byte(`{"blob":"` + blob + `"}`)
 	occurred := time.Now().UTC().Format(time.RFC3339Nano)
-	for off := 0; off < n; off += 500 {
-		var futures []jetstream.PubAckFuture
-		for i := off; i < off+500 && i < n; i++ {
-			id := uuid.Must(uuid.NewV7())
-			agg := id.String()
-			h := nats.Header{}
-			h.Set("Event-Type", "Step")
-			h.Set("Aggregate-Type", "order")
-			h.Set("Aggregate-Id", agg)
-			h.Set("Aggregate-Seq", "1")
-			h.Set("Schema-Version", "1")
-			h.Set("Occurred-At", occurred)
-			f, err := js.PublishMsgAsync(&nats.Msg{Subject: "ev." + agg + ".Step", Header: h, Data: payload}, jetstream.WithMsgID(id.String()))
-			if err != nil {
-				tb.Fatal(err)
-			}
-			futures = append(futures, f)
-		}
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				tb.Fatal(err)
-			}
-		}
-	}
+	natstest.PublishAll(tb, js, n, func(int) (*nats.Msg, string) {
+		id := uuid.Must(uuid.NewV7())
+		agg := id.String()
+		h := nats.Header{}
+		h.Set("Event-Type", "Step")
+		h.Set("Aggregate-Type", "order")
+		h.Set("Aggregate-Id", agg)
+		h.Set("Aggregate-Seq", "1")
+		h.Set("Schema-Version", "1")
+		h.Set("Occurred-At", occurred)
+		return &nats.Msg{Subject: "ev." + agg + ".Step", Header: h, Data: payload}, id.String()
+	})
 }
 
 // ---- row 4 ----

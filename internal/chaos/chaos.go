@@ -42,6 +42,7 @@ import (
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
@@ -395,26 +396,22 @@ func (h *harness) startAll() {
 		h.sup.Add(1)
 		go s.supervise()
 	}
-	for _, s := range h.slots {
-		if !waitReady(h.client, "http://"+s.addr, 60*time.Second) {
-			h.t.Fatalf("%s never became ready; log in %s", s.name, h.logDir)
-		}
+	if err := h.waitReady(); err != nil {
+		h.t.Fatalf("%v; log in %s", err, h.logDir)
 	}
 }
 
-func waitReady(c *http.Client, base string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		res, err := c.Get(base + "/readyz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return true
-			}
+// waitReady waits, for a minute at most, until every process answers
+// /readyz.
+func (h *harness) waitReady() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, s := range h.slots {
+		if err := httpx.WaitReady(ctx, h.client, "http://"+s.addr); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	return false
+	return nil
 }
 
 // start starts the slot's process; s.mu is held.
@@ -585,10 +582,8 @@ func (h *harness) restartClean() {
 	}
 	wg.Wait()
 	time.Sleep(2 * time.Second) // the supervisors restart them
-	for _, s := range h.slots {
-		if !waitReady(h.client, "http://"+s.addr, 60*time.Second) {
-			h.t.Errorf("%s not ready after the clean restart; log in %s", s.name, h.logDir)
-		}
+	if err := h.waitReady(); err != nil {
+		h.t.Errorf("after the clean restart: %v; log in %s", err, h.logDir)
 	}
 }
 

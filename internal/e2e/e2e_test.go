@@ -27,6 +27,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
@@ -98,9 +99,11 @@ func runMain(m *testing.M) int {
 
 	url := func(name string) string { return "http://" + env[strings.ToUpper(name)+"_ADDR"] }
 	shop.order, shop.inventory, shop.payment, shop.fulfillment = url("order"), url("inventory"), url("payment"), url("fulfillment")
+	ready, stopWaiting := context.WithTimeout(ctx, 30*time.Second)
+	defer stopWaiting()
 	for _, base := range []string{shop.order, shop.inventory, shop.payment, shop.fulfillment} {
-		if !waitReady(base, 30*time.Second) {
-			fmt.Fprintln(os.Stderr, "e2e: service at", base, "never became ready")
+		if err := httpx.WaitReady(ready, nil, base); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
 			return 1
 		}
 	}
@@ -274,21 +277,6 @@ func freeAddr() string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-func waitReady(base string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		res, err := http.Get(base + "/readyz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return true
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return false
 }
 
 // mainTB lets natstest run outside a test: TestMain has no testing.T.

@@ -1,5 +1,6 @@
 // Package httpx holds the HTTP edge every service shares: strict JSON request
-// decoding with the contract's status codes, and RFC 9457 problem responses.
+// decoding with the contract's status codes, RFC 9457 problem responses, and
+// WaitReady for whoever starts the services and must wait for them.
 package httpx
 
 import (

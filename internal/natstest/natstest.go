@@ -149,6 +149,34 @@ func Publish(t testing.TB, js jetstream.JetStream, m *nats.Msg) *jetstream.PubAc
 	return ack
 }
 
+// PublishAll publishes n messages without waiting for each ack, at most
+// 500 awaiting theirs at once, and fails t on the first error. msg builds
+// the i-th message and its Nats-Msg-Id. It fills a stream as fast as the
+// broker stores: the benchmarks' ceiling and their backlogs.
+func PublishAll(t testing.TB, js jetstream.JetStream, n int, msg func(i int) (m *nats.Msg, id string)) {
+	t.Helper()
+	const inFlight = 500
+	futures := make([]jetstream.PubAckFuture, 0, inFlight)
+	for off := 0; off < n; off += inFlight {
+		futures = futures[:0]
+		for i := off; i < off+inFlight && i < n; i++ {
+			m, id := msg(i)
+			f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(id))
+			if err != nil {
+				t.Fatalf("publish %s: %v", m.Subject, err)
+			}
+			futures = append(futures, f)
+		}
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				t.Fatalf("publish %s: %v", f.Msg().Subject, err)
+			}
+		}
+	}
+}
+
 // Settled reports whether the durable consumer has acked (or terminated)
 // every message of stream. It reads the ack floor, not NumPending: a
 // consumer still being created reports nothing pending.

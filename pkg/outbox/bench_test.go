@@ -17,7 +17,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
@@ -71,24 +70,9 @@ func BenchmarkJetStreamPublish(b *testing.B) {
 	const n = backlogEvents
 	for range b.N {
 		start := time.Now()
-		for off := 0; off < n; off += 500 {
-			futures := make([]jetstream.PubAckFuture, 0, 500)
-			for i := off; i < off+500 && i < n; i++ {
-				f, err := e.js.PublishMsgAsync(&nats.Msg{Subject: fmt.Sprintf("ev.p-%d.Raw", i%1000), Data: payload},
-					jetstream.WithMsgID(uuid.NewString()))
-				if err != nil {
-					b.Fatal(err)
-				}
-				futures = append(futures, f)
-			}
-			for _, f := range futures {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					b.Fatal(err)
-				}
-			}
-		}
+		natstest.PublishAll(b, e.js, n, func(i int) (*nats.Msg, string) {
+			return &nats.Msg{Subject: fmt.Sprintf("ev.p-%d.Raw", i%1000), Data: payload}, uuid.NewString()
+		})
 		b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
 	}
 }
