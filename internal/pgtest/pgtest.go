@@ -49,7 +49,10 @@ type Schema struct {
 
 // New creates a schema holding the eventing tables and the migrations of
 // service ("" for the eventing tables alone), returns a pool whose connections
-// use it, and drops the schema when the test ends.
+// use it, and drops the schema when the test ends. It returns after the
+// migration's own session has ended, so the statistics it caused (building an
+// index counts as a sequential scan of its table) are already counted when
+// the test first reads pg_stat_user_tables.
 func New(t testing.TB, service string) *Schema {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -63,7 +66,8 @@ func New(t testing.TB, service string) *Schema {
 	_, _ = rand.Read(b[:])
 	name := "t_" + hex.EncodeToString(b[:])
 
-	if err := migrations.Apply(ctx, URL(), service, name, nil); err != nil {
+	migrator := "pgtest-migrate-" + name
+	if err := migrations.Apply(ctx, withAppName(URL(), migrator), service, name, nil); err != nil {
 		t.Fatalf("migrate %s: %v", name, err)
 	}
 	url, err := database.WithSchema(URL(), name)
@@ -88,6 +92,9 @@ func New(t testing.TB, service string) *Schema {
 			t.Errorf("drop schema %s: %v", name, err)
 		}
 	})
+	if err := waitSessionsEnded(ctx, pool, migrator); err != nil {
+		t.Fatal(err)
+	}
 	return &Schema{Name: name, URL: url, Pool: pool}
 }
 
