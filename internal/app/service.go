@@ -26,6 +26,7 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -53,7 +54,8 @@ type Service struct {
 	NATS        *nats.Conn
 	Logger      *slog.Logger
 
-	cfg Config // the process's configuration, for the service's domain
+	cfg Config       // the process's configuration, for the service's domain
+	ln  net.Listener // bound by listen, before Run
 
 	collectors []prometheus.Collector // extra metrics for its registry (the reconciler's, in `shop all`)
 }
@@ -84,6 +86,12 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 // the outbox relay. When ctx ends it stops taking requests, lets those in
 // flight finish (up to ShutdownTimeout) and waits for the relay to return.
 func (s *Service) Run(ctx context.Context) error {
+	if s.ln == nil {
+		if err := s.listen(); err != nil {
+			return err
+		}
+	}
+	defer s.ln.Close() // when it returns before serving; closing twice is harmless
 	if err := Migrate(ctx, s.DatabaseURL, s.Name, s.Logger); err != nil {
 		return err
 	}
@@ -100,11 +108,8 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", s.Addr)
-	if err != nil {
-		return fmt.Errorf("%s: listen: %w", s.Name, err)
-	}
-	srv := &http.Server{Handler: router, ReadHeaderTimeout: 5 * time.Second}
+	ln := s.ln
+	srv := &http.Server{Handler: httpx.Bodies(router), ReadHeaderTimeout: 5 * time.Second}
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -144,6 +149,17 @@ func (s *Service) Run(ctx context.Context) error {
 	err = g.Wait()
 	s.Logger.Info("service stopped")
 	return err
+}
+
+// listen binds the service's HTTP address. Connections wait in the
+// listener's backlog until Run serves them.
+func (s *Service) listen() error {
+	ln, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		return fmt.Errorf("%s: listen on %s: %w", s.Name, s.Addr, err)
+	}
+	s.ln = ln
+	return nil
 }
 
 // assemble builds the service's parts over pool and js, wired to one

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -58,16 +59,27 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err 
 		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		p = NewProblem(http.StatusInternalServerError, "internal", "")
 	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(p)
+	write(w, p.Status, "application/problem+json", p)
 }
 
 // WriteJSON writes v with status.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
+	write(w, status, "application/json", v)
+}
+
+// write sends v as a complete response with its Content-Length, so that a
+// client reads where it ends even while its own request is still being
+// discarded (see Bodies), instead of waiting for a chunked body to end.
+func write(w http.ResponseWriter, status int, contentType string, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":"response not encodable"}`)
+	}
+	body = append(body, '\n')
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(body)
 }
 
 // Decode reads r's body into dst, strictly: a JSON content type (415

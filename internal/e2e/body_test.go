@@ -1,0 +1,71 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/shop-ref/shop/internal/httpx"
+)
+
+// Every endpoint that takes a body answers an oversized one with the 413
+// problem, read by the client, never with a reset connection; and writes
+// nothing. Many times, on fresh connections, with the length known in
+// advance and not (chunked), because the reset was a race.
+func TestOversizedBodiesAreAlways413(t *testing.T) {
+	endpoints := []struct{ method, url, contentType string }{
+		{http.MethodPost, shop.order + "/orders", "application/json"},
+		{http.MethodPut, shop.inventory + "/stock/SKU-HUGE", "application/json"},
+		{http.MethodPost, shop.payment + "/webhooks/payment", "application/json"},
+		// A declared length over the limit is refused with 413 before
+		// anything else is looked at; a chunked body of the wrong type is
+		// refused with 415 before a byte is read, and the rest is still
+		// read and discarded.
+		{http.MethodPost, shop.order + "/orders", "text/plain"},
+	}
+	for _, size := range []int{2 << 20, 20 << 20} {
+		body := []byte(`{"customer_id":"` + strings.Repeat("x", size) + `"}`)
+		for _, ep := range endpoints {
+			for _, known := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%s %s %s %dMB length known %v", ep.method, ep.url, ep.contentType, size>>20, known), func(t *testing.T) {
+					for i := range 8 {
+						client := &http.Client{Transport: &http.Transport{DisableKeepAlives: i%2 == 0}}
+						var rd io.Reader = bytes.NewReader(body)
+						if !known {
+							rd = io.MultiReader(rd)
+						}
+						req, _ := http.NewRequest(ep.method, ep.url, rd)
+						req.Header.Set("Content-Type", ep.contentType)
+						req.Header.Set("Idempotency-Key", "huge-"+randHex())
+						res, err := client.Do(req)
+						if err != nil {
+							t.Fatalf("attempt %d: %v", i+1, err)
+						}
+						var p httpx.Problem
+						err = json.NewDecoder(res.Body).Decode(&p)
+						res.Body.Close()
+						client.CloseIdleConnections()
+						want := http.StatusRequestEntityTooLarge
+						if ep.contentType != "application/json" && !known {
+							want = http.StatusUnsupportedMediaType
+						}
+						if err != nil || res.StatusCode != want {
+							t.Fatalf("attempt %d: status %d (problem %q, %v), want %d", i+1, res.StatusCode, p.Code, err, want)
+						}
+					}
+				})
+			}
+		}
+	}
+	var keys int
+	if err := shop.pools.Order.QueryRow(t.Context(), `SELECT count(*) FROM idempotency_keys WHERE key LIKE 'huge-%'`).Scan(&keys); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 0 {
+		t.Errorf("refused requests stored %d idempotency keys", keys)
+	}
+}

@@ -1,0 +1,93 @@
+package httpx
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// The limits of Bodies: how much of a body a handler left unread the server
+// still reads and throws away, and for how long.
+const (
+	DrainLimit   = 32 << 20
+	drainTimeout = 10 * time.Second
+)
+
+// Bodies wraps a server's handler so that a client always reads the answer to
+// a body that is too large, instead of a reset connection.
+//
+// Go's server closes a connection whose request left more than 256 KiB
+// unread. The client is often still sending then; its next segments reach a
+// closed socket, the kernel answers them with RST, and an RST discards the
+// 413 that waits unread in the client's receive buffer ("connection reset by
+// peer", seen with curl and Go's client alike). Bodies closes that window:
+//
+//   - a request whose Content-Length already exceeds MaxBody gets the 413
+//     before anything is read, so a client that sent "Expect: 100-continue"
+//     (curl does for large bodies) never sends the body at all;
+//   - after the handler, the response is flushed and whatever the client is
+//     still sending is read and discarded, up to DrainLimit bytes within
+//     10 s, so it finishes its request, reads the answer, and the
+//     connection even stays open for the next request. A body known to be
+//     larger than DrainLimit is not read: its connection is closed.
+//
+// Bodies must be the outermost handler (the one http.Server calls): it needs
+// the server's own ResponseWriter.
+func Bodies(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody {
+			next.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		// Reading the rest after the response is written is what full
+		// duplex allows; without it the server may refuse the read.
+		_ = rc.EnableFullDuplex()
+		body := &trackedBody{ReadCloser: r.Body}
+		r.Body = body
+		expectContinue := strings.EqualFold(r.Header.Get("Expect"), "100-continue")
+
+		if r.ContentLength > MaxBody {
+			if r.ContentLength > DrainLimit {
+				w.Header().Set("Connection", "close")
+			}
+			WriteProblem(w, r, nil, NewProblem(http.StatusRequestEntityTooLarge, "body-too-large",
+				fmt.Sprintf("the request body exceeds %d bytes", MaxBody)))
+		} else {
+			next.ServeHTTP(w, r)
+		}
+
+		switch {
+		case body.eof:
+			return
+		case expectContinue && !body.read:
+			// The client waits for "100 Continue", which it will not get
+			// now that the answer is written: it sends nothing more.
+			return
+		case r.ContentLength > DrainLimit:
+			return
+		}
+		_ = rc.Flush()
+		_ = rc.SetReadDeadline(time.Now().Add(drainTimeout))
+		_, _ = io.CopyN(io.Discard, body, DrainLimit)
+	})
+}
+
+// trackedBody remembers whether the handler read from the body and whether
+// it reached the end. A handler runs in the server's goroutine for its
+// request, and Bodies reads the fields only after it has returned.
+type trackedBody struct {
+	io.ReadCloser
+	read, eof bool
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) {
+	b.read = true
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
