@@ -145,11 +145,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		log.Info("starting", "services", app.Names, "config", cfg)
 		if *demo {
-			go func() {
-				if err := app.SeedDemo(ctx, cfg, stdout); err != nil && ctx.Err() == nil {
-					log.Error("demo seed failed", "err", err)
-				}
-			}()
+			return app.RunDemo(ctx, cfg, log, stdout)
 		}
 		return app.Run(ctx, cfg, app.Names, log)
 	default:

@@ -379,3 +379,109 @@ func TestAll(t *testing.T) {
 		}
 	})
 }
+
+// syncBuffer is an io.Writer the test reads while the shop writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestAllDemo(t *testing.T) {
+	t.Parallel()
+	demoVars := func(t *testing.T) map[string]string {
+		vars := map[string]string{"DATABASE_URL": newDatabase(t), "NATS_URL": natstest.New(t).URL(), "DASHBOARD_ADDR": freeAddr(t)}
+		for _, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
+			vars[name+"_ADDR"] = freeAddr(t)
+		}
+		return vars
+	}
+
+	t.Run("prints the dashboard address it really bound", func(t *testing.T) {
+		t.Parallel()
+		vars := demoVars(t)
+		taken, err := net.Listen("tcp", vars["DASHBOARD_ADDR"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer taken.Close()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var out syncBuffer
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, []string{"all", "-demo"}, env(vars), &out, io.Discard) }()
+		waitFor(t, "the demo banner", time.Minute, func() bool {
+			select {
+			case err := <-done:
+				t.Fatalf("shop all -demo returned: %v", err)
+			default:
+			}
+			return strings.Contains(out.String(), "The demo shop is up")
+		})
+		_, after, ok := strings.Cut(out.String(), "dashboard: ")
+		dashboard := strings.TrimSpace(strings.SplitN(after, "\n", 2)[0])
+		if !ok || dashboard == "http://"+vars["DASHBOARD_ADDR"] {
+			t.Fatalf("banner names dashboard %q, which another listener holds:\n%s", dashboard, out.String())
+		}
+		res, err := http.Get(dashboard + "/api/state")
+		if err != nil {
+			t.Fatalf("the dashboard the banner names: %v", err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("the dashboard the banner names answers %s", res.Status)
+		}
+		res, err = http.Get("http://" + vars["INVENTORY_ADDR"] + "/stock/SKU-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("SKU-1 not stocked by the demo: %s", res.Status)
+		}
+	})
+
+	t.Run("stops before seeding when a listener cannot bind", func(t *testing.T) {
+		t.Parallel()
+		vars := demoVars(t)
+		// Another process holds the inventory address and answers every
+		// request, as an older shop left running would.
+		var requests sync.Map
+		other := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			requests.Store(r.Method+" "+r.URL.Path, true)
+			w.WriteHeader(http.StatusOK)
+		})}
+		ln, err := net.Listen("tcp", vars["INVENTORY_ADDR"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = other.Serve(ln) }()
+		defer other.Close()
+
+		var out syncBuffer
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err = run(ctx, []string{"all", "-demo"}, env(vars), &out, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "listen") || !strings.Contains(err.Error(), vars["INVENTORY_ADDR"]) {
+			t.Fatalf("run returned %v, want the inventory service's listen error", err)
+		}
+		if strings.Contains(out.String(), "The demo shop is up") {
+			t.Errorf("printed the banner although inventory could not listen:\n%s", out.String())
+		}
+		requests.Range(func(k, _ any) bool {
+			t.Errorf("the demo sent %v to the other process on the inventory address", k)
+			return true
+		})
+	})
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/dashboard"
 	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/migrations"
 )
 
@@ -26,15 +27,28 @@ func runsAll(names []string) bool {
 	return true
 }
 
-// runDashboard serves the live dashboard on cfg.DashboardAddr until ctx
-// ends. It reads every service's schema through a small pool of its own
-// (connected lazily, so reads simply fail until the services have migrated)
-// and acts through the order and payment services' public APIs.
-//
-// The page is a convenience, not a service: when its address is taken (8080
-// often is) it listens on a free loopback port instead and says where,
-// rather than stopping the shop.
-func runDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
+// listenDashboard binds cfg.DashboardAddr. The page is a convenience, not a
+// service: when its address is taken (8080 often is) it listens on a free
+// loopback port instead and says where, rather than stopping the shop.
+func listenDashboard(cfg Config, log *slog.Logger) (net.Listener, error) {
+	ln, err := net.Listen("tcp", cfg.DashboardAddr)
+	if err == nil {
+		return ln, nil
+	}
+	log.Warn(cfg.DashboardAddr+" is taken; the dashboard listens on a free port instead "+
+		"(set DASHBOARD_ADDR to choose one)", "service", "dashboard", "err", err)
+	if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		return nil, fmt.Errorf("dashboard: listen: %w", err)
+	}
+	return ln, nil
+}
+
+// runDashboard serves the live dashboard on ln until ctx ends. It reads
+// every service's schema through a small pool of its own (connected lazily,
+// so reads simply fail until the services have migrated) and acts through
+// the order and payment services' public APIs, at the base URLs in urls.
+func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[string]string, log *slog.Logger) error {
+	defer ln.Close()
 	log = log.With("service", "dashboard")
 	pools := make(map[string]dashboard.DB, len(Names))
 	for _, name := range Names {
@@ -47,24 +61,16 @@ func runDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	d, err := dashboard.New(dashboard.Config{
 		Pools:          pools,
-		OrderURL:       baseURL(cfg.Services["order"].Addr),
-		PaymentURL:     baseURL(cfg.Services["payment"].Addr),
+		OrderURL:       urls["order"],
+		PaymentURL:     urls["payment"],
 		PaymentTimeout: cfg.PaymentTimeout,
 		Logger:         log,
 	})
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.DashboardAddr)
-	if err != nil {
-		log.Warn(cfg.DashboardAddr+" is taken; the dashboard listens on a free port instead "+
-			"(set DASHBOARD_ADDR to choose one)", "err", err)
-		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-			return fmt.Errorf("dashboard: listen: %w", err)
-		}
-	}
 	srv := &http.Server{
-		Handler:           d,
+		Handler:           httpx.Bodies(d),
 		ReadHeaderTimeout: 5 * time.Second,
 		// Requests share ctx, so the page's open event streams end with the
 		// process instead of holding Shutdown for its whole timeout.
@@ -76,7 +82,7 @@ func runDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer cancel()
 		_ = srv.Shutdown(shutdownCtx) // its requests have ended with ctx
 	}()
-	log.Info("dashboard listening", "url", "http://"+ln.Addr().String())
+	log.Info("dashboard listening", "url", listenerURL(ln))
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("dashboard: serve http: %w", err)
 	}

@@ -8,9 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
-
-	"github.com/shop-ref/shop/internal/httpx"
 )
 
 // demoCatalogue is what `shop all -demo` stocks: SKU, units, price in cents.
@@ -23,20 +20,14 @@ var demoCatalogue = []struct {
 	{"SKU-3", 200, 499},
 }
 
-// SeedDemo waits until the inventory and order services answer, stocks the
-// demo catalogue through inventory's public API (an operator's restock, so
-// the order service learns it from ProductUpdated events like any other
-// SKU), and prints three curl commands that place an order, pay it and
-// watch it complete.
-func SeedDemo(ctx context.Context, cfg Config, out io.Writer) error {
-	inv := baseURL(cfg.Services["inventory"].Addr)
-	ord := baseURL(cfg.Services["order"].Addr)
-	pay := baseURL(cfg.Services["payment"].Addr)
-	for _, base := range []string{inv, ord, pay} {
-		if err := httpx.WaitReady(ctx, nil, base); err != nil {
-			return err
-		}
-	}
+// seedDemo stocks the demo catalogue through the inventory service's public
+// API (an operator's restock, so the order service learns it from
+// ProductUpdated events like any other SKU), and prints three curl commands
+// that place an order, pay it and watch it complete. urls are the base URLs
+// this process's services really listen on (see RunDemo), so it never
+// stocks another process that happens to answer on a configured address.
+func seedDemo(ctx context.Context, urls map[string]string, out io.Writer) error {
+	inv, ord, pay := urls["inventory"], urls["order"], urls["payment"]
 	for _, p := range demoCatalogue {
 		body, _ := json.Marshal(map[string]int{"on_hand": p.onHand, "price": p.price})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPut, inv+"/stock/"+p.sku, bytes.NewReader(body))
@@ -69,18 +60,19 @@ Try, in another terminal:
 
 Or watch and click in the dashboard: %[3]s
 
-`, ord, pay, baseURL(cfg.DashboardAddr))
+`, ord, pay, urls["dashboard"])
 	return nil
 }
 
-// baseURL turns a listen address such as ":8081" into a URL to call.
-func baseURL(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || host == "" || host == "0.0.0.0" || host == "::" {
+// listenerURL is the URL to call a listener at: an unspecified host (":8081",
+// "0.0.0.0") is reached on the loopback address.
+func listenerURL(ln net.Listener) string {
+	host, port, err := net.SplitHostPort(ln.Addr().String())
+	if err != nil {
+		return "http://" + ln.Addr().String()
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}
-	if strings.Contains(host, ":") {
-		host = "[" + host + "]"
-	}
-	return "http://" + host + ":" + port
+	return "http://" + net.JoinHostPort(host, port)
 }

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/httpx"
 )
 
 // Run runs the named services in this process until ctx ends, over one NATS
@@ -19,9 +21,30 @@ import (
 // cfg.NATSURL is empty it first starts an embedded NATS server with
 // JetStream on 127.0.0.1:4222 (a free port if that is taken), storing
 // under EmbeddedNATSDir. Running every service, it serves the dashboard on
-// cfg.DashboardAddr too. When one
+// cfg.DashboardAddr too. Every listener is bound before anything starts, so
+// an address that is taken stops the start-up at once. When one
 // service fails, the others are stopped too and Run returns the error.
 func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) error {
+	return run(ctx, cfg, names, log, nil)
+}
+
+// RunDemo is Run of every service plus the demo: once this process's own
+// services listen and answer, it stocks the demo catalogue through its own
+// inventory service and prints to out how to try the shop, with the
+// addresses it really bound (the dashboard's may be a free port).
+func RunDemo(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error {
+	return run(ctx, cfg, Names, log, func(ctx context.Context, urls map[string]string) {
+		if err := seedDemo(ctx, urls, out); err != nil && ctx.Err() == nil {
+			log.Error("demo seed failed", "err", err)
+		}
+	})
+}
+
+// run is Run, calling ready (when not nil) once every service it runs
+// answers /readyz, with the base URL each listens on by service name, and
+// the dashboard's under "dashboard".
+func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
+	ready func(ctx context.Context, urls map[string]string)) error {
 	url := cfg.NATSURL
 	if url == "" {
 		srv, err := startEmbeddedNATS(log)
@@ -50,6 +73,25 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 		}
 		services = append(services, s)
 	}
+	// Bound first, all of them: a taken address must stop the process
+	// before it does anything (the demo would otherwise stock whatever
+	// other process answers there).
+	urls := make(map[string]string, len(services)+1)
+	for _, s := range services {
+		if err := s.listen(); err != nil {
+			closeListeners(services)
+			return err
+		}
+		urls[s.Name] = listenerURL(s.ln)
+	}
+	var dashboardLn net.Listener
+	if runsAll(names) {
+		if dashboardLn, err = listenDashboard(cfg, log); err != nil {
+			closeListeners(services)
+			return err
+		}
+		urls["dashboard"] = listenerURL(dashboardLn)
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	if runsAll(names) {
 		// The reconciler reads every schema (see reconcile.go), so only
@@ -69,10 +111,29 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 	for _, s := range services {
 		g.Go(func() error { return s.Run(ctx) })
 	}
-	if runsAll(names) {
-		g.Go(func() error { return runDashboard(ctx, cfg, log) })
+	if dashboardLn != nil {
+		g.Go(func() error { return runDashboard(ctx, dashboardLn, cfg, urls, log) })
+	}
+	if ready != nil {
+		g.Go(func() error {
+			for _, s := range services {
+				if err := httpx.WaitReady(ctx, nil, urls[s.Name]); err != nil {
+					return nil // stopping, or the service failed: Run says why
+				}
+			}
+			ready(ctx, urls)
+			return nil
+		})
 	}
 	return g.Wait()
+}
+
+func closeListeners(services []*Service) {
+	for _, s := range services {
+		if s.ln != nil {
+			s.ln.Close()
+		}
+	}
 }
 
 func startEmbeddedNATS(log *slog.Logger) (*server.Server, error) {
