@@ -1,0 +1,386 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/migrations"
+)
+
+// stallAfter is how long after a fault heals its stall is still looked for.
+const stallAfter = 60 * time.Second
+
+// Stall is the longest saga stall after one broker fault: the longest
+// interval within [fault start, heal + stallAfter] — cut at the clean
+// restart that ends the run — in which no saga transition driven by an
+// event committed while at least one order was in flight (created and not
+// yet COMPLETED, CLOSED or REJECTED). A transition driven by an event is
+// every order_history entry after an order's first, except those the order
+// service makes without the broker: a customer's cancel and a payment
+// timeout. Interval starts at the first moment an order was in flight.
+type Stall struct {
+	D        time.Duration
+	From, To time.Time
+	Open     bool // it lasted until the end of the window: at least D
+}
+
+// spans are the orders' lives and the event-driven transitions, from
+// order_history.
+type spans struct {
+	orders []span      // created … ended (zero: not ended)
+	moves  []time.Time // event-driven transitions, sorted
+}
+
+type span struct{ created, ended time.Time }
+
+func (h *harness) history(ctx context.Context) (spans, error) {
+	rows, err := h.admin.Query(ctx, `SELECT order_id::text, status, at, coalesce(reason, '') FROM `+
+		pgx.Identifier{migrations.Schemas["order"]}.Sanitize()+`.order_history ORDER BY order_id, id`)
+	if err != nil {
+		return spans{}, fmt.Errorf("read order history: %w", err)
+	}
+	defer rows.Close()
+	var sp spans
+	last := ""
+	for rows.Next() {
+		var id, status, reason string
+		var at time.Time
+		if err := rows.Scan(&id, &status, &at, &reason); err != nil {
+			return spans{}, fmt.Errorf("read order history: %w", err)
+		}
+		if id != last { // the order's first entry: it was created
+			last = id
+			sp.orders = append(sp.orders, span{created: at})
+			continue
+		}
+		o := &sp.orders[len(sp.orders)-1]
+		if o.ended.IsZero() && (status == "COMPLETED" || status == "CLOSED" || status == "REJECTED") {
+			o.ended = at
+		}
+		if reason != "customer_cancel" && reason != "payment_timeout" {
+			sp.moves = append(sp.moves, at)
+		}
+	}
+	slices.SortFunc(sp.moves, time.Time.Compare)
+	return sp, rows.Err()
+}
+
+// firstInFlight is the earliest moment in [a, b) at which an order was in
+// flight.
+func (sp spans) firstInFlight(a, b time.Time) (time.Time, bool) {
+	var first time.Time
+	found := false
+	for _, o := range sp.orders {
+		if !o.created.Before(b) || (!o.ended.IsZero() && !o.ended.After(a)) {
+			continue
+		}
+		s := o.created
+		if s.Before(a) {
+			s = a
+		}
+		if !found || s.Before(first) {
+			first, found = s, true
+		}
+	}
+	return first, found
+}
+
+// stall is the longest stall within [from, to] (see Stall).
+func (sp spans) stall(from, to time.Time) Stall {
+	var best Stall
+	consider := func(a, b time.Time, open bool) {
+		if s, ok := sp.firstInFlight(a, b); ok && b.Sub(s) > best.D {
+			best = Stall{D: b.Sub(s), From: s, To: b, Open: open}
+		}
+	}
+	prev := from
+	i, _ := slices.BinarySearchFunc(sp.moves, from, time.Time.Compare)
+	for ; i < len(sp.moves) && sp.moves[i].Before(to); i++ {
+		consider(prev, sp.moves[i], false)
+		prev = sp.moves[i]
+	}
+	consider(prev, to, true)
+	return best
+}
+
+// consumersOf are each service's durable consumers and the producer whose
+// outbox feeds them (docs/events.md).
+var consumersOf = map[string][]struct{ name, producer string }{
+	"order":       {{"order-inventory", "inventory"}, {"order-payment", "payment"}, {"order-fulfillment", "fulfillment"}},
+	"inventory":   {{"inventory-orders", "order"}},
+	"payment":     {{"payment-orders", "order"}},
+	"fulfillment": {{"fulfillment-orders", "order"}},
+}
+
+// redeliveryWindow: the events whose delivery a SIGKILL may have cut short
+// are those published in this long before it.
+const redeliveryWindow = 2 * time.Second
+
+// redelivery measures, for each SIGKILL of a shop process, the largest
+// publish→processed delay (the consumer's processed_events.processed_at —
+// its inbox transaction's start — minus the producer outbox's
+// published_at, the relay's mark after the PubAck, joined by event id)
+// among the events of the killed service's consumers published in the
+// redeliveryWindow before the kill: an event the killed process had
+// fetched and not acked waits for its redelivery, the others show the
+// ordinary delay. Kills with no such event give no figure. clean holds the
+// figures of kills outside every broker fault (from 2s before its start to
+// 30s after its heal).
+func (h *harness) redelivery(ctx context.Context) (all, clean []time.Duration, err error) {
+	h.mu.Lock()
+	kills := slices.Clone(h.kills)
+	faults := h.faultsCopy()
+	h.mu.Unlock()
+	for _, k := range kills {
+		var worst *time.Duration
+		for _, c := range consumersOf[k.service] {
+			var secs *float64
+			err := h.admin.QueryRow(ctx, `
+				SELECT max(extract(epoch FROM p.processed_at - o.published_at))::float8
+				FROM `+pgx.Identifier{migrations.Schemas[k.service]}.Sanitize()+`.processed_events p
+				JOIN `+pgx.Identifier{migrations.Schemas[c.producer]}.Sanitize()+`.outbox o ON o.event_id = p.event_id
+				WHERE p.consumer_name = $1 AND o.published_at BETWEEN $2::timestamptz - $3::interval AND $2`,
+				c.name, k.at, redeliveryWindow.String()).Scan(&secs)
+			if err != nil {
+				return nil, nil, fmt.Errorf("redelivery after killing %s: %w", k.slot, err)
+			}
+			if secs != nil {
+				d := time.Duration(*secs * float64(time.Second))
+				if worst == nil || d > *worst {
+					worst = &d
+				}
+			}
+		}
+		if worst == nil {
+			continue
+		}
+		all = append(all, *worst)
+		if !slices.ContainsFunc(faults, func(f Fault) bool {
+			return k.at.After(f.Start.Add(-2*time.Second)) && k.at.Before(f.Heal.Add(30*time.Second))
+		}) {
+			clean = append(clean, *worst)
+		}
+	}
+	return all, clean, nil
+}
+
+// faultsCopy copies the faults; h.mu is held.
+func (h *harness) faultsCopy() []Fault {
+	out := make([]Fault, len(h.faults))
+	for i, f := range h.faults {
+		out[i] = *f
+	}
+	return out
+}
+
+// percentile is the p-th percentile (0–100, nearest rank) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// deadEvents counts the events any outbox gave up on (dead_at set), with
+// the first error of each service that has some.
+func (h *harness) deadEvents(ctx context.Context) (int, []string, error) {
+	total, notes := 0, []string(nil)
+	for _, name := range app.Names {
+		var n int
+		var sample string
+		err := h.admin.QueryRow(ctx, `SELECT count(*), coalesce(min(event_type || ': ' || coalesce(last_error, '')), '') FROM `+
+			pgx.Identifier{migrations.Schemas[name]}.Sanitize()+`.outbox WHERE dead_at IS NOT NULL`).Scan(&n, &sample)
+		if err != nil {
+			return 0, nil, fmt.Errorf("count dead events of %s: %w", name, err)
+		}
+		if n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d dead, e.g. %s", name, n, sample))
+		}
+		total += n
+	}
+	return total, notes, nil
+}
+
+func (h *harness) scrapeLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		h.scrapeAll()
+		var n int
+		if h.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, h.dbName).Scan(&n) == nil {
+			h.mu.Lock()
+			h.peakConns = max(h.peakConns, n)
+			h.mu.Unlock()
+		}
+	}
+}
+
+// scrapeAll reads shop_consumer_duplicates_total of each live process and
+// keeps the last value per process: a process killed between two scrapes
+// loses what it absorbed since the last one (an undercount).
+func (h *harness) scrapeAll() {
+	for _, s := range h.slots {
+		s.mu.Lock()
+		key, running := fmt.Sprintf("%s/%d", s.name, s.gen), s.running
+		s.mu.Unlock()
+		if !running {
+			continue
+		}
+		res, err := h.client.Get("http://" + s.addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		var sum float64
+		sc := bufio.NewScanner(res.Body)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.HasPrefix(line, "shop_consumer_duplicates_total") {
+				continue
+			}
+			if i := strings.LastIndexByte(line, ' '); i > 0 {
+				v, _ := strconv.ParseFloat(line[i+1:], 64)
+				sum += v
+			}
+		}
+		res.Body.Close()
+		h.mu.Lock()
+		h.dups[key] = max(h.dups[key], sum)
+		h.mu.Unlock()
+	}
+}
+
+// published counts the published events of the run (the retention filler
+// is older than the retention and not counted).
+func (h *harness) published(ctx context.Context) int64 {
+	var total int64
+	for _, name := range app.Names {
+		var n int64
+		s := pgx.Identifier{migrations.Schemas[name]}.Sanitize()
+		if err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+s+`.outbox
+			WHERE published_at IS NOT NULL AND event_type <> 'ChaosRetentionFiller'`).Scan(&n); err != nil {
+			h.t.Errorf("count published events: %v", err)
+		}
+		total += n
+	}
+	return total
+}
+
+// waitEnded waits until every order is COMPLETED, CLOSED or REJECTED and
+// returns how many are not.
+func (h *harness) waitEnded(ctx context.Context, timeout time.Duration) int {
+	deadline := time.Now().Add(timeout)
+	for {
+		var n int
+		err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{migrations.Schemas["order"]}.Sanitize()+
+			`.orders WHERE status NOT IN ('COMPLETED', 'CLOSED', 'REJECTED')`).Scan(&n)
+		if err == nil && n == 0 {
+			return 0
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return n
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) }
+
+func (h *harness) table(r Result) {
+	out := h.cfg.Out
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "scenario\torders\tevents published\tduplicates absorbed\tprocesses killed\tfailpoints fired\tviolations\tfinal status\t")
+	for _, s := range r.Scenarios {
+		fmt.Fprintf(w, "%s\t%d\t-\t-\t-\t-\t-\t%s\t\n", s.Name, s.Orders, statusList(s.Final))
+	}
+	fmt.Fprintf(w, "all (%v of chaos)\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d unended\t\n", h.cfg.Duration,
+		r.Orders, r.EventsPublished, r.Duplicates, r.Killed, len(failpoint.Names())-len(r.NotFired), len(failpoint.Names()), r.Violations, r.Unended)
+	w.Flush()
+
+	fmt.Fprintf(out, "\nbroker faults on %d NATS node(s), offsets from the start of the chaos; stall: see chaos.Stall\n", r.Nodes)
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "fault\ttarget\tstart\theal\tlongest stall\tstall from–to\tnote")
+	for i, f := range r.Faults {
+		st := r.Stalls[i]
+		d := secs(st.D)
+		if st.Open {
+			d = "≥" + d
+		}
+		span := "-"
+		if st.D > 0 {
+			span = fmt.Sprintf("%v–%v", h.offset(st.From), h.offset(st.To))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%v\t%v\t%s\t%s\t%s\n", f.Kind, f.Target, h.offset(f.Start), h.offset(f.Heal), d, span, f.Note)
+	}
+	w.Flush()
+
+	kinds := []string{KindLeaderKill, KindQuorumLoss, KindPartition, KindJetStreamOff, KindConsumerDelete, KindClusterRestart, KindConnReset}
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s×%d", k, r.FaultCounts[k]))
+	}
+	fmt.Fprintf(out, "\nfaults injected: %s; process SIGKILLs %d, failpoint crashes %d, Postgres backends terminated %d\n",
+		strings.Join(parts, ", "), r.Killed, r.Crashes, r.Terminated)
+	names := failpoint.Names()
+	parts = parts[:0]
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s×%d", n, r.Fired[n]))
+	}
+	fmt.Fprintf(out, "failpoints: %s\n", strings.Join(parts, ", "))
+	fmt.Fprintf(out, "redelivery after a process kill (largest publish→processed delay of the events published %v before it): ",
+		redeliveryWindow)
+	if len(r.Redelivery) == 0 {
+		fmt.Fprintln(out, "no kill had events in flight")
+	} else {
+		fmt.Fprintf(out, "p50 %s, max %s over %d kills; outside broker faults p50 %s, max %s over %d\n",
+			secs(percentile(r.Redelivery, 50)), secs(percentile(r.Redelivery, 100)), len(r.Redelivery),
+			secs(percentile(r.RedeliveryClean, 50)), secs(percentile(r.RedeliveryClean, 100)), len(r.RedeliveryClean))
+	}
+	fmt.Fprintf(out, "peak Postgres connections to the run's database: %d\n", r.PeakConns)
+
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "\ntarget\tfound\twant\t")
+	fmt.Fprintf(w, "shop processes that exited on their own\t%d\t0\t\n", len(r.SelfExits))
+	fmt.Fprintf(w, "NATS nodes that exited on their own\t%d\t0\t\n", len(r.NodeExits))
+	fmt.Fprintf(w, "dead events in the outboxes\t%d\t0\t\n", r.DeadEvents)
+	fmt.Fprintf(w, "invariant violations\t%d\t0\t\n", r.Violations)
+	fmt.Fprintf(w, "sagas not ended\t%d\t0\t\n", r.Unended)
+	w.Flush()
+	fmt.Fprintf(out, "wall time %v\n", r.Elapsed.Round(time.Second))
+	for _, n := range r.DeadNotes {
+		fmt.Fprintf(out, "dead: %s\n", n)
+	}
+	for _, e := range append(slices.Clone(r.SelfExits), r.NodeExits...) {
+		fmt.Fprintf(out, "\n%s (start %d) exited on its own at +%v: %s; its log ends:\n%s\n", e.Who, e.Gen, h.offset(e.At), e.Status, e.Tail)
+	}
+	r.Report.Write(out)
+}
+
+func statusList(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
