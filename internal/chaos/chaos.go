@@ -44,6 +44,7 @@ type Config struct {
 	Copies   int           // processes per service (at least 2)
 	Nodes    int           // NATS nodes: 3 (a cluster, streams R3; the default) or 1
 	Out      io.Writer     // the table and progress lines
+	LogDir   string        // where the processes' logs go; empty: the test's temporary directory
 }
 
 const (
@@ -100,7 +101,8 @@ type Result struct {
 	NodeExits                   []Exit // NATS nodes that did
 	DeadEvents                  int    // outbox rows with dead_at set, in every schema
 	DeadNotes                   []string
-	PeakConns                   int // most Postgres connections to the run's database at once
+	PeakConns                   int // most Postgres client connections to the run's database at once (sampled each second)
+	PeakServerConns             int // and to the whole server, which other tests share
 	Violations                  int
 	Report                      verify.Report
 	Unended                     int // orders whose saga had not ended by the deadline
@@ -128,21 +130,22 @@ type harness struct {
 	slots   []*slot
 	client  *http.Client
 
-	chaosStart   time.Time // offsets in the report count from here
+	chaosStart   time.Time // offsets in the report count from here (until the chaos: from the start of Run)
 	cleanRestart time.Time // the end of every stall window
 
 	chaosOn atomic.Bool
 	crashes atomic.Int64
 	termd   atomic.Int64
 
-	mu        sync.Mutex
-	fired     map[string]int
-	dups      map[string]float64 // per process (slot/gen): the last scraped duplicates
-	kills     []kill
-	faults    []*Fault
-	exits     []Exit
-	peakConns int
-	sup       sync.WaitGroup
+	mu              sync.Mutex
+	fired           map[string]int
+	dups            map[string]float64 // per process (slot/gen): the last scraped duplicates
+	kills           []kill
+	faults          []*Fault
+	exits           []Exit
+	peakConns       int
+	peakServerConns int
+	sup             sync.WaitGroup
 }
 
 // Run performs a chaos run; it fails t when a target of the report is
@@ -157,7 +160,7 @@ func Run(t testing.TB, cfg Config) Result {
 	if cfg.Out == nil {
 		cfg.Out = os.Stdout
 	}
-	h := &harness{t: t, cfg: cfg, fired: map[string]int{}, dups: map[string]float64{},
+	h := &harness{t: t, cfg: cfg, fired: map[string]int{}, dups: map[string]float64{}, chaosStart: start,
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
 	// A hard deadline for everything below.
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+8*time.Minute)
@@ -165,7 +168,7 @@ func Run(t testing.TB, cfg Config) Result {
 
 	h.build()
 	h.database()
-	h.nats = newCluster(ctx, t, h.natsBin, filepath.Join(t.TempDir(), "nats"), cfg.Nodes)
+	h.nats = newCluster(ctx, t, h.natsBin, filepath.Join(h.logDir, "nats"), cfg.Nodes)
 	h.migrate(ctx)
 	h.fill(ctx)
 	h.startAll()
@@ -232,7 +235,7 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 	res.Killed = int64(len(h.kills))
 	res.Faults = h.faultsCopy()
 	res.SelfExits = append([]Exit(nil), h.exits...)
-	res.PeakConns = h.peakConns
+	res.PeakConns, res.PeakServerConns = h.peakConns, h.peakServerConns
 	h.mu.Unlock()
 	for _, n := range failpoint.Names() {
 		if res.Fired[n] == 0 {
@@ -245,12 +248,8 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 	}
 	for _, f := range res.Faults {
 		res.FaultCounts[f.Kind]++
-		end := f.Heal.Add(stallAfter)
-		if h.cleanRestart.Before(end) {
-			end = h.cleanRestart
-		}
-		res.Stalls = append(res.Stalls, sp.stall(f.Start, end))
 	}
+	res.Stalls = sp.stalls(res.Faults, h.cleanRestart)
 	if res.Redelivery, res.RedeliveryClean, err = h.redelivery(ctx); err != nil {
 		h.t.Errorf("%v", err)
 	}
@@ -274,11 +273,11 @@ func (h *harness) judge(r Result) {
 	if r.Unended > 0 {
 		t.Errorf("%d orders' sagas had not ended after the bounded wait", r.Unended)
 	}
-	for _, e := range r.SelfExits {
-		t.Errorf("shop process %s (start %d) exited on its own: %s (its log is above)", e.Who, e.Gen, e.Status)
+	if n := len(r.SelfExits); n > 0 {
+		t.Errorf("%d shop processes exited on their own (by cause above; %s)", n, r.SelfExits[0].Cause())
 	}
-	for _, e := range r.NodeExits {
-		t.Errorf("%s (start %d) exited on its own: %s", e.Who, e.Gen, e.Status)
+	if n := len(r.NodeExits); n > 0 {
+		t.Errorf("%d NATS nodes exited on their own (above; %s)", n, r.NodeExits[0].Cause())
 	}
 	if r.DeadEvents > 0 {
 		t.Errorf("%d dead events: nothing in the run is poison, so an outage burnt their attempts: %v", r.DeadEvents, r.DeadNotes)
@@ -326,7 +325,7 @@ func (h *harness) migrate(ctx context.Context) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		h.t.Fatalf("shop migrate: %v\n%s", err, out)
 	}
-	admin, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-harness"), "public", 4)
+	admin, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-harness"), "public", 3)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -334,7 +333,9 @@ func (h *harness) migrate(ctx context.Context) {
 	h.t.Cleanup(admin.Close)
 	pools := map[string]*pgxpool.Pool{}
 	for _, name := range app.Names {
-		p, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-verify"), migrations.Schemas[name], 2)
+		// One connection each: verify's queries run one at a time, and
+		// Postgres's 100 connections are shared with the eight processes.
+		p, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-verify"), migrations.Schemas[name], 1)
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -361,4 +362,14 @@ func (h *harness) fill(ctx context.Context) {
 	if err != nil {
 		h.t.Fatalf("retention filler: %v", err)
 	}
+}
+
+// fatalf ends a run that cannot go on, after printing the exits so far:
+// a start-up that fails is most often a process that gave up.
+func (h *harness) fatalf(format string, args ...any) {
+	h.mu.Lock()
+	exits := append([]Exit(nil), h.exits...)
+	h.mu.Unlock()
+	writeExits(h.cfg.Out, "shop processes", exits, h.offset)
+	h.t.Fatalf(format, args...)
 }

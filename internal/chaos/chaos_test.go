@@ -10,8 +10,9 @@ import (
 var (
 	duration = flag.Duration("chaos.duration", 75*time.Second,
 		"how long the chaos lasts (the short run of `go test ./...` by default; at least "+RetentionWait.String()+" so that retention runs)")
-	rate  = flag.Float64("chaos.rate", 3, "orders started per second during the chaos")
-	nodes = flag.Int("chaos.nodes", 3, "NATS nodes: 3 (a cluster with R3 streams and every broker fault) or 1 (one node: outages, partitions, JetStream off, a consumer deleted)")
+	rate   = flag.Float64("chaos.rate", 3, "orders started per second during the chaos")
+	logDir = flag.String("chaos.logs", "", "keep the processes' logs (and the NATS stores) in this directory; empty: a temporary one, removed at the end")
+	nodes  = flag.Int("chaos.nodes", 3, "NATS nodes: 3 (a cluster with R3 streams and every broker fault) or 1 (one node: outages, partitions, JetStream off, a consumer deleted)")
 )
 
 // TestChaos is the chaos run. By default it is the short run (about two
@@ -28,5 +29,5 @@ func TestChaos(t *testing.T) {
 	if *nodes != 1 && *nodes != 3 {
 		t.Fatalf("-chaos.nodes %d: want 3 or 1", *nodes)
 	}
-	Run(t, Config{Duration: d, Rate: *rate, Copies: 2, Nodes: *nodes, Out: os.Stdout})
+	Run(t, Config{Duration: d, Rate: *rate, Copies: 2, Nodes: *nodes, Out: os.Stdout, LogDir: *logDir})
 }

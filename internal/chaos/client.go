@@ -62,7 +62,7 @@ func (h *harness) restock(ctx context.Context, skus []string) {
 	for _, sku := range skus {
 		st, b, err := h.do(ctx, http.MethodPut, inv+"/stock/"+sku, "", nil, []byte(`{"on_hand":1000000,"price":250}`))
 		if err != nil || st != http.StatusOK {
-			h.t.Fatalf("restock %s: %d %s %v", sku, st, b, err)
+			h.fatalf("restock %s: %d %s %v", sku, st, b, err)
 		}
 		for _, ou := range h.urls("order") {
 			deadline := time.Now().Add(30 * time.Second)
@@ -84,7 +84,7 @@ func (h *harness) restock(ctx context.Context, skus []string) {
 					break
 				}
 				if time.Now().After(deadline) {
-					h.t.Fatalf("the order service never learned %s: %d %s %v", sku, st, b, err)
+					h.fatalf("the order service never learned %s: %d %s %v", sku, st, b, err)
 				}
 				time.Sleep(100 * time.Millisecond)
 			}

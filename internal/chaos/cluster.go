@@ -149,6 +149,7 @@ func (nd *node) start() error {
 		return err
 	}
 	cmd := exec.Command(nd.c.bin, "-c", filepath.Join(nd.dir, "nats.conf"))
+	cmd.SysProcAttr = orphanKill()
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()
@@ -173,7 +174,7 @@ func (nd *node) start() error {
 		stopping := nd.c.stopping
 		if !stopping {
 			nd.c.selfExits = append(nd.c.selfExits, Exit{Who: "nats " + nd.name, Gen: nd.gen,
-				At: time.Now(), Status: fmt.Sprint(werr), Tail: tail(logPath, 30)})
+				At: time.Now(), Status: fmt.Sprint(werr), Tail: tail(logPath, 15)})
 		}
 		nd.c.mu.Unlock()
 		if !stopping {

@@ -104,7 +104,10 @@ func (h *harness) processLane(ctx context.Context) {
 		switch {
 		case !resetDone && el >= resetAt:
 			resetDone = true
-			s := h.slots[mrand.IntN(len(h.slots))]
+			s := h.connected()
+			if s == nil {
+				continue
+			}
 			f := h.begin(KindConnReset, s.name)
 			n := 0
 			for _, p := range s.proxies {
@@ -123,6 +126,20 @@ func (h *harness) processLane(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// connected picks a running, unpartitioned shop process at random.
+func (h *harness) connected() *slot {
+	for _, i := range mrand.Perm(len(h.slots)) {
+		s := h.slots[i]
+		s.mu.Lock()
+		ok := s.running && !s.partitioned
+		s.mu.Unlock()
+		if ok {
+			return s
+		}
+	}
+	return nil
 }
 
 // brokerLane injects the broker faults one after another, round after

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
@@ -62,7 +63,7 @@ var firedLine = regexp.MustCompile(`failpoint (\S+): crash \(hit`)
 func (h *harness) build() {
 	dir := h.t.TempDir()
 	h.bin = filepath.Join(dir, "shop")
-	h.logDir = filepath.Join(dir, "logs")
+	h.logDir = cmp.Or(h.cfg.LogDir, filepath.Join(dir, "logs"))
 	if err := os.MkdirAll(h.logDir, 0o755); err != nil {
 		h.t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func (h *harness) startAll() {
 		go s.supervise()
 	}
 	if err := h.waitReady(); err != nil {
-		h.t.Fatalf("%v; log in %s", err, h.logDir)
+		h.fatalf("%v; log in %s", err, h.logDir)
 	}
 }
 
@@ -185,6 +186,7 @@ func (s *slot) startLocked(job fpJob) (<-chan error, error) {
 		return nil, err
 	}
 	cmd := exec.Command(s.h.bin, s.service)
+	cmd.SysProcAttr = orphanKill()
 	cmd.Env = append(s.h.env(withAppName(s.h.dbURL, "shop-"+s.name), s.natsURL()),
 		strings.ToUpper(s.service)+"_ADDR="+s.addr,
 		failpoint.EnvVar+"="+job.spec)
@@ -281,7 +283,7 @@ func (s *slot) supervise() {
 			// gave up on its own, which no fault of the run should cause.
 			s.h.mu.Lock()
 			s.h.exits = append(s.h.exits, Exit{Who: s.name, Gen: gen, At: time.Now(),
-				Status: fmt.Sprint(werr), Tail: tail(s.logPath(gen), 30)})
+				Status: fmt.Sprint(werr), Tail: tail(s.logPath(gen), 15)})
 			s.h.mu.Unlock()
 			s.h.logf("chaos: %s (start %d) exited on its own: %v", s.name, gen, werr)
 		case job.spec != "" && len(s.queue) > 1 && s.queue[0] == job:
@@ -321,14 +323,43 @@ func firedIn(path string) string {
 	return ""
 }
 
-// tail returns the last n lines of the file at path.
+// orphanKill makes the kernel SIGKILL a child when the test process dies
+// without its cleanups (a -timeout panic, a SIGKILL): t.Cleanup stops the
+// children of a run that ends, this the children of one that is killed.
+// (Pdeathsig follows the thread that started the child; the Go runtime
+// ends threads only for goroutines that locked one, which the harness
+// does not.)
+func orphanKill() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// tail returns the last n lines of the file at path, each cut at 400
+// bytes.
 func tail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
 	}
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+	lines = lines[max(0, len(lines)-n):]
+	for i, l := range lines {
+		if len(l) > 400 {
+			lines[i] = l[:400] + "…"
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Cause is what the process said last: cmd/shop's final error line
+// ("shop: …"), else its last log line.
+func (e Exit) Cause() string {
+	lines := strings.Split(e.Tail, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.HasPrefix(lines[i], "shop: ") {
+			return lines[i]
+		}
+	}
+	return lines[len(lines)-1]
 }
 
 // arm SIGKILLs a process started clean that has failpoints queued: the

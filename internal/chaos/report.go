@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,17 +22,70 @@ import (
 const stallAfter = 60 * time.Second
 
 // Stall is the longest saga stall after one broker fault: the longest
-// interval within [fault start, heal + stallAfter] — cut at the clean
-// restart that ends the run — in which no saga transition driven by an
-// event committed while at least one order was in flight (created and not
-// yet COMPLETED, CLOSED or REJECTED). A transition driven by an event is
-// every order_history entry after an order's first, except those the order
-// service makes without the broker: a customer's cancel and a payment
-// timeout. Interval starts at the first moment an order was in flight.
+// interval within the fault's window in which no saga transition driven by
+// an event committed while at least one order was in flight (created and
+// not yet COMPLETED, CLOSED or REJECTED), counted from the first moment an
+// order was. A transition driven by an event is every order_history entry
+// after an order's first, except those the order service makes without the
+// broker: a customer's cancel and a payment timeout. The window runs from
+// the fault's start to its heal + stallAfter, cut short where the next
+// fault of the same lane starts (so that one stall is not reported for two
+// faults one after the other) and at the clean restart that ends the run;
+// faults of the other lanes may overlap it, and the report names them.
 type Stall struct {
 	D        time.Duration
 	From, To time.Time
-	Open     bool // it lasted until the end of the window: at least D
+	Open     bool      // it lasted until the end of the window: at least D
+	Until    time.Time // the end of the window
+}
+
+// laneOf is the lane (see harness.chaos) that injects faults of kind.
+func laneOf(kind string) string {
+	switch kind {
+	case KindPartition:
+		return "partition"
+	case KindConnReset:
+		return "process"
+	}
+	return "broker"
+}
+
+// stalls computes each fault's Stall; cleanRestart ends every window.
+func (sp spans) stalls(faults []Fault, cleanRestart time.Time) []Stall {
+	out := make([]Stall, len(faults))
+	for i, f := range faults {
+		end := f.Heal.Add(stallAfter)
+		for _, g := range faults[i+1:] {
+			if laneOf(g.Kind) == laneOf(f.Kind) {
+				end = minTime(end, g.Start)
+				break
+			}
+		}
+		end = minTime(end, cleanRestart)
+		out[i] = sp.stall(f.Start, end)
+		out[i].Until = end
+	}
+	return out
+}
+
+// overlaps names the faults of other lanes active in the window of
+// faults[i].
+func overlaps(faults []Fault, stalls []Stall, i int) string {
+	var names []string
+	f := faults[i]
+	for _, g := range faults {
+		if laneOf(g.Kind) != laneOf(f.Kind) && g.Start.Before(stalls[i].Until) && !g.Heal.Before(f.Start) {
+			names = append(names, g.Kind+" "+g.Target)
+		}
+	}
+	return strings.Join(names, "; ")
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // spans are the orders' lives and the event-driven transitions, from
@@ -134,8 +188,8 @@ const redeliveryWindow = 2 * time.Second
 // redeliveryWindow before the kill: an event the killed process had
 // fetched and not acked waits for its redelivery, the others show the
 // ordinary delay. Kills with no such event give no figure. clean holds the
-// figures of kills outside every broker fault (from 2s before its start to
-// 30s after its heal).
+// figures of kills outside every broker fault (from redeliveryWindow
+// before its start to 5s after its heal).
 func (h *harness) redelivery(ctx context.Context) (all, clean []time.Duration, err error) {
 	h.mu.Lock()
 	kills := slices.Clone(h.kills)
@@ -166,7 +220,7 @@ func (h *harness) redelivery(ctx context.Context) (all, clean []time.Duration, e
 		}
 		all = append(all, *worst)
 		if !slices.ContainsFunc(faults, func(f Fault) bool {
-			return k.at.After(f.Start.Add(-2*time.Second)) && k.at.Before(f.Heal.Add(30*time.Second))
+			return k.at.After(f.Start.Add(-redeliveryWindow)) && k.at.Before(f.Heal.Add(5*time.Second))
 		}) {
 			clean = append(clean, *worst)
 		}
@@ -222,10 +276,11 @@ func (h *harness) scrapeLoop(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 		h.scrapeAll()
-		var n int
-		if h.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, h.dbName).Scan(&n) == nil {
+		var mine, all int
+		if h.admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE datname = $1), count(*) FROM pg_stat_activity
+			WHERE backend_type = 'client backend'`, h.dbName).Scan(&mine, &all) == nil {
 			h.mu.Lock()
-			h.peakConns = max(h.peakConns, n)
+			h.peakConns, h.peakServerConns = max(h.peakConns, mine), max(h.peakServerConns, all)
 			h.mu.Unlock()
 		}
 	}
@@ -315,7 +370,7 @@ func (h *harness) table(r Result) {
 
 	fmt.Fprintf(out, "\nbroker faults on %d NATS node(s), offsets from the start of the chaos; stall: see chaos.Stall\n", r.Nodes)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "fault\ttarget\tstart\theal\tlongest stall\tstall from–to\tnote")
+	fmt.Fprintln(w, "fault\ttarget\tstart\theal\twindow end\tlongest stall\tstall from–to\tnote\toverlapping faults")
 	for i, f := range r.Faults {
 		st := r.Stalls[i]
 		d := secs(st.D)
@@ -326,7 +381,8 @@ func (h *harness) table(r Result) {
 		if st.D > 0 {
 			span = fmt.Sprintf("%v–%v", h.offset(st.From), h.offset(st.To))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%v\t%v\t%s\t%s\t%s\n", f.Kind, f.Target, h.offset(f.Start), h.offset(f.Heal), d, span, f.Note)
+		fmt.Fprintf(w, "%s\t%s\t%v\t%v\t%v\t%s\t%s\t%s\t%s\n", f.Kind, f.Target, h.offset(f.Start), h.offset(f.Heal),
+			h.offset(st.Until), d, span, f.Note, overlaps(r.Faults, r.Stalls, i))
 	}
 	w.Flush()
 
@@ -352,7 +408,8 @@ func (h *harness) table(r Result) {
 			secs(percentile(r.Redelivery, 50)), secs(percentile(r.Redelivery, 100)), len(r.Redelivery),
 			secs(percentile(r.RedeliveryClean, 50)), secs(percentile(r.RedeliveryClean, 100)), len(r.RedeliveryClean))
 	}
-	fmt.Fprintf(out, "peak Postgres connections to the run's database: %d\n", r.PeakConns)
+	fmt.Fprintf(out, "peak Postgres client connections: %d to the run's database, %d to the whole server (shared with other tests)\n",
+		r.PeakConns, r.PeakServerConns)
 
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "\ntarget\tfound\twant\t")
@@ -366,10 +423,32 @@ func (h *harness) table(r Result) {
 	for _, n := range r.DeadNotes {
 		fmt.Fprintf(out, "dead: %s\n", n)
 	}
-	for _, e := range append(slices.Clone(r.SelfExits), r.NodeExits...) {
-		fmt.Fprintf(out, "\n%s (start %d) exited on its own at +%v: %s; its log ends:\n%s\n", e.Who, e.Gen, h.offset(e.At), e.Status, e.Tail)
-	}
+	writeExits(out, "shop processes", r.SelfExits, h.offset)
+	writeExits(out, "NATS nodes", r.NodeExits, h.offset)
 	r.Report.Write(out)
+}
+
+// writeExits groups exits by their cause and prints, for each cause, who
+// exited and the end of the first one's log.
+func writeExits(out io.Writer, what string, exits []Exit, offset func(time.Time) time.Duration) {
+	var causes []string
+	by := map[string][]Exit{}
+	for _, e := range exits {
+		c := e.Cause()
+		if by[c] == nil {
+			causes = append(causes, c)
+		}
+		by[c] = append(by[c], e)
+	}
+	for _, c := range causes {
+		es := by[c]
+		who := make([]string, len(es))
+		for i, e := range es {
+			who[i] = fmt.Sprintf("%s#%d at +%v", e.Who, e.Gen, offset(e.At))
+		}
+		fmt.Fprintf(out, "\n%s that exited on their own, %d times, with %q (%s): %s; the log of the first ends:\n%s\n",
+			what, len(es), c, es[0].Status, strings.Join(who, ", "), es[0].Tail)
+	}
 }
 
 func statusList(m map[string]int) string {
