@@ -280,9 +280,24 @@ func (c *cluster) waitHealthy(ctx context.Context, timeout time.Duration) error 
 }
 
 // streamLeader is the node that leads stream, from the JetStream API's
-// stream info (Cluster.Leader).
+// stream info (Cluster.Leader), asking for up to 10s while the stream has
+// none (an election after an earlier fault).
 func (c *cluster) streamLeader(ctx context.Context, stream string) (*node, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if len(c.nodes) == 1 {
+		return c.nodes[0], nil // it leads everything
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		nd, err := c.leaderOnce(ctx, stream)
+		if err == nil || !sleepCtx(ctx, 250*time.Millisecond) {
+			return nd, err
+		}
+	}
+}
+
+func (c *cluster) leaderOnce(ctx context.Context, stream string) (*node, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	st, err := c.js.Stream(ctx, stream)
 	if err != nil {
