@@ -93,20 +93,17 @@ type Result struct {
 	Faults          []Fault
 	FaultCounts     map[string]int // faults injected, by kind
 	Stalls          []Stall        // the longest saga stall after each of Faults
-	// Redelivery holds, per SIGKILL with events in flight, the largest
-	// publish→processed delay (see harness.redelivery); RedeliveryClean
-	// those of kills outside every broker fault.
-	Redelivery, RedeliveryClean []time.Duration
-	SelfExits                   []Exit // shop processes that exited on their own
-	NodeExits                   []Exit // NATS nodes that did
-	DeadEvents                  int    // outbox rows with dead_at set, in every schema
-	DeadNotes                   []string
-	PeakConns                   int // most Postgres client connections to the run's database at once (sampled each second)
-	PeakServerConns             int // and to the whole server, which other tests share
-	Violations                  int
-	Report                      verify.Report
-	Unended                     int // orders whose saga had not ended by the deadline
-	Elapsed                     time.Duration
+	Redelivery      []Redelivery   // per SIGKILL with events in flight
+	SelfExits       []Exit         // shop processes that exited on their own
+	NodeExits       []Exit         // NATS nodes that did
+	DeadEvents      int            // outbox rows with dead_at set, in every schema
+	DeadNotes       []string
+	PeakConns       int // most Postgres client connections to the run's database at once (sampled each second)
+	PeakServerConns int // and to the whole server, which other tests share
+	Violations      int
+	Report          verify.Report
+	Unended         int // orders whose saga had not ended by the deadline
+	Elapsed         time.Duration
 }
 
 // ScenarioResult counts one kind of order by final status.
@@ -250,7 +247,7 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 		res.FaultCounts[f.Kind]++
 	}
 	res.Stalls = sp.stalls(res.Faults, h.cleanRestart)
-	if res.Redelivery, res.RedeliveryClean, err = h.redelivery(ctx); err != nil {
+	if res.Redelivery, err = h.redelivery(ctx); err != nil {
 		h.t.Errorf("%v", err)
 	}
 	if res.DeadEvents, res.DeadNotes, err = h.deadEvents(ctx); err != nil {

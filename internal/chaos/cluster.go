@@ -136,7 +136,10 @@ func (nd *node) writeConfig() error {
 func (nd *node) start() error {
 	nd.mu.Lock()
 	defer nd.mu.Unlock()
-	if nd.running {
+	nd.c.mu.Lock()
+	stopping := nd.c.stopping
+	nd.c.mu.Unlock()
+	if nd.running || stopping { // stopping: the cleanup has stopped it, or is about to
 		return nil
 	}
 	if err := nd.writeConfig(); err != nil {

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -180,6 +181,14 @@ var consumersOf = map[string][]struct{ name, producer string }{
 // are those published in this long before it.
 const redeliveryWindow = 2 * time.Second
 
+// Redelivery is what one SIGKILL of a shop process cost its consumers.
+type Redelivery struct {
+	Slot   string
+	At     time.Time
+	D      time.Duration // the largest publish→processed delay (see harness.redelivery)
+	During string        // the broker fault active at the kill that concerns its service, if any
+}
+
 // redelivery measures, for each SIGKILL of a shop process, the largest
 // publish→processed delay (the consumer's processed_events.processed_at —
 // its inbox transaction's start — minus the producer outbox's
@@ -187,14 +196,16 @@ const redeliveryWindow = 2 * time.Second
 // among the events of the killed service's consumers published in the
 // redeliveryWindow before the kill: an event the killed process had
 // fetched and not acked waits for its redelivery, the others show the
-// ordinary delay. Kills with no such event give no figure. clean holds the
-// figures of kills outside every broker fault (from redeliveryWindow
-// before its start to 5s after its heal).
-func (h *harness) redelivery(ctx context.Context) (all, clean []time.Duration, err error) {
+// ordinary delay. Kills with no such event give no figure. A kill is
+// during a broker fault when one was active (from redeliveryWindow before
+// its start until its heal) and concerned the killed service: every fault
+// but a partition or reset of another service's process.
+func (h *harness) redelivery(ctx context.Context) ([]Redelivery, error) {
 	h.mu.Lock()
 	kills := slices.Clone(h.kills)
 	faults := h.faultsCopy()
 	h.mu.Unlock()
+	var out []Redelivery
 	for _, k := range kills {
 		var worst *time.Duration
 		for _, c := range consumersOf[k.service] {
@@ -206,7 +217,7 @@ func (h *harness) redelivery(ctx context.Context) (all, clean []time.Duration, e
 				WHERE p.consumer_name = $1 AND o.published_at BETWEEN $2::timestamptz - $3::interval AND $2`,
 				c.name, k.at, redeliveryWindow.String()).Scan(&secs)
 			if err != nil {
-				return nil, nil, fmt.Errorf("redelivery after killing %s: %w", k.slot, err)
+				return nil, fmt.Errorf("redelivery after killing %s: %w", k.slot, err)
 			}
 			if secs != nil {
 				d := time.Duration(*secs * float64(time.Second))
@@ -218,14 +229,55 @@ func (h *harness) redelivery(ctx context.Context) (all, clean []time.Duration, e
 		if worst == nil {
 			continue
 		}
-		all = append(all, *worst)
-		if !slices.ContainsFunc(faults, func(f Fault) bool {
-			return k.at.After(f.Start.Add(-redeliveryWindow)) && k.at.Before(f.Heal.Add(5*time.Second))
-		}) {
-			clean = append(clean, *worst)
+		r := Redelivery{Slot: k.slot, At: k.at, D: *worst}
+		for _, f := range faults {
+			local := laneOf(f.Kind) != "broker"
+			if local && serviceOf(f.Target) != k.service {
+				continue
+			}
+			if k.at.After(f.Start.Add(-redeliveryWindow)) && !k.at.After(f.Heal) {
+				r.During = f.Kind + " " + f.Target
+				break
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// serviceOf is the service of a slot's name (order-1: order).
+func serviceOf(slot string) string {
+	if i := strings.LastIndexByte(slot, '-'); i > 0 {
+		return slot[:i]
+	}
+	return slot
+}
+
+// writeRedelivery prints p50 and max over every kill and over those
+// outside broker faults, and the three worst.
+func (h *harness) writeRedelivery(out io.Writer, rs []Redelivery) {
+	fmt.Fprintf(out, "redelivery after a process kill (largest publish→processed delay of its consumers' events published %v before it): ",
+		redeliveryWindow)
+	if len(rs) == 0 {
+		fmt.Fprintln(out, "no kill had events in flight")
+		return
+	}
+	var all, clean []time.Duration
+	for _, r := range rs {
+		all = append(all, r.D)
+		if r.During == "" {
+			clean = append(clean, r.D)
 		}
 	}
-	return all, clean, nil
+	fmt.Fprintf(out, "p50 %s, max %s over %d kills; outside broker faults p50 %s, max %s over %d\n",
+		secs(percentile(all, 50)), secs(percentile(all, 100)), len(all),
+		secs(percentile(clean, 50)), secs(percentile(clean, 100)), len(clean))
+	worst := slices.Clone(rs)
+	slices.SortFunc(worst, func(a, b Redelivery) int { return cmp.Compare(b.D, a.D) })
+	for _, r := range worst[:min(3, len(worst))] {
+		during := cmp.Or(r.During, "no broker fault")
+		fmt.Fprintf(out, "  %s killed at +%v: %s (%s)\n", r.Slot, h.offset(r.At), secs(r.D), during)
+	}
 }
 
 // faultsCopy copies the faults; h.mu is held.
@@ -399,15 +451,7 @@ func (h *harness) table(r Result) {
 		parts = append(parts, fmt.Sprintf("%s×%d", n, r.Fired[n]))
 	}
 	fmt.Fprintf(out, "failpoints: %s\n", strings.Join(parts, ", "))
-	fmt.Fprintf(out, "redelivery after a process kill (largest publish→processed delay of the events published %v before it): ",
-		redeliveryWindow)
-	if len(r.Redelivery) == 0 {
-		fmt.Fprintln(out, "no kill had events in flight")
-	} else {
-		fmt.Fprintf(out, "p50 %s, max %s over %d kills; outside broker faults p50 %s, max %s over %d\n",
-			secs(percentile(r.Redelivery, 50)), secs(percentile(r.Redelivery, 100)), len(r.Redelivery),
-			secs(percentile(r.RedeliveryClean, 50)), secs(percentile(r.RedeliveryClean, 100)), len(r.RedeliveryClean))
-	}
+	h.writeRedelivery(out, r.Redelivery)
 	fmt.Fprintf(out, "peak Postgres client connections: %d to the run's database, %d to the whole server (shared with other tests)\n",
 		r.PeakConns, r.PeakServerConns)
 
@@ -446,7 +490,7 @@ func writeExits(out io.Writer, what string, exits []Exit, offset func(time.Time)
 		for i, e := range es {
 			who[i] = fmt.Sprintf("%s#%d at +%v", e.Who, e.Gen, offset(e.At))
 		}
-		fmt.Fprintf(out, "\n%s that exited on their own, %d times, with %q (%s): %s; the log of the first ends:\n%s\n",
+		fmt.Fprintf(out, "\n%s that exited on their own ×%d with %q (%s): %s; the log of the first ends:\n%s\n",
 			what, len(es), c, es[0].Status, strings.Join(who, ", "), es[0].Tail)
 	}
 }
