@@ -47,9 +47,16 @@ type Config struct {
 	// before an earlier event of its aggregate; it doubles with each
 	// delivery up to BackoffMax. Default 500ms.
 	GapDelay time.Duration
-	// AckWait is how long JetStream waits for an ack before redelivering,
-	// and the time limit of one handler transaction. Default 30s.
+	// AckWait is how long JetStream waits for an ack before it redelivers
+	// a message: how long the deliveries of a process that died wait for
+	// another. While this process holds a delivery (queued for a worker or
+	// in its handler) it tells JetStream every AckWait/3 that the delivery
+	// is in progress, so a slow handler is never redelivered while it runs.
+	// Default 5s.
 	AckWait time.Duration
+	// HandlerTimeout is the time limit of one handler transaction (and of a
+	// requeued dead letter's). Default 30s.
+	HandlerTimeout time.Duration
 	// Retention is how long processed_events rows are kept. It must exceed
 	// PublishHorizon, DuplicateWindow and ReplayWindow (see the package
 	// documentation). Default 14 days.
@@ -103,7 +110,8 @@ func (c *Config) setDefaults() {
 	c.BackoffBase = cmp.Or(c.BackoffBase, 200*time.Millisecond)
 	c.BackoffMax = cmp.Or(c.BackoffMax, 30*time.Second)
 	c.GapDelay = cmp.Or(c.GapDelay, 500*time.Millisecond)
-	c.AckWait = cmp.Or(c.AckWait, 30*time.Second)
+	c.AckWait = cmp.Or(c.AckWait, 5*time.Second)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, 30*time.Second)
 	c.Retention = cmp.Or(c.Retention, 14*day)
 	c.PublishHorizon = cmp.Or(c.PublishHorizon, 7*day)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, 2*time.Minute)
@@ -125,9 +133,9 @@ func (c *Config) validate() error {
 		return errors.New("inbox: Config.Handler is required")
 	case c.Workers < 1 || c.MaxDeliver < 1:
 		return fmt.Errorf("inbox: Workers (%d) and MaxDeliver (%d) must be positive", c.Workers, c.MaxDeliver)
-	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.GapDelay <= 0 || c.AckWait <= 0 || c.Retention <= 0:
-		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive GapDelay (%s), AckWait (%s), Retention (%s)",
-			c.BackoffBase, c.BackoffMax, c.GapDelay, c.AckWait, c.Retention)
+	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.GapDelay <= 0 || c.AckWait <= 0 || c.HandlerTimeout <= 0 || c.Retention <= 0:
+		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive GapDelay (%s), AckWait (%s), HandlerTimeout (%s), Retention (%s)",
+			c.BackoffBase, c.BackoffMax, c.GapDelay, c.AckWait, c.HandlerTimeout, c.Retention)
 	}
 	// The windows rule: an event id must stay in processed_events for as
 	// long as any copy of the event can still arrive, or that copy would be

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
@@ -36,6 +35,7 @@ type Consumer struct {
 	requeueEvery time.Duration   // how often requeued dead letters are looked for
 	cleanupEvery time.Duration   // how often old processed_events rows are deleted
 	queueDepth   int             // events waiting per worker
+	progress     *progress       // the deliveries this instance holds, reported in progress
 	stats        counters
 
 	// crash, set by tests only, is asked at each crashPoint whether the
@@ -74,15 +74,20 @@ func (c *Consumer) crashed(p crashPoint, m Message) bool {
 	return false
 }
 
-type counters struct{ processed, duplicates, retries, deadLetters atomic.Int64 }
+type counters struct {
+	processed, duplicates, retries, deadLetters, resubscribes atomic.Int64
+	lastDelivery, downSince                                   atomic.Int64 // unix nanoseconds; 0: never, not down
+	subscribed                                                atomic.Bool
+}
 
 // Counters are running totals of one Consumer instance, for metrics and
 // tests. Several instances sharing a Name each count their own share.
 type Counters struct {
-	Processed   int64 // events applied and committed, requeued dead letters included
-	Duplicates  int64 // copies absorbed without effect: the event id was already processed, or its sequence was already passed
-	Retries     int64 // failed deliveries handed back to JetStream for another attempt after a backoff
-	DeadLetters int64 // events dead-lettered, by their last delivery or by a requeue that failed again
+	Processed    int64 // events applied and committed, requeued dead letters included
+	Duplicates   int64 // copies absorbed without effect: the event id was already processed, or its sequence was already passed
+	Retries      int64 // failed deliveries handed back to JetStream for another attempt after a backoff
+	DeadLetters  int64 // events dead-lettered, by their last delivery or by a requeue that failed again
+	Resubscribes int64 // subscriptions that JetStream ended or lost (missed heartbeats, consumer deleted, …), each followed by a new one
 }
 
 // Counters returns the consumer's running totals.
@@ -90,7 +95,28 @@ func (c *Consumer) Counters() Counters {
 	return Counters{
 		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(),
 		Retries: c.stats.retries.Load(), DeadLetters: c.stats.deadLetters.Load(),
+		Resubscribes: c.stats.resubscribes.Load(),
 	}
+}
+
+// State is how one Consumer instance stands with JetStream now.
+type State struct {
+	Subscribed   bool      // pulling from JetStream
+	DownSince    time.Time // while not subscribed after having been (or failing from the start): since when; zero otherwise
+	LastDelivery time.Time // when JetStream last delivered a message to this instance; zero before the first
+}
+
+// State returns the consumer's state, for readiness reports and metrics.
+func (c *Consumer) State() State {
+	return State{Subscribed: c.stats.subscribed.Load(), DownSince: unixNano(c.stats.downSince.Load()),
+		LastDelivery: unixNano(c.stats.lastDelivery.Load())}
+}
+
+func unixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // Name returns the consumer's Config.Name.
@@ -98,6 +124,11 @@ func (c *Consumer) Name() string { return c.cfg.Name }
 
 // Stream returns the consumer's Config.Stream.
 func (c *Consumer) Stream() string { return c.cfg.Stream }
+
+// Retention returns how long the consumer keeps processed_events rows
+// (Config.Retention after defaults): a copy of an event arriving later than
+// this after the first is no longer recognised by its id.
+func (c *Consumer) Retention() time.Duration { return c.cfg.Retention }
 
 // Lag asks JetStream how many messages of the stream the durable consumer
 // has yet to settle: those not yet delivered (NumPending) plus those
@@ -142,6 +173,7 @@ func NewConsumer(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consu
 		requeueEvery: time.Second,
 		cleanupEvery: time.Hour,
 		queueDepth:   4,
+		progress:     newProgress(),
 	}, nil
 }
 
@@ -154,111 +186,44 @@ type delivery struct {
 
 // Run creates or updates the durable consumer and handles its messages until
 // ctx ends. It then stops fetching, hands prefetched messages back to
-// JetStream, lets in-flight transactions finish and returns nil. It returns an
-// error if the consumer cannot be set up or JetStream ends the subscription.
+// JetStream, lets in-flight transactions finish and returns nil. No broker
+// condition ends it: while JetStream cannot be reached, has no quorum, or
+// has lost the durable consumer or the stream, it subscribes again with
+// backoff. It returns an error only when the live stream's duplicate window
+// breaks the windows rule at start-up (see the package documentation).
 func (c *Consumer) Run(ctx context.Context) error {
-	err := c.run(ctx)
-	if ctx.Err() != nil {
-		return nil // stopped while setting up; not a failure
-	}
-	return err
-}
-
-func (c *Consumer) run(ctx context.Context) error {
-	st, err := c.js.Stream(ctx, c.cfg.Stream)
-	if err != nil {
-		return fmt.Errorf("look up stream %s: %w", c.cfg.Stream, err)
-	}
-	if d := st.CachedInfo().Config.Duplicates; d >= c.cfg.Retention {
-		return fmt.Errorf("inbox %s: Retention (%s) must be longer than the duplicate window (%s) of stream %s",
-			c.cfg.Name, c.cfg.Retention, d, c.cfg.Stream)
-	}
-	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
-		Durable:        c.cfg.Name,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        c.cfg.AckWait,
-		FilterSubjects: c.cfg.FilterSubjects,
-		// Unlimited: a message waiting for an earlier event of its aggregate
-		// must never be dropped by the server. Handler failures are counted
-		// in inbox_failures and end in a dead letter instead.
-		MaxDeliver: -1,
-	})
-	if err != nil {
-		return fmt.Errorf("create consumer %s on %s: %w", c.cfg.Name, c.cfg.Stream, err)
-	}
-	// Prefetch little: a fetched message's AckWait is already running while
-	// it waits for a worker.
-	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.Workers * c.queueDepth))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", c.cfg.Name, err)
-	}
-	defer it.Stop()
-
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	// In-flight transactions finish on shutdown instead of being cut off
-	// half way; each is bounded by AckWait.
+	// half way; each is bounded by HandlerTimeout.
 	work := context.WithoutCancel(ctx)
 
 	var wg sync.WaitGroup
-	queues := make([]chan delivery, c.cfg.Workers)
+	queues := make([]chan *delivery, c.cfg.Workers)
 	for i := range queues {
-		q := make(chan delivery, c.queueDepth)
+		q := make(chan *delivery, c.queueDepth)
 		queues[i] = q
 		wg.Go(func() {
 			for d := range q {
 				if runCtx.Err() != nil {
 					_ = d.msg.Nak() // not started: let another instance have it now
-					continue
+				} else {
+					c.handle(work, d)
 				}
-				c.handle(work, d)
+				c.progress.release(d)
 			}
 		})
 	}
 	wg.Go(func() { c.maintain(runCtx, work) })
+	wg.Go(func() { c.progress.run(runCtx, c.cfg.AckWait/3) })
 
-	var runErr error
-	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			if ctx.Err() == nil {
-				runErr = fmt.Errorf("consume %s: %w", c.cfg.Name, err)
-			}
-			break
-		}
-		d := delivery{msg: msg}
-		d.m, d.err = decode(msg.Subject(), msg.Headers(), msg.Data())
-		// One aggregate, one worker: its events are handled in order and one
-		// at a time here, while other aggregates proceed in parallel.
-		key := d.m.Subject
-		if d.err == nil {
-			key = source(d.m.Subject) + "\x00" + d.m.AggregateID
-		}
-		h := fnv.New32a()
-		h.Write([]byte(key))
-		select {
-		case queues[h.Sum32()%uint32(len(queues))] <- d:
-		case <-ctx.Done():
-			_ = msg.Nak()
-		}
-	}
-
-	// Shutdown: hand back what was prefetched so that another instance gets
-	// it now rather than after AckWait.
+	err := c.consume(ctx, queues)
 	stop()
-	it.Drain()
-	for {
-		msg, err := it.Next(jetstream.NextMaxWait(time.Second))
-		if err != nil {
-			break
-		}
-		_ = msg.Nak()
-	}
 	for _, q := range queues {
 		close(q)
 	}
 	wg.Wait()
-	return runErr
+	return err
 }
 
 // outcome is how far the inbox steps got with one event.
@@ -427,7 +392,7 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, m Message) (err e
 // handle processes one message from JetStream and settles it: ack only
 // after commit, so a crash anywhere before leaves the message to be
 // redelivered and the inbox row absorbs a redelivery after commit.
-func (c *Consumer) handle(ctx context.Context, d delivery) {
+func (c *Consumer) handle(ctx context.Context, d *delivery) {
 	meta, err := d.msg.Metadata()
 	if err != nil { // not a JetStream message; cannot happen on a pull consumer
 		c.log.Error("inbox message without metadata", "subject", d.msg.Subject(), "err", err)
@@ -439,7 +404,7 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 		return
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckWait)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
 	defer cancel()
 	// Built only when something is logged: With formats its attributes.
 	log := func() *slog.Logger {
@@ -505,7 +470,7 @@ var errCrashed = errors.New("inbox: crashed at a failpoint")
 
 // transact runs the inbox steps and the handler in one transaction and
 // commits it, except for a gap, which it rolls back.
-func (c *Consumer) transact(ctx context.Context, d delivery, meta *jetstream.MsgMetadata) (outcome, error) {
+func (c *Consumer) transact(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata) (outcome, error) {
 	// BEGIN and the record statement travel together: one round trip.
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -545,7 +510,7 @@ func (c *Consumer) transact(ctx context.Context, d delivery, meta *jetstream.Msg
 // failed records a failed attempt and settles the message: redeliver after
 // a backoff, or dead-letter and terminate when the failure is poison or
 // attempts reached MaxDeliver.
-func (c *Consumer) failed(ctx context.Context, d delivery, meta *jetstream.MsgMetadata, cause error) {
+func (c *Consumer) failed(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata, cause error) {
 	log := c.log.With("subject", d.msg.Subject(), "event_id", d.m.EventID, "stream_seq", meta.Sequence.Stream)
 	if !counts(cause) {
 		// The inbox steps before the handler failed: the database is down

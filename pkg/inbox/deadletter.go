@@ -138,7 +138,7 @@ func Cleanup(ctx context.Context, db DB, consumer string, olderThan time.Duratio
 // dead_letters, all in one short transaction of its own (the handler's was
 // rolled back). It reports the attempts so far and whether the message is
 // now dead.
-func (c *Consumer) recordFailure(ctx context.Context, d delivery, meta *jetstream.MsgMetadata, cause error) (attempts int, dead bool, err error) {
+func (c *Consumer) recordFailure(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata, cause error) (attempts int, dead bool, err error) {
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
 		return 0, false, fmt.Errorf("begin failure tx: %w", err)
@@ -224,7 +224,7 @@ func (c *Consumer) replayRequeued(ctx, work context.Context) {
 // commits with the effect, or recording the new failure commits without it.
 // It returns the id it handled, 0 when none is left.
 func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckWait)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
 	defer cancel()
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {

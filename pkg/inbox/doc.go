@@ -28,8 +28,19 @@
 // # The failure windows it closes
 //
 //   - Crash before commit: the transaction rolls back with the connection;
-//     the message was not acked, so JetStream redelivers it after AckWait and
-//     it is applied then.
+//     the message was not acked, so JetStream redelivers it after AckWait
+//     (5s by default) and it is applied then. A live process reports the
+//     deliveries it holds in progress every AckWait/3, so only a dead
+//     process's deliveries wait that long, and a slow handler is never
+//     redelivered while it runs.
+//   - The broker fails (missed heartbeats, JetStream unavailable or without
+//     quorum, a leader election, a partition, the durable consumer or the
+//     stream deleted): [Consumer.Run] does not return. It subscribes again
+//     with capped, jittered backoff, recreating the durable consumer if it
+//     is gone, and logs once when the subscription is lost and once when it
+//     is back; [Consumer.State] tells which. Pull requests expire after 4s
+//     with heartbeats every 1.5s, so a lost subscription is noticed within
+//     about 3s.
 //   - Crash after commit, before the ack (or a lost ack): the redelivered copy
 //     finds its processed_events row and is acked without effect.
 //   - Duplicates: the relay may publish an event twice (after a lost PubAck,
