@@ -160,6 +160,13 @@ func (h *harness) brokerLane(ctx context.Context) {
 		steps = []step{steps[4], steps[2], steps[3]}
 	}
 	end, _ := ctx.Deadline()
+	// Chaos begins by restarting every process that has a failpoint queued
+	// (arm): the first broker fault waits until they are up again, so that
+	// its stall is its own and not their start-up's.
+	if !sleepCtx(ctx, time.Second) {
+		return
+	}
+	_ = h.waitReady(ctx, 20*time.Second)
 	if !sleepCtx(ctx, 2*time.Second) {
 		return
 	}

@@ -155,15 +155,15 @@ func (h *harness) startAll() {
 		h.sup.Add(1)
 		go s.supervise()
 	}
-	if err := h.waitReady(); err != nil {
+	if err := h.waitReady(context.Background(), time.Minute); err != nil {
 		h.fatalf("%v; log in %s", err, h.logDir)
 	}
 }
 
-// waitReady waits, for a minute at most, until every process answers
+// waitReady waits, for timeout at most, until every process answers
 // /readyz.
-func (h *harness) waitReady() error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+func (h *harness) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for _, s := range h.slots {
 		if err := httpx.WaitReady(ctx, h.client, "http://"+s.addr); err != nil {
@@ -414,7 +414,7 @@ func (h *harness) restartClean() {
 	}
 	wg.Wait()
 	time.Sleep(2 * time.Second) // the supervisors restart them
-	if err := h.waitReady(); err != nil {
+	if err := h.waitReady(context.Background(), time.Minute); err != nil {
 		h.t.Errorf("after the clean restart: %v; log in %s", err, h.logDir)
 	}
 }
