@@ -22,7 +22,10 @@ const (
 
 // How long each fault lasts; every one is healed when the chaos ends, too.
 const (
-	leaderDown   = 5 * time.Second
+	// leaderDown is longer than Raft's longest election timeout (9s in
+	// nats-server 2.15, raft.go), so that the other two nodes must elect
+	// new leaders while the old one is away.
+	leaderDown   = 10 * time.Second
 	quorumDown   = 20 * time.Second
 	partitionFor = 45 * time.Second
 	jetStreamOff = 15 * time.Second
