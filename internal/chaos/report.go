@@ -458,6 +458,11 @@ func (h *harness) table(r Result) {
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "\ntarget\tfound\twant\t")
 	fmt.Fprintf(w, "shop processes that exited on their own\t%d\t0\t\n", len(r.SelfExits))
+	if n := pgFull(r.SelfExits); n > 0 {
+		// Not a broker fault's doing: the Postgres server (100 connections,
+		// shared with whatever else runs on the machine) refused them.
+		fmt.Fprintf(w, "  of which Postgres refused a connection (too many clients, SQLSTATE 53300)\t%d\t\t\n", n)
+	}
 	fmt.Fprintf(w, "NATS nodes that exited on their own\t%d\t0\t\n", len(r.NodeExits))
 	fmt.Fprintf(w, "dead events in the outboxes\t%d\t0\t\n", r.DeadEvents)
 	fmt.Fprintf(w, "invariant violations\t%d\t0\t\n", r.Violations)
@@ -470,6 +475,18 @@ func (h *harness) table(r Result) {
 	writeExits(out, "shop processes", r.SelfExits, h.offset)
 	writeExits(out, "NATS nodes", r.NodeExits, h.offset)
 	r.Report.Write(out)
+}
+
+// pgFull counts the exits whose cause is a Postgres server out of
+// connections.
+func pgFull(exits []Exit) int {
+	n := 0
+	for _, e := range exits {
+		if strings.Contains(e.Cause(), "SQLSTATE 53300") {
+			n++
+		}
+	}
+	return n
 }
 
 // writeExits groups exits by their cause and prints, for each cause, who
