@@ -28,7 +28,7 @@ test:
 # terminated database connections and broker faults (a stream leader
 # killed, quorum lost, a process silently partitioned, JetStream disabled
 # on a node, a consumer deleted, the cluster restarted), then the
-# invariants. A short run (about two and a half minutes) is part of
+# invariants. A short run (90s of chaos, about two minutes) is part of
 # `make test`. CHAOS_LOGS=dir keeps the processes' logs.
 DURATION ?= 5m
 NODES ?= 3

@@ -16,6 +16,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -225,7 +226,7 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 		FaultCounts: map[string]int{},
 	}
 	h.mu.Lock()
-	res.Fired = maps(h.fired)
+	res.Fired = maps.Clone(h.fired)
 	for _, v := range h.dups {
 		res.Duplicates += int64(v)
 	}
@@ -286,14 +287,6 @@ func (h *harness) judge(r Result) {
 			}
 		}
 	}
-}
-
-func maps(m map[string]int) map[string]int {
-	out := make(map[string]int, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 func (h *harness) logf(format string, args ...any) {
