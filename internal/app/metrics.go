@@ -188,6 +188,16 @@ var (
 		"Failed deliveries a consumer handed back for another attempt.", []string{"consumer"}, nil)
 	descDeadLetters = prometheus.NewDesc("shop_consumer_dead_letters_total",
 		"Events a consumer dead-lettered.", []string{"consumer"}, nil)
+	descStale = prometheus.NewDesc("shop_consumer_stale_total",
+		"New event ids at a passed sequence whose record is gone (older than the inbox retention), skipped.", []string{"consumer"}, nil)
+	descConflicts = prometheus.NewDesc("shop_consumer_conflicts_total",
+		"Events at a sequence where another event was applied, dead-lettered as conflicts (alert on any).", []string{"consumer"}, nil)
+	descParkedTotal = prometheus.NewDesc("shop_consumer_parked_total",
+		"Early events this process parked until the gap before them was filled.", []string{"consumer"}, nil)
+	descParked = prometheus.NewDesc("shop_consumer_parked_events",
+		"Events parked now (all instances), waiting for an earlier event of their aggregate.", []string{"consumer"}, nil)
+	descParkedAge = prometheus.NewDesc("shop_consumer_oldest_parked_age_seconds",
+		"Age of the oldest parked event; 0 when none. One that grows is stranded: its predecessor is missing or dead.", []string{"consumer"}, nil)
 	descLag = prometheus.NewDesc("shop_consumer_lag_messages",
 		"Messages of the stream the durable consumer has not settled yet (JetStream NumPending + NumAckPending).", []string{"consumer"}, nil)
 
@@ -240,7 +250,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	if len(c.consumers) > 0 {
 		for _, d := range []*prometheus.Desc{descProcessed, descDuplicates, descRetries, descDeadLetters, descLag,
-			descSubscribed, descResubscribes, descSinceDelivery} {
+			descSubscribed, descResubscribes, descSinceDelivery, descStale, descConflicts, descParkedTotal, descParked, descParkedAge} {
 			ch <- d
 		}
 	}
@@ -292,6 +302,19 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descRetries, cc.Retries, name)
 		counter(descDeadLetters, cc.DeadLetters, name)
 		counter(descResubscribes, cc.Resubscribes, name)
+		counter(descStale, cc.Stale, name)
+		counter(descConflicts, cc.Conflicts, name)
+		counter(descParkedTotal, cc.Parked, name)
+		if n, oldest, err := inbox.ParkedStats(ctx, c.db, name); err != nil {
+			ch <- prometheus.NewInvalidMetric(descParked, err)
+		} else {
+			age := 0.0
+			if !oldest.IsZero() {
+				age = time.Since(oldest).Seconds()
+			}
+			gauge(descParked, float64(n), name)
+			gauge(descParkedAge, age, name)
+		}
 		st := cons.State()
 		gauge(descSubscribed, oneIf(st.Subscribed), name)
 		gauge(descSinceDelivery, time.Since(latest(st.LastDelivery, c.started)).Seconds(), name)

@@ -39,14 +39,19 @@ type Config struct {
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
 	MaxDeliver int
+	// MaxAckPending is how many messages JetStream lets the durable consumer
+	// hold unacknowledged, across all its instances: when reached, it
+	// delivers nothing more to anyone. An early message is parked and acked,
+	// so it holds none of it; what does is each instance's prefetch (Workers
+	// × 4, plus as many in the client's buffer) and the deliveries waiting
+	// out a failed handler's backoff before their next attempt (at most
+	// MaxDeliver attempts each). Default 1000, JetStream's own default, set
+	// explicitly so that it is a decision.
+	MaxAckPending int
 	// BackoffBase and BackoffMax shape the redelivery delay after a handler
 	// failure: exponential from BackoffBase, capped at BackoffMax, with full
 	// jitter. Defaults 200ms and 30s.
 	BackoffBase, BackoffMax time.Duration
-	// GapDelay is the first redelivery delay of an event that arrived
-	// before an earlier event of its aggregate; it doubles with each
-	// delivery up to BackoffMax. Default 500ms.
-	GapDelay time.Duration
 	// AckWait is how long JetStream waits for an ack before it redelivers
 	// a message: how long the deliveries of a process that died wait for
 	// another. While this process holds a delivery (queued for a worker or
@@ -107,9 +112,9 @@ const day = 24 * time.Hour
 func (c *Config) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, 8)
 	c.MaxDeliver = cmp.Or(c.MaxDeliver, 10)
+	c.MaxAckPending = cmp.Or(c.MaxAckPending, 1000)
 	c.BackoffBase = cmp.Or(c.BackoffBase, 200*time.Millisecond)
 	c.BackoffMax = cmp.Or(c.BackoffMax, 30*time.Second)
-	c.GapDelay = cmp.Or(c.GapDelay, 500*time.Millisecond)
 	c.AckWait = cmp.Or(c.AckWait, 5*time.Second)
 	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, 30*time.Second)
 	c.Retention = cmp.Or(c.Retention, 14*day)
@@ -133,9 +138,11 @@ func (c *Config) validate() error {
 		return errors.New("inbox: Config.Handler is required")
 	case c.Workers < 1 || c.MaxDeliver < 1:
 		return fmt.Errorf("inbox: Workers (%d) and MaxDeliver (%d) must be positive", c.Workers, c.MaxDeliver)
-	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.GapDelay <= 0 || c.AckWait <= 0 || c.HandlerTimeout <= 0 || c.Retention <= 0:
-		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive GapDelay (%s), AckWait (%s), HandlerTimeout (%s), Retention (%s)",
-			c.BackoffBase, c.BackoffMax, c.GapDelay, c.AckWait, c.HandlerTimeout, c.Retention)
+	case c.MaxAckPending < 2*c.Workers*4:
+		return fmt.Errorf("inbox: MaxAckPending (%d) must hold at least two instances' prefetch (%d)", c.MaxAckPending, 2*c.Workers*4)
+	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.AckWait <= 0 || c.HandlerTimeout <= 0 || c.Retention <= 0:
+		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive AckWait (%s), HandlerTimeout (%s), Retention (%s)",
+			c.BackoffBase, c.BackoffMax, c.AckWait, c.HandlerTimeout, c.Retention)
 	}
 	// The windows rule: an event id must stay in processed_events for as
 	// long as any copy of the event can still arrive, or that copy would be

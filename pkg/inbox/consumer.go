@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -75,16 +74,19 @@ func (c *Consumer) crashed(p crashPoint, m Message) bool {
 }
 
 type counters struct {
-	processed, duplicates, retries, deadLetters, resubscribes atomic.Int64
-	lastDelivery, downSince                                   atomic.Int64 // unix nanoseconds; 0: never, not down
-	subscribed                                                atomic.Bool
+	processed, duplicates, stale, conflicts, parked, retries, deadLetters, resubscribes atomic.Int64
+	lastDelivery, downSince                                                             atomic.Int64 // unix nanoseconds; 0: never, not down
+	subscribed                                                                          atomic.Bool
 }
 
 // Counters are running totals of one Consumer instance, for metrics and
 // tests. Several instances sharing a Name each count their own share.
 type Counters struct {
 	Processed    int64 // events applied and committed, requeued dead letters included
-	Duplicates   int64 // copies absorbed without effect: the event id was already processed, or its sequence was already passed
+	Duplicates   int64 // copies absorbed without effect: this event id was already processed
+	Stale        int64 // new ids at a passed sequence whose record is gone (older than Retention), skipped
+	Conflicts    int64 // events at a sequence where another event was applied, dead-lettered as conflicts
+	Parked       int64 // early events parked in inbox_parked (and acked) until the gap before them is filled
 	Retries      int64 // failed deliveries handed back to JetStream for another attempt after a backoff
 	DeadLetters  int64 // events dead-lettered, by their last delivery or by a requeue that failed again
 	Resubscribes int64 // subscriptions that JetStream ended or lost (missed heartbeats, consumer deleted, …), each followed by a new one
@@ -93,7 +95,8 @@ type Counters struct {
 // Counters returns the consumer's running totals.
 func (c *Consumer) Counters() Counters {
 	return Counters{
-		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(),
+		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(), Stale: c.stats.stale.Load(),
+		Conflicts: c.stats.conflicts.Load(), Parked: c.stats.parked.Load(),
 		Retries: c.stats.retries.Load(), DeadLetters: c.stats.deadLetters.Load(),
 		Resubscribes: c.stats.resubscribes.Load(),
 	}
@@ -226,154 +229,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return err
 }
 
-// outcome is how far the inbox steps got with one event.
-type outcome int
-
-const (
-	applied   outcome = iota // the handler ran; commit
-	duplicate                // this consumer already processed the event; commit, nothing changed
-	stale                    // a new id but an old sequence: a replay older than Retention; commit, nothing changed
-	gap                      // an earlier event of the aggregate has not been applied yet; roll back and wait
-)
-
-// apply runs the inbox steps for m inside tx. It is the one path every event
-// takes, whether it came from JetStream or from a requeued dead letter.
-// An error means the handler (or the database) failed and tx must be rolled
-// back. retried says the event failed before, so its failure record goes.
-func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m Message, retried bool) (outcome, error) {
-	out, err := c.record(ctx, tx, m)
-	if err != nil || out != applied {
-		return out, err
-	}
-	return c.applyRecorded(ctx, tx, m, retried)
-}
-
-// applyRecorded runs the rest of apply once record has said applied.
-func (c *Consumer) applyRecorded(ctx context.Context, tx pgx.Tx, m Message, retried bool) (outcome, error) {
-	if c.handles(m.Type) {
-		if err := c.callHandler(ctx, tx, m); err != nil {
-			return 0, attemptError{err}
-		}
-	}
-	if retried {
-		if _, err := tx.Exec(ctx,
-			`DELETE FROM inbox_failures WHERE consumer_name = $1 AND event_id = $2`,
-			c.cfg.Name, m.EventID); err != nil {
-			return 0, fmt.Errorf("clear inbox failures: %w", err)
-		}
-	}
-	return applied, nil
-}
-
-// handles reports whether the handler wants events of type t.
-func (c *Consumer) handles(t string) bool {
-	return c.types == nil || c.types[t]
-}
-
-// record advances the aggregate's cursor from m.Seq-1 to m.Seq and inserts
-// the processed_events row, in one statement: one round trip, where locking
-// the cursor, checking it, advancing it and inserting the row used to take
-// four. On a transaction (the handler's) it commits with the handler's
-// effects; on the pool (an event no handler wants) it commits alone.
-//
-// The cursor UPDATE only matches while last_seq is m.Seq-1. A second copy of
-// the event in flight at the same time (another instance, a redelivery)
-// queues on the cursor's row lock and, once the first commits, re-reads
-// last_seq (READ COMMITTED re-checks the WHERE of an updated row), no longer
-// matches and changes nothing. The same holds for the first event of an
-// aggregate, whose cursor row the INSERT creates: the second copy waits on
-// the first one's uncommitted row.
-func (c *Consumer) record(ctx context.Context, db querier, m Message) (outcome, error) {
-	sql, args := c.recordStatement(m)
-	tag, err := db.Exec(ctx, sql, args...)
-	if err != nil {
-		return 0, fmt.Errorf("record processed event: %w", err)
-	}
-	return c.recorded(ctx, db, m, tag)
-}
-
-// recordStatement is the statement of record for m.
-func (c *Consumer) recordStatement(m Message) (string, []any) {
-	switch {
-	case c.cfg.SkipSequenceCheck:
-		return insertProcessedSQL, []any{c.cfg.Name, m.EventID}
-	case m.Seq == 1:
-		return firstEventSQL, []any{c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID}
-	default:
-		return nextEventSQL, []any{c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID, m.Seq}
-	}
-}
-
-// recorded turns the result of m's record statement into an outcome.
-func (c *Consumer) recorded(ctx context.Context, db querier, m Message, tag pgconn.CommandTag) (outcome, error) {
-	if tag.RowsAffected() == 1 {
-		return applied, nil
-	}
-	if c.cfg.SkipSequenceCheck {
-		return duplicate, nil
-	}
-	return c.classify(ctx, db, m)
-}
-
-// classify says why record changed nothing. Rare: only copies and early
-// arrivals get here.
-func (c *Consumer) classify(ctx context.Context, db querier, m Message) (outcome, error) {
-	var last int64
-	var processed bool
-	err := db.QueryRow(ctx, `
-		SELECT coalesce((SELECT last_seq FROM inbox_sequences
-		                 WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4), 0),
-		       EXISTS (SELECT 1 FROM processed_events WHERE consumer_name = $1 AND event_id = $5)`,
-		c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID).Scan(&last, &processed)
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("read inbox sequence: %w", err)
-	case processed:
-		// Crashed after commit before the ack, a lost ack, the relay
-		// publishing again, a replay within Retention.
-		return duplicate, nil
-	case m.Seq <= last:
-		// A new id with an old sequence: a replay older than Retention,
-		// whose processed_events row is gone; the cursor still knows.
-		return stale, nil
-	default:
-		// An earlier event of the aggregate has not been applied yet.
-		return gap, nil
-	}
-}
-
-// querier is a pgx.Tx or the pool.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-const insertProcessedSQL = `INSERT INTO processed_events (consumer_name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
-
-// The processed_events row is inserted only when the cursor moved, so a
-// copy of an applied event, or an event that arrived too early, changes
-// nothing and returns no row. A cursor row at 0 is one created by an older
-// version of this package that never got further.
-const (
-	firstEventSQL = `
-WITH cursor AS (
-	INSERT INTO inbox_sequences (consumer_name, source, aggregate_type, aggregate_id, last_seq)
-	VALUES ($1, $2, $3, $4, 1)
-	ON CONFLICT (consumer_name, source, aggregate_type, aggregate_id)
-	DO UPDATE SET last_seq = 1, updated_at = now() WHERE inbox_sequences.last_seq = 0
-	RETURNING 1
-)
-INSERT INTO processed_events (consumer_name, event_id) SELECT $1, $5 FROM cursor ON CONFLICT DO NOTHING`
-
-	nextEventSQL = `
-WITH cursor AS (
-	UPDATE inbox_sequences SET last_seq = $6, updated_at = now()
-	WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND last_seq = $6 - 1
-	RETURNING 1
-)
-INSERT INTO processed_events (consumer_name, event_id) SELECT $1, $5 FROM cursor ON CONFLICT DO NOTHING`
-)
-
 // callHandler runs the handler and turns a panic into an error, so that one
 // bad event is retried and dead-lettered instead of crashing the process
 // again on every redelivery.
@@ -411,34 +266,21 @@ func (c *Consumer) handle(ctx context.Context, d *delivery) {
 		return c.log.With("event_id", d.m.EventID, "type", d.m.Type, "aggregate_id", d.m.AggregateID, "seq", d.m.Seq)
 	}
 
-	var out outcome
-	if c.handles(d.m.Type) || meta.NumDelivered > 1 {
-		out, err = c.transact(ctx, d, meta)
-		if errors.Is(err, errCrashed) {
-			return // as if the process died: neither acked nor nak'ed
-		}
-		if err != nil {
-			c.failed(ctx, d, meta, err)
-			return
-		}
-	} else if out, err = c.record(ctx, c.pool, d.m); err != nil {
-		// An event no handler wants is recorded by one statement, which
-		// commits on its own: no transaction to begin and commit. (A
-		// redelivery takes the path above, which also clears its failure
-		// records.)
+	v, err := c.steps(ctx, d, meta)
+	if errors.Is(err, errCrashed) {
+		return // as if the process died: neither acked nor nak'ed
+	}
+	if err == nil && v.out == gap {
+		// Early: parked in the database and acked, so that it holds nothing
+		// in the broker's ack-pending set, which every aggregate shares.
+		v, err = c.park(ctx, d, meta)
+	}
+	if err != nil {
 		c.failed(ctx, d, meta, err)
 		return
 	}
-	if out == gap {
-		// Never dead-lettered: the missing event is on its way (relay retry)
-		// or waiting as a dead letter, and this one must not overtake it.
-		delay := c.gapDelay(meta.NumDelivered)
-		if meta.NumDelivered%20 == 0 {
-			log().Warn("inbox event still waiting for an earlier event of its aggregate", "deliveries", meta.NumDelivered)
-		} else {
-			log().Debug("inbox event waits for an earlier event of its aggregate", "delay", delay)
-		}
-		_ = d.msg.NakWithDelay(delay)
+	if v.out == conflict {
+		c.conflicted(ctx, d, meta, v.appliedAs)
 		return
 	}
 	// Failure window: committed, not acked. The redelivery finds the
@@ -446,15 +288,18 @@ func (c *Consumer) handle(ctx context.Context, d *delivery) {
 	if c.crashed(afterCommit, d.m) {
 		return
 	}
-	switch out {
+	switch v.out {
 	case applied:
-		c.stats.processed.Add(1)
+		c.stats.processed.Add(int64(1 + v.drained)) // with the parked events it released
 	case duplicate:
 		c.stats.duplicates.Add(1)
 		log().Debug("inbox event already processed")
 	case stale:
-		c.stats.duplicates.Add(1)
-		log().Info("inbox event older than the aggregate's cursor skipped")
+		c.stats.stale.Add(1)
+		log().Warn("inbox event at a passed sequence whose record is gone (older than Retention) skipped")
+	case parked:
+		c.stats.parked.Add(1)
+		log().Debug("inbox event parked until an earlier event of its aggregate is applied")
 	}
 	if c.cfg.ObserveFunc != nil {
 		c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
@@ -465,12 +310,39 @@ func (c *Consumer) handle(ctx context.Context, d *delivery) {
 	}
 }
 
+// steps runs the inbox steps of one delivery: in a transaction with the
+// handler, or, for an event no handler wants, in one statement that commits
+// alone (no transaction to begin and commit; a redelivery takes the
+// transaction, which also clears its failure records).
+func (c *Consumer) steps(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata) (verdict, error) {
+	if c.handles(d.m.Type) || meta.NumDelivered > 1 {
+		v, err := c.transact(ctx, d, meta)
+		if errors.Is(err, errIDReused) {
+			return verdict{out: duplicate}, nil // its transaction is rolled back
+		}
+		return v, err
+	}
+	v, err := c.record(ctx, c.pool, d.m)
+	if errors.Is(err, errIDReused) {
+		return verdict{out: duplicate}, nil
+	}
+	if err == nil && v.parkedNext {
+		// It filled a gap: what waits behind it is applied now, in a
+		// transaction of its own. Should that fail, the sweeper applies it.
+		if derr := c.drainAfter(ctx, d.m); derr != nil {
+			c.log.Warn("inbox parked events not applied yet; the sweeper retries", "aggregate_id", d.m.AggregateID, "err", derr)
+		}
+	}
+	return v, err
+}
+
 // errCrashed is returned by transact when a failpoint "killed" the process.
 var errCrashed = errors.New("inbox: crashed at a failpoint")
 
-// transact runs the inbox steps and the handler in one transaction and
-// commits it, except for a gap, which it rolls back.
-func (c *Consumer) transact(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata) (outcome, error) {
+// transact runs the inbox steps and the handler (and the parked events the
+// event releases) in one transaction and commits it when the event was
+// applied; anything else changes nothing and is rolled back.
+func (c *Consumer) transact(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata) (verdict, error) {
 	// BEGIN and the record statement travel together: one round trip.
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -480,31 +352,36 @@ func (c *Consumer) transact(ctx context.Context, d *delivery, meta *jetstream.Ms
 	tx := br.Tx()
 	defer tx.Rollback(ctx) // no-op after commit; undoes everything on an early return
 	_, err := br.Exec()
-	var tag pgconn.CommandTag
+	var (
+		recorded, parkedNext bool
+		recErr               error
+	)
 	if err == nil {
-		tag, err = br.Exec()
+		recErr = br.QueryRow().Scan(&recorded, &parkedNext)
 	}
-	if err = errors.Join(err, br.Close()); err != nil {
-		return 0, fmt.Errorf("begin inbox tx and record processed event: %w", err)
+	if cerr := br.Close(); err == nil && recErr == nil {
+		err = cerr
 	}
-
-	out, err := c.recorded(ctx, tx, d.m, tag)
-	if err == nil && out == applied {
-		out, err = c.applyRecorded(ctx, tx, d.m, meta.NumDelivered > 1)
+	if err != nil {
+		return verdict{}, fmt.Errorf("begin inbox tx and record processed event: %w", err)
 	}
-	if err != nil || out == gap {
-		return out, err
+	v, err := c.recorded(ctx, tx, d.m, recorded, parkedNext, recErr)
+	if err != nil || v.out != applied {
+		return v, err
+	}
+	if v, err = c.applyRecorded(ctx, tx, d.m, v, meta.NumDelivered > 1); err != nil {
+		return v, err
 	}
 	// Failure window: the handler's effects are in the transaction, not
 	// committed. Dying here rolls them back; the redelivery applies them.
 	if c.crashed(beforeCommit, d.m) {
-		return 0, errCrashed
+		return verdict{}, errCrashed
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// The commit is part of the attempt: it is the handler's work that fails to commit.
-		return 0, attemptError{fmt.Errorf("commit inbox tx: %w", err)}
+		return verdict{}, attemptError{fmt.Errorf("commit inbox tx: %w", err)}
 	}
-	return out, nil
+	return v, nil
 }
 
 // failed records a failed attempt and settles the message: redeliver after
@@ -522,7 +399,7 @@ func (c *Consumer) failed(ctx context.Context, d *delivery, meta *jetstream.MsgM
 		_ = d.msg.NakWithDelay(delay)
 		return
 	}
-	attempts, dead, err := c.recordFailure(ctx, d, meta, cause)
+	attempts, dead, err := c.recordFailure(ctx, letterOf(d, meta), cause, nil)
 	if err != nil {
 		// Cannot even write down the failure: the database is likely down.
 		// Retry later; this delivery does not count as an attempt.
@@ -566,14 +443,6 @@ func (c *Consumer) backoff(attempt int) time.Duration {
 	return rand.N(grow(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt)) + 1
 }
 
-// gapDelay is the delay before an event waiting for a gap is offered again:
-// growing with its deliveries, so a long wait (a dead letter awaiting an
-// operator) costs little, and jittered by up to half.
-func (c *Consumer) gapDelay(delivered uint64) time.Duration {
-	d := grow(c.cfg.GapDelay, c.cfg.BackoffMax, int(min(delivered, 64)))
-	return d/2 + rand.N(d/2+1)
-}
-
 // grow doubles base for each step after the first, up to limit.
 func grow(base, limit time.Duration, n int) time.Duration {
 	d := base
@@ -597,6 +466,9 @@ func (c *Consumer) maintain(ctx, work context.Context) {
 			return
 		case <-requeue.C:
 			c.replayRequeued(ctx, work)
+			if !c.cfg.SkipSequenceCheck {
+				c.sweepParked(work)
+			}
 		case <-cleanup.C:
 			c.cleanup(ctx)
 		}

@@ -87,10 +87,13 @@ func (c *Consumer) subscribe(ctx context.Context) (jetstream.MessagesContext, er
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        c.cfg.AckWait,
 		FilterSubjects: c.cfg.FilterSubjects,
-		// Unlimited: a message waiting for an earlier event of its aggregate
-		// must never be dropped by the server. Handler failures are counted
-		// in inbox_failures and end in a dead letter instead.
+		// Unlimited: the consumer decides when a message is dead (inbox_failures,
+		// MaxDeliver), never the server.
 		MaxDeliver: -1,
+		// Early messages are parked and acked, so what holds this shared
+		// capacity is only what is in flight and what waits out a failed
+		// handler's backoff (see Config.MaxAckPending).
+		MaxAckPending: c.cfg.MaxAckPending,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s on %s: %w", c.cfg.Name, c.cfg.Stream, err)
