@@ -33,11 +33,17 @@ const stallAfter = 60 * time.Second
 // fault of the same lane starts (so that one stall is not reported for two
 // faults one after the other) and at the clean restart that ends the run;
 // faults of the other lanes may overlap it, and the report names them.
+//
+// OrderWait is the same from one order's point of view, which a fault of
+// one process (a partition) shows and the shop-wide stall does not: the
+// longest time an order waited from one history entry to its next
+// event-driven transition, among the waits that began in the window.
 type Stall struct {
-	D        time.Duration
-	From, To time.Time
-	Open     bool      // it lasted until the end of the window: at least D
-	Until    time.Time // the end of the window
+	D         time.Duration
+	From, To  time.Time
+	Open      bool          // it lasted until the end of the window: at least D
+	Until     time.Time     // the end of the window
+	OrderWait time.Duration // the longest wait of one order
 }
 
 // laneOf is the lane (see harness.chaos) that injects faults of kind.
@@ -65,6 +71,11 @@ func (sp spans) stalls(faults []Fault, cleanRestart time.Time) []Stall {
 		end = minTime(end, cleanRestart)
 		out[i] = sp.stall(f.Start, end)
 		out[i].Until = end
+		for _, w := range sp.waits {
+			if !w.created.Before(f.Start) && w.created.Before(end) {
+				out[i].OrderWait = max(out[i].OrderWait, w.ended.Sub(w.created))
+			}
+		}
 	}
 	return out
 }
@@ -94,6 +105,7 @@ func minTime(a, b time.Time) time.Time {
 type spans struct {
 	orders []span      // created … ended (zero: not ended)
 	moves  []time.Time // event-driven transitions, sorted
+	waits  []span      // an order's entry … its next event-driven transition
 }
 
 type span struct{ created, ended time.Time }
@@ -106,7 +118,8 @@ func (h *harness) history(ctx context.Context) (spans, error) {
 	}
 	defer rows.Close()
 	var sp spans
-	last := ""
+	var last string
+	var prev time.Time // the order's previous entry
 	for rows.Next() {
 		var id, status, reason string
 		var at time.Time
@@ -114,7 +127,7 @@ func (h *harness) history(ctx context.Context) (spans, error) {
 			return spans{}, fmt.Errorf("read order history: %w", err)
 		}
 		if id != last { // the order's first entry: it was created
-			last = id
+			last, prev = id, at
 			sp.orders = append(sp.orders, span{created: at})
 			continue
 		}
@@ -124,7 +137,9 @@ func (h *harness) history(ctx context.Context) (spans, error) {
 		}
 		if reason != "customer_cancel" && reason != "payment_timeout" {
 			sp.moves = append(sp.moves, at)
+			sp.waits = append(sp.waits, span{created: prev, ended: at})
 		}
+		prev = at
 	}
 	slices.SortFunc(sp.moves, time.Time.Compare)
 	return sp, rows.Err()
@@ -422,7 +437,7 @@ func (h *harness) table(r Result) {
 
 	fmt.Fprintf(out, "\nbroker faults on %d NATS node(s), offsets from the start of the chaos; stall: see chaos.Stall\n", r.Nodes)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "fault\ttarget\tstart\theal\twindow end\tlongest stall\tstall from–to\tnote\toverlapping faults")
+	fmt.Fprintln(w, "fault\ttarget\tstart\theal\twindow end\tlongest stall\tstall from–to\tlongest order wait\tnote\toverlapping faults")
 	for i, f := range r.Faults {
 		st := r.Stalls[i]
 		d := secs(st.D)
@@ -433,8 +448,8 @@ func (h *harness) table(r Result) {
 		if st.D > 0 {
 			span = fmt.Sprintf("%v–%v", h.offset(st.From), h.offset(st.To))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%v\t%v\t%v\t%s\t%s\t%s\t%s\n", f.Kind, f.Target, h.offset(f.Start), h.offset(f.Heal),
-			h.offset(st.Until), d, span, f.Note, overlaps(r.Faults, r.Stalls, i))
+		fmt.Fprintf(w, "%s\t%s\t%v\t%v\t%v\t%s\t%s\t%s\t%s\t%s\n", f.Kind, f.Target, h.offset(f.Start), h.offset(f.Heal),
+			h.offset(st.Until), d, span, secs(st.OrderWait), f.Note, overlaps(r.Faults, r.Stalls, i))
 	}
 	w.Flush()
 

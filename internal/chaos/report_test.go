@@ -36,3 +36,37 @@ func TestStall(t *testing.T) {
 		})
 	}
 }
+
+// TestStalls checks the windows: a fault's ends where the next fault of
+// its lane starts, a fault of another lane does not cut it, and the
+// longest order wait counts the waits that began inside it.
+func TestStalls(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	sp := spans{
+		orders: []span{{created: at(0)}},
+		moves:  []time.Time{at(30)},
+		waits:  []span{{created: at(1), ended: at(4)}, {created: at(12), ended: at(30)}},
+	}
+	faults := []Fault{
+		{Kind: KindLeaderKill, Start: at(0), Heal: at(5)},
+		{Kind: KindPartition, Start: at(2), Heal: at(8)},
+		{Kind: KindQuorumLoss, Start: at(10), Heal: at(20)},
+	}
+	got := sp.stalls(faults, at(100))
+	want := []struct {
+		until     time.Time
+		orderWait time.Duration
+	}{
+		{at(10), 3 * time.Second},  // cut by the quorum loss, not by the partition
+		{at(68), 18 * time.Second}, // heal + stallAfter; the wait from 12 began inside
+		{at(80), 18 * time.Second},
+	}
+	for i, w := range want {
+		if got[i].Until != w.until || got[i].OrderWait != w.orderWait {
+			t.Errorf("fault %d (%s): window until %v, order wait %v; want %v, %v",
+				i, faults[i].Kind, got[i].Until.Sub(t0), got[i].OrderWait, w.until.Sub(t0), w.orderWait)
+		}
+	}
+}
