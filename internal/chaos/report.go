@@ -36,8 +36,8 @@ const stallAfter = 60 * time.Second
 //
 // OrderWait is the same from one order's point of view, which a fault of
 // one process (a partition) shows and the shop-wide stall does not: the
-// longest time an order waited from one history entry to its next
-// event-driven transition, among the waits that began in the window.
+// longest time an order waited within the window, from a history entry
+// made in it to its next event-driven transition (or the window's end).
 type Stall struct {
 	D         time.Duration
 	From, To  time.Time
@@ -73,7 +73,7 @@ func (sp spans) stalls(faults []Fault, cleanRestart time.Time) []Stall {
 		out[i].Until = end
 		for _, w := range sp.waits {
 			if !w.created.Before(f.Start) && w.created.Before(end) {
-				out[i].OrderWait = max(out[i].OrderWait, w.ended.Sub(w.created))
+				out[i].OrderWait = max(out[i].OrderWait, minTime(w.ended, end).Sub(w.created))
 			}
 		}
 	}

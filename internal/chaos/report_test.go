@@ -39,7 +39,7 @@ func TestStall(t *testing.T) {
 
 // TestStalls checks the windows: a fault's ends where the next fault of
 // its lane starts, a fault of another lane does not cut it, and the
-// longest order wait counts the waits that began inside it.
+// longest order wait counts the waits that began inside it, up to its end.
 func TestStalls(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -47,7 +47,7 @@ func TestStalls(t *testing.T) {
 	sp := spans{
 		orders: []span{{created: at(0)}},
 		moves:  []time.Time{at(30)},
-		waits:  []span{{created: at(1), ended: at(4)}, {created: at(12), ended: at(30)}},
+		waits:  []span{{created: at(1), ended: at(4)}, {created: at(3), ended: at(15)}, {created: at(12), ended: at(30)}},
 	}
 	faults := []Fault{
 		{Kind: KindLeaderKill, Start: at(0), Heal: at(5)},
@@ -59,7 +59,7 @@ func TestStalls(t *testing.T) {
 		until     time.Time
 		orderWait time.Duration
 	}{
-		{at(10), 3 * time.Second},  // cut by the quorum loss, not by the partition
+		{at(10), 7 * time.Second},  // cut by the quorum loss, not by the partition; the wait from 3 counts until 10
 		{at(68), 18 * time.Second}, // heal + stallAfter; the wait from 12 began inside
 		{at(80), 18 * time.Second},
 	}
