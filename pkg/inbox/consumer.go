@@ -80,8 +80,8 @@ func (c *Consumer) failpointCrashed(p crashPoint, m Message) bool {
 
 type counters struct {
 	processed, duplicates, stale, conflicts, parked, retries, deadLetters, resubscribes, batches atomic.Int64
-	lastDelivery, downSince                                                             atomic.Int64 // unix nanoseconds; 0: never, not down
-	subscribed                                                                          atomic.Bool
+	lastDelivery, downSince                                                                      atomic.Int64 // unix nanoseconds; 0: never, not down
+	subscribed                                                                                   atomic.Bool
 }
 
 // Counters are running totals of one Consumer instance, for metrics and
