@@ -36,6 +36,10 @@ type Config struct {
 	// aggregate go to the same worker, one at a time. Default 8. The pool
 	// needs at least Workers+2 connections.
 	Workers int
+	// BatchSize is how many deliveries a worker may apply in one
+	// transaction: those already waiting for it, never waiting for more
+	// (see the package documentation). 1 turns batching off. Default 64.
+	BatchSize int
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
 	MaxDeliver int
@@ -43,10 +47,11 @@ type Config struct {
 	// hold unacknowledged, across all its instances: when reached, it
 	// delivers nothing more to anyone. An early message is parked and acked,
 	// so it holds none of it; what does is each instance's prefetch (Workers
-	// × 4, plus as many in the client's buffer) and the deliveries waiting
-	// out a failed handler's backoff before their next attempt (at most
-	// MaxDeliver attempts each). Default 1000, JetStream's own default, set
-	// explicitly so that it is a decision.
+	// × max(4, BatchSize) waiting for workers, as many in the client's
+	// buffer) and the deliveries waiting out a failed handler's backoff
+	// before their next attempt (at most MaxDeliver attempts each). Default
+	// 4096: room for the prefetch of four instances with the default
+	// Workers and BatchSize.
 	MaxAckPending int
 	// BackoffBase and BackoffMax shape the redelivery delay after a handler
 	// failure: exponential from BackoffBase, capped at BackoffMax, with full
@@ -111,8 +116,9 @@ const day = 24 * time.Hour
 
 func (c *Config) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, 8)
+	c.BatchSize = cmp.Or(c.BatchSize, 64)
 	c.MaxDeliver = cmp.Or(c.MaxDeliver, 10)
-	c.MaxAckPending = cmp.Or(c.MaxAckPending, 1000)
+	c.MaxAckPending = cmp.Or(c.MaxAckPending, 4096)
 	c.BackoffBase = cmp.Or(c.BackoffBase, 200*time.Millisecond)
 	c.BackoffMax = cmp.Or(c.BackoffMax, 30*time.Second)
 	c.AckWait = cmp.Or(c.AckWait, 5*time.Second)
@@ -136,10 +142,11 @@ func (c *Config) validate() error {
 		return errors.New("inbox: Config.Stream is required")
 	case c.Handler == nil:
 		return errors.New("inbox: Config.Handler is required")
-	case c.Workers < 1 || c.MaxDeliver < 1:
-		return fmt.Errorf("inbox: Workers (%d) and MaxDeliver (%d) must be positive", c.Workers, c.MaxDeliver)
-	case c.MaxAckPending < 2*c.Workers*4:
-		return fmt.Errorf("inbox: MaxAckPending (%d) must hold at least two instances' prefetch (%d)", c.MaxAckPending, 2*c.Workers*4)
+	case c.Workers < 1 || c.MaxDeliver < 1 || c.BatchSize < 1:
+		return fmt.Errorf("inbox: Workers (%d), BatchSize (%d) and MaxDeliver (%d) must be positive", c.Workers, c.BatchSize, c.MaxDeliver)
+	case c.MaxAckPending < c.Workers*max(4, c.BatchSize):
+		return fmt.Errorf("inbox: MaxAckPending (%d) must hold at least one instance's prefetch (Workers × max(4, BatchSize) = %d)",
+			c.MaxAckPending, c.Workers*max(4, c.BatchSize))
 	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.AckWait <= 0 || c.HandlerTimeout <= 0 || c.Retention <= 0:
 		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive AckWait (%s), HandlerTimeout (%s), Retention (%s)",
 			c.BackoffBase, c.BackoffMax, c.AckWait, c.HandlerTimeout, c.Retention)

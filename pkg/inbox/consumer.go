@@ -58,6 +58,11 @@ func (c *Consumer) crashed(p crashPoint, m Message) bool {
 	if c.crash != nil && c.crash(p, m) {
 		return true
 	}
+	return c.failpointCrashed(p, m)
+}
+
+// failpointCrashed is the Config.FailpointFunc half of crashed.
+func (c *Consumer) failpointCrashed(p crashPoint, m Message) bool {
 	if c.cfg.FailpointFunc == nil {
 		return false
 	}
@@ -74,9 +79,9 @@ func (c *Consumer) crashed(p crashPoint, m Message) bool {
 }
 
 type counters struct {
-	processed, duplicates, stale, conflicts, parked, retries, deadLetters, resubscribes atomic.Int64
-	lastDelivery, downSince                                                             atomic.Int64 // unix nanoseconds; 0: never, not down
-	subscribed                                                                          atomic.Bool
+	processed, duplicates, stale, conflicts, parked, retries, deadLetters, resubscribes, batches atomic.Int64
+	lastDelivery, downSince                                                                      atomic.Int64 // unix nanoseconds; 0: never, not down
+	subscribed                                                                                   atomic.Bool
 }
 
 // Counters are running totals of one Consumer instance, for metrics and
@@ -90,6 +95,7 @@ type Counters struct {
 	Retries      int64 // failed deliveries handed back to JetStream for another attempt after a backoff
 	DeadLetters  int64 // events dead-lettered, by their last delivery or by a requeue that failed again
 	Resubscribes int64 // subscriptions that JetStream ended or lost (missed heartbeats, consumer deleted, …), each followed by a new one
+	Batches      int64 // transactions that applied several deliveries at once (see Config.BatchSize)
 }
 
 // Counters returns the consumer's running totals.
@@ -98,7 +104,7 @@ func (c *Consumer) Counters() Counters {
 		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(), Stale: c.stats.stale.Load(),
 		Conflicts: c.stats.conflicts.Load(), Parked: c.stats.parked.Load(),
 		Retries: c.stats.retries.Load(), DeadLetters: c.stats.deadLetters.Load(),
-		Resubscribes: c.stats.resubscribes.Load(),
+		Resubscribes: c.stats.resubscribes.Load(), Batches: c.stats.batches.Load(),
 	}
 }
 
@@ -175,7 +181,7 @@ func NewConsumer(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consu
 		log:          cfg.Logger.With("consumer", cfg.Name),
 		requeueEvery: time.Second,
 		cleanupEvery: time.Hour,
-		queueDepth:   4,
+		queueDepth:   max(4, cfg.BatchSize),
 		progress:     newProgress(),
 	}, nil
 }
@@ -208,12 +214,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 		queues[i] = q
 		wg.Go(func() {
 			for d := range q {
+				batch := c.take(d, q)
 				if runCtx.Err() != nil {
-					_ = d.msg.Nak() // not started: let another instance have it now
+					for _, d := range batch {
+						_ = d.msg.Nak() // not started: let another instance have it now
+					}
 				} else {
-					c.handle(work, d)
+					c.handleBatch(work, batch)
 				}
-				c.progress.release(d)
+				for _, d := range batch {
+					c.progress.release(d)
+				}
 			}
 		})
 	}

@@ -463,7 +463,9 @@ func TestRequeuedDeadLetterUnblocksItsAggregate(t *testing.T) {
 	var broken atomic.Bool
 	broken.Store(true)
 	var firstCalls atomic.Int32
-	run(t, e.consumer(t, e.pool, e.js, e.config(t, func(ctx context.Context, tx pgx.Tx, m Message) error {
+	// One delivery at a time, so that the handler's calls count deliveries
+	// (a batch runs a failing handler once more, alone).
+	cfg := e.config(t, func(ctx context.Context, tx pgx.Tx, m Message) error {
 		if m.Seq == 1 && m.AggregateID == "a" {
 			firstCalls.Add(1)
 			if broken.Load() {
@@ -471,7 +473,9 @@ func TestRequeuedDeadLetterUnblocksItsAggregate(t *testing.T) {
 			}
 		}
 		return record("")(ctx, tx, m)
-	})))
+	})
+	cfg.BatchSize = 1
+	run(t, e.consumer(t, e.pool, e.js, cfg))
 	ctx := context.Background()
 
 	e.publish(t, newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1))
@@ -748,6 +752,7 @@ func TestCrashAfterRecordingUnhandledEvent(t *testing.T) {
 	cfg := e.config(t, record(""))
 	cfg.Handles = []string{"OrderCreated"}
 	cfg.AckWait = time.Second // the redelivery comes after AckWait
+	cfg.BatchSize = 1         // the single-delivery path, where an unhandled event commits alone
 	c := e.consumer(t, e.pool, e.js, cfg)
 	var calls atomic.Int32
 	c.crash = func(p crashPoint, m Message) bool {

@@ -23,6 +23,7 @@ func TestEarlyMessagesHoldNoCapacity(t *testing.T) {
 	e := setup(t)
 	cfg := e.config(t, record(""))
 	cfg.MaxAckPending = 64
+	cfg.BatchSize = 4 // a prefetch of 16 per worker's queue fits the small capacity
 	c := e.consumer(t, e.pool, e.js, cfg)
 	run(t, c)
 	for i := range 500 {
