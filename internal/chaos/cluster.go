@@ -56,17 +56,6 @@ type node struct {
 	jsOff     bool // JetStream disabled in its configuration
 }
 
-// buildNATS compiles nats-server at the version go.mod requires, the way
-// build compiles shop.
-func buildNATS(t testing.TB, dir string) string {
-	bin := filepath.Join(dir, "nats-server")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build nats-server: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // newCluster starts n nodes and waits until JetStream is up on all of
 // them. t.Cleanup stops them.
 func newCluster(ctx context.Context, t testing.TB, bin, dir string, n int) *cluster {

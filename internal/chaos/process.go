@@ -59,19 +59,20 @@ type Exit struct {
 
 var firedLine = regexp.MustCompile(`failpoint (\S+): crash \(hit`)
 
-// build compiles cmd/shop and nats-server once.
+// build compiles cmd/shop and nats-server, at the version go.mod requires,
+// in one go build (they share its parallelism and cache).
 func (h *harness) build() {
 	dir := h.t.TempDir()
-	h.bin = filepath.Join(dir, "shop")
+	h.bin, h.natsBin = filepath.Join(dir, "shop"), filepath.Join(dir, "nats-server")
 	h.logDir = cmp.Or(h.cfg.LogDir, filepath.Join(dir, "logs"))
 	if err := os.MkdirAll(h.logDir, 0o755); err != nil {
 		h.t.Fatal(err)
 	}
-	cmd := exec.Command("go", "build", "-o", h.bin, "github.com/shop-ref/shop/cmd/shop")
+	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator),
+		"github.com/shop-ref/shop/cmd/shop", "github.com/nats-io/nats-server/v2")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		h.t.Fatalf("go build: %v\n%s", err, out)
 	}
-	h.natsBin = buildNATS(h.t, dir)
 }
 
 func freePort(t testing.TB) int {
