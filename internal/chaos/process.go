@@ -47,16 +47,6 @@ type slot struct {
 	partitioned bool // cut off NATS by a partition: not SIGKILLed meanwhile
 }
 
-// Exit is a process's exit that nobody caused: neither a signal of the
-// harness nor a failpoint.
-type Exit struct {
-	Who    string // order-1, or nats n2
-	Gen    int    // which start of it (its log is <who>-<gen>.log)
-	At     time.Time
-	Status string // what wait reported: "exit status 1"
-	Tail   string // the last lines of its log
-}
-
 var firedLine = regexp.MustCompile(`failpoint (\S+): crash \(hit`)
 
 // build compiles cmd/shop and nats-server, at the version go.mod requires,
@@ -332,35 +322,6 @@ func firedIn(path string) string {
 // does not.)
 func orphanKill() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
-
-// tail returns the last n lines of the file at path, each cut at 400
-// bytes.
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	lines = lines[max(0, len(lines)-n):]
-	for i, l := range lines {
-		if len(l) > 400 {
-			lines[i] = l[:400] + "…"
-		}
-	}
-	return strings.Join(lines, "\n")
-}
-
-// Cause is what the process said last: cmd/shop's final error line
-// ("shop: …"), else its last log line.
-func (e Exit) Cause() string {
-	lines := strings.Split(e.Tail, "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		if strings.HasPrefix(lines[i], "shop: ") {
-			return lines[i]
-		}
-	}
-	return lines[len(lines)-1]
 }
 
 // arm SIGKILLs a process started clean that has failpoints queued: the
