@@ -29,8 +29,8 @@ const stallAfter = 60 * time.Second
 //
 // OrderWait is the same from one order's point of view, which a fault of
 // one process (a partition) shows and the shop-wide stall does not: the
-// longest time an order waited within the window, from a history entry
-// made in it to its next event-driven transition (or the window's end).
+// longest part of the window one order spent waiting from a history entry
+// to its next event-driven transition.
 type Stall struct {
 	D         time.Duration
 	From, To  time.Time
@@ -65,8 +65,9 @@ func (sp spans) stalls(faults []Fault, cleanRestart time.Time) []Stall {
 		out[i] = sp.stall(f.Start, end)
 		out[i].Until = end
 		for _, w := range sp.waits {
-			if !w.created.Before(f.Start) && w.created.Before(end) {
-				out[i].OrderWait = max(out[i].OrderWait, minTime(w.ended, end).Sub(w.created))
+			// The part of the wait inside the window.
+			if d := minTime(w.ended, end).Sub(maxTime(w.created, f.Start)); d > out[i].OrderWait {
+				out[i].OrderWait = d
 			}
 		}
 	}
@@ -84,6 +85,13 @@ func overlaps(faults []Fault, stalls []Stall, i int) string {
 		}
 	}
 	return strings.Join(names, "; ")
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func minTime(a, b time.Time) time.Time {

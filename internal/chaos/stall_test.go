@@ -39,7 +39,7 @@ func TestStall(t *testing.T) {
 
 // TestStalls checks the windows: a fault's ends where the next fault of
 // its lane starts, a fault of another lane does not cut it, and the
-// longest order wait counts the waits that began inside it, up to its end.
+// longest order wait counts the part of each wait inside it.
 func TestStalls(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -60,8 +60,8 @@ func TestStalls(t *testing.T) {
 		orderWait time.Duration
 	}{
 		{at(10), 7 * time.Second},  // cut by the quorum loss, not by the partition; the wait from 3 counts until 10
-		{at(68), 18 * time.Second}, // heal + stallAfter; the wait from 12 began inside
-		{at(80), 18 * time.Second},
+		{at(68), 18 * time.Second}, // heal + stallAfter
+		{at(80), 18 * time.Second}, // the wait from 3 counts from 10 on: 5s
 	}
 	for i, w := range want {
 		if got[i].Until != w.until || got[i].OrderWait != w.orderWait {
