@@ -101,11 +101,11 @@ func completeOrder(t *testing.T, sku string) time.Duration {
 	id := r.body["order_id"].(string)
 	waitStatus(t, id, "WAIT_PAY")
 	// Payment learns of the order from its own consumer, a moment after
-	// the order service does: 409 until then.
+	// the order service does: 404 or 409 until then.
 	var pay response
 	eventually(t, 30*time.Second, "the payment to be taken", func() bool {
 		pay = do(t, "POST", shop.payment+"/payments/"+id+"/simulate", nil, map[string]string{"outcome": "succeeded"})
-		return pay.status != http.StatusConflict
+		return pay.status != http.StatusConflict && pay.status != http.StatusNotFound
 	})
 	if pay.status != http.StatusOK {
 		t.Fatalf("simulate payment: %d %s", pay.status, pay.raw)

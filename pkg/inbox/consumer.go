@@ -377,6 +377,19 @@ func (c *Consumer) transact(ctx context.Context, d *delivery, meta *jetstream.Ms
 		return verdict{}, fmt.Errorf("begin inbox tx and record processed event: %w", err)
 	}
 	v, err := c.recorded(ctx, tx, d.m, recorded, parkedNext, recErr)
+	if err == nil && v.out == gap {
+		// Early: parked in this same transaction, one round trip more.
+		var again bool
+		if v, again, err = c.parkIn(ctx, tx, d, meta); err == nil && !again && v.out == parked {
+			if err := tx.Commit(ctx); err != nil {
+				return verdict{}, fmt.Errorf("commit parked event: %w", err)
+			}
+			return v, nil
+		}
+		if again {
+			return verdict{out: gap}, nil // the caller parks, or finds it due, afresh
+		}
+	}
 	if err != nil || v.out != applied {
 		return v, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -42,69 +43,83 @@ func (c *Consumer) park(ctx context.Context, d *delivery, meta *jetstream.MsgMet
 	return verdict{}, errors.New("inbox: the aggregate's cursor kept moving while parking")
 }
 
-func (c *Consumer) parkOnce(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata) (v verdict, again bool, err error) {
+func (c *Consumer) parkOnce(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata) (verdict, bool, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return verdict{}, false, fmt.Errorf("begin tx to park: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	v, again, err := c.parkIn(ctx, tx, d, meta)
+	if err != nil || again || v.out != parked {
+		return v, again, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return verdict{}, false, fmt.Errorf("commit parked event: %w", err)
+	}
+	return v, false, nil
+}
+
+// parkIn parks d in tx, in one round trip: it creates the cursor row at 0
+// if there is none (seq 1 has not come: the lock needs a row), locks it,
+// and inserts the parked row only while the event is still early. The
+// caller commits when the verdict is parked. again says the gap is gone:
+// run the inbox steps again.
+func (c *Consumer) parkIn(ctx context.Context, tx pgx.Tx, d *delivery, meta *jetstream.MsgMetadata) (v verdict, again bool, err error) {
 	m, src := d.m, source(d.m.Subject)
 	headers, err := json.Marshal(cmpHeader(d.msg.Headers()))
 	if err != nil {
 		return verdict{}, false, Poison(fmt.Errorf("encode headers to park: %w", err))
 	}
+	key := []any{c.cfg.Name, src, m.AggregateType, m.AggregateID}
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	// A cursor at 0 when none exists yet (seq 1 has not come): the lock
-	// needs a row.
 	b.Queue(`INSERT INTO inbox_sequences (consumer_name, source, aggregate_type, aggregate_id, last_seq)
-		VALUES ($1, $2, $3, $4, 0) ON CONFLICT DO NOTHING`, c.cfg.Name, src, m.AggregateType, m.AggregateID)
+		VALUES ($1, $2, $3, $4, 0) ON CONFLICT DO NOTHING`, key...)
 	b.Queue(`SELECT last_seq FROM inbox_sequences
-		WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 FOR UPDATE`,
-		c.cfg.Name, src, m.AggregateType, m.AggregateID)
-	br := c.pool.SendBatch(ctx, b)
-	tx := br.Tx()
-	defer tx.Rollback(ctx)
-	var last int64
-	_, err = br.Exec()
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		err = br.QueryRow().Scan(&last)
-	}
-	if err = errors.Join(err, br.Close()); err != nil {
-		return verdict{}, false, fmt.Errorf("lock the cursor to park: %w", err)
-	}
-	if m.Seq <= last+1 {
-		return verdict{}, true, nil // the gap is gone: not early any more
-	}
-	tag, err := tx.Exec(ctx, `
+		WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 FOR UPDATE`, key...)
+	// A discarded event at the sequence gives way to this one.
+	b.Queue(`
 		INSERT INTO inbox_parked AS p (consumer_name, source, aggregate_type, aggregate_id, aggregate_seq, event_id,
 			stream, stream_seq, subject, headers, payload)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+		WHERE (SELECT last_seq FROM inbox_sequences
+		       WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4) + 1 < $5
 		ON CONFLICT (consumer_name, source, aggregate_type, aggregate_id, aggregate_seq) DO UPDATE
 		SET event_id = EXCLUDED.event_id, stream = EXCLUDED.stream, stream_seq = EXCLUDED.stream_seq,
 		    subject = EXCLUDED.subject, headers = EXCLUDED.headers, payload = EXCLUDED.payload,
 		    parked_at = now(), discarded_at = NULL, discard_reason = NULL
 		WHERE p.discarded_at IS NOT NULL`,
-		c.cfg.Name, src, m.AggregateType, m.AggregateID, m.Seq, m.EventID,
-		meta.Stream, int64(meta.Sequence.Stream), d.msg.Subject(), string(headers), append([]byte{}, d.msg.Data()...))
-	if err != nil {
+		append(key, m.Seq, m.EventID, meta.Stream, int64(meta.Sequence.Stream), d.msg.Subject(), string(headers),
+			append([]byte{}, d.msg.Data()...))...)
+	br := tx.SendBatch(ctx, b)
+	var last int64
+	var tag pgconn.CommandTag
+	_, err = br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&last)
+	}
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if err = errors.Join(err, br.Close()); err != nil {
 		return verdict{}, false, fmt.Errorf("park event: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		// Taken by an open parked event (a discarded one is replaced).
-		var other uuid.UUID
-		if err := tx.QueryRow(ctx, `SELECT event_id FROM inbox_parked
-			WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND aggregate_seq = $5`,
-			c.cfg.Name, src, m.AggregateType, m.AggregateID, m.Seq).Scan(&other); err != nil {
-			return verdict{}, false, fmt.Errorf("read parked event: %w", err)
-		}
-		if other == m.EventID {
-			return verdict{out: duplicate}, false, nil
-		}
-		return verdict{out: conflict, appliedAs: other}, false, nil
+	switch {
+	case m.Seq <= last+1:
+		return verdict{}, true, nil // the gap is gone: not early any more
+	case tag.RowsAffected() == 1:
+		return verdict{out: parked}, false, nil
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return verdict{}, false, fmt.Errorf("commit parked event: %w", err)
+	// Taken by an open parked event.
+	var other uuid.UUID
+	if err := tx.QueryRow(ctx, `SELECT event_id FROM inbox_parked
+		WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND aggregate_seq = $5`,
+		append(key, m.Seq)...).Scan(&other); err != nil {
+		return verdict{}, false, fmt.Errorf("read parked event: %w", err)
 	}
-	return verdict{out: parked}, false, nil
+	if other == m.EventID {
+		return verdict{out: duplicate}, false, nil
+	}
+	return verdict{out: conflict, appliedAs: other}, false, nil
 }
 
 // drainParked applies, in tx, the parked events that follow the applied
