@@ -4,7 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -155,4 +157,73 @@ func get200(t *testing.T, url string) string {
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
 	return string(b)
+}
+
+// A service started while Postgres does not answer waits for it instead of
+// exiting (here nothing listens on its database's port at first; then a
+// forwarder to the real server appears there).
+func TestStartsBeforeThePostgresAnswers(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	db := pgtest.NewDatabase(t, "shop_app_pg_")
+	real, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbAddr := freeAddr(t) // nothing there yet: connection refused
+	late := *real
+	late.Host = dbAddr
+	addr := freeAddr(t)
+	env := map[string]string{"DATABASE_URL": late.String(), "NATS_URL": ns.URL(), "INVENTORY_ADDR": addr}
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, []string{"inventory"}, slog.New(slog.DiscardHandler)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	time.Sleep(2 * time.Second) // several tries: the process must still run
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned while Postgres did not answer: %v", err)
+	default:
+	}
+
+	ln, err := net.Listen("tcp", dbAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go forward(ln, real.Host)
+	wait, stopWaiting := context.WithTimeout(ctx, time.Minute)
+	defer stopWaiting()
+	if err := httpx.WaitReady(wait, nil, "http://"+addr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// forward copies every connection accepted on ln to and from target.
+func forward(ln net.Listener, target string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				return
+			}
+			defer up.Close()
+			go func() { _, _ = io.Copy(up, c) }()
+			_, _ = io.Copy(c, up)
+		}()
+	}
 }

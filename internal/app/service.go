@@ -99,7 +99,14 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}
 	defer s.ln.Close() // when it returns before serving; closing twice is harmless
-	if err := Migrate(ctx, s.DatabaseURL, s.Name, s.Logger); err != nil {
+	// Postgres refusing connections (down, starting, "too many clients")
+	// is waited out: the process starts when the database answers.
+	if err := database.Retry(ctx, s.Logger, "migrate", func(ctx context.Context) error {
+		return Migrate(ctx, s.DatabaseURL, s.Name, s.Logger)
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
 		return err
 	}
 	pool, err := database.NewPool(ctx, s.DatabaseURL, s.Schema, poolSize(s.Name))

@@ -228,7 +228,7 @@ func (r *Relay) Kick() {
 }
 
 // Run relays events until ctx ends, then finishes the batches in flight and
-// returns. It returns an error only when it cannot start.
+// returns nil. Neither the database nor the broker being away ends it.
 //
 // An outage is not an event's failure. When the broker takes nothing — the
 // connection is down, JetStream answers "unavailable" or not at all, every
@@ -239,8 +239,25 @@ func (r *Relay) Kick() {
 // subject, too large, invalid headers: dead at once; any other error:
 // counted towards MaxAttempts) can make it dead.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := r.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&r.schema); err != nil {
-		return fmt.Errorf("outbox relay: read schema: %w", err)
+	// The schema names the LISTEN channel. The database may not answer yet
+	// (down, starting, out of connections): wait for it, as for everything
+	// else the relay does.
+	for failures := 1; ; failures++ {
+		err := r.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&r.schema)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if failures == 1 {
+			r.log.Warn("outbox relay: cannot read its schema yet; retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, failures)):
+		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if !r.cfg.DisableListen {
