@@ -52,9 +52,10 @@
 //     or electing a leader, every publish of a batch unanswered): not the
 //     events' failure. While the connection is down the relay claims
 //     nothing; otherwise the batch is handed back with no attempt counted,
-//     the relay pauses (at most OutageBackoffMax) and tries again with one
-//     event until the broker takes it. However long the outage, no event
-//     dies of it. The one extra call the relay makes (which stream takes a
+//     the relay pauses (at most OutageBackoffMax) and claims nothing until
+//     JetStream answers an API call, then one event, then whole batches.
+//     However long the outage, no event dies of it, and a relay cut off
+//     alone leaves the events to the relays that can publish them. The one extra call the relay makes (which stream takes a
 //     subject, to tell "no stream" from "JetStream away") is bounded at 2s,
 //     so a leader election cannot hold a batch for its whole deadline.
 //   - Crash after the PubAck, before marking: the lease expires and the event

@@ -105,7 +105,10 @@ func unavailable(err error) bool {
 	return false
 }
 
-// probe asks JetStream whether it answers at all.
+// probe asks JetStream whether it answers this relay at all (one API call,
+// bounded). It answering is not yet proof that the event's stream takes
+// publishes (its leader may still be elected), so the first claim after it
+// is one event.
 func (r *Relay) probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 	defer cancel()

@@ -233,11 +233,12 @@ func (r *Relay) Kick() {
 // An outage is not an event's failure. When the broker takes nothing — the
 // connection is down, JetStream answers "unavailable" or not at all, every
 // publish of a batch timed out — the batch is handed back without counting
-// an attempt, and the relay pauses (backoff up to OutageBackoffMax) and
-// then tries with one event at a time until the broker takes it, however
-// long the outage lasts. Only an event's own failure (no stream for its
+// an attempt, and the relay pauses (backoff up to OutageBackoffMax),
+// however long the outage lasts. Only an event's own failure (no stream for its
 // subject, too large, invalid headers: dead at once; any other error:
-// counted towards MaxAttempts) can make it dead.
+// counted towards MaxAttempts) can make it dead. While it is paused, the
+// relay claims nothing until JetStream answers an API call, so that a relay
+// cut off alone leaves the events to relays that can publish them.
 func (r *Relay) Run(ctx context.Context) error {
 	// The schema names the LISTEN channel. The database may not answer yet
 	// (down, starting, out of connections): wait for it, as for everything
@@ -316,16 +317,21 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 		// events wait, unclaimed, in the outbox instead.
 		return 0, &unavailableError{fmt.Errorf("nats connection %s", st)}
 	}
+	down := r.stats.downSince.Load() != 0
+	if down {
+		// Ask JetStream itself before claiming anything: a relay that
+		// cannot reach it (a partition of this process alone, say) must
+		// leave the events to the relays that can, not hold one after
+		// another for a publish timeout.
+		if err := r.probe(ctx); err != nil {
+			return 0, &unavailableError{err}
+		}
+	}
 	token := uuid.New()
 	batch, err := r.claim(ctx, token)
 	if err != nil || len(batch) == 0 {
-		if err == nil && r.stats.downSince.Load() != 0 {
-			// Nothing to probe with: ask JetStream itself, so that an idle
-			// relay does not report an outage that is over.
-			if err := r.probe(ctx); err != nil {
-				return 0, &unavailableError{err}
-			}
-			r.brokerUp()
+		if err == nil && down {
+			r.brokerUp() // JetStream answers and there is nothing to send
 		}
 		return 0, err
 	}
