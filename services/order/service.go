@@ -12,7 +12,8 @@
 //     encoded again as JSON (fields in struct order, lines in request order),
 //     so the same request spelled differently is the same request.
 //   - A replay returns the response stored with the key (201 and the order as
-//     it was created), not the order's current state, as payment APIs do.
+//     it was created, in the very bytes first sent), not the order's current
+//     state, as payment APIs do; it does so even while new orders are shed.
 //   - A SKU listed on two lines is refused with 422 rather than merged.
 //   - Keys must be 1..255 printable ASCII characters (400 otherwise).
 //   - The customer's cancel is the saga event "CustomerCancel"; a refund is
