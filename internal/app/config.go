@@ -50,6 +50,10 @@ type Config struct {
 	// PaymentTimeout is how long an order may wait in WAIT_PAY before the
 	// saga closes it (PAYMENT_TIMEOUT, default 15m).
 	PaymentTimeout time.Duration
+	// ReservationTimeout is how long an order may stay PENDING, inventory
+	// not answering, before the saga closes it (ORDER_RESERVATION_TIMEOUT,
+	// default order.DefaultReservationTimeout, 5m).
+	ReservationTimeout time.Duration
 	// WebhookSecret is the HMAC key of payment provider callbacks
 	// (PAYMENT_WEBHOOK_SECRET, default DefaultWebhookSecret, with a warning).
 	WebhookSecret string
@@ -116,6 +120,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		dst *time.Duration
 	}{
 		{"PAYMENT_TIMEOUT", 15 * time.Minute, &cfg.PaymentTimeout},
+		{"ORDER_RESERVATION_TIMEOUT", order.DefaultReservationTimeout, &cfg.ReservationTimeout},
 		{"FULFILLMENT_DELAY", 2 * time.Second, &cfg.FulfillmentDelay},
 		{"IDEMPOTENCY_KEY_TTL", 24 * time.Hour, &cfg.IdempotencyKeyTTL},
 	} {
@@ -166,6 +171,7 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 		fs.StringVar(&sc.Addr, name+"-addr", sc.Addr, fmt.Sprintf("HTTP listen `address` of the %s service (%s_ADDR)", name, env))
 	}
 	fs.DurationVar(&cfg.PaymentTimeout, "payment-timeout", cfg.PaymentTimeout, "how long an order may wait for payment (PAYMENT_TIMEOUT)")
+	fs.DurationVar(&cfg.ReservationTimeout, "order-reservation-timeout", cfg.ReservationTimeout, "how long an order may wait for inventory to reserve it (ORDER_RESERVATION_TIMEOUT)")
 	fs.Var(maskedFlag{&cfg.WebhookSecret}, "payment-webhook-secret", "HMAC `key` of payment callbacks (PAYMENT_WEBHOOK_SECRET)")
 	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
@@ -189,6 +195,7 @@ func (cfg Config) LogValue() slog.Value {
 		slog.String("database_url", MaskURL(cfg.DatabaseURL)),
 		slog.String("nats_url", cmp.Or(MaskURL(cfg.NATSURL), "(embedded)")),
 		slog.Duration("payment_timeout", cfg.PaymentTimeout),
+		slog.Duration("reservation_timeout", cfg.ReservationTimeout),
 		slog.Duration("fulfillment_delay", cfg.FulfillmentDelay),
 		slog.Bool("default_webhook_secret", cfg.WebhookSecret == DefaultWebhookSecret),
 	}

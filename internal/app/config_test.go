@@ -4,6 +4,7 @@ import (
 	"flag"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestConfig(t *testing.T) {
@@ -17,6 +18,9 @@ func TestConfig(t *testing.T) {
 		}
 		if cfg.DatabaseURL != DefaultDatabaseURL || cfg.NATSURL != "" {
 			t.Errorf("DatabaseURL %q, NATSURL %q", cfg.DatabaseURL, cfg.NATSURL)
+		}
+		if cfg.PaymentTimeout != 15*time.Minute || cfg.ReservationTimeout != 5*time.Minute {
+			t.Errorf("PaymentTimeout %s, ReservationTimeout %s; want 15m and 5m", cfg.PaymentTimeout, cfg.ReservationTimeout)
 		}
 		for name, want := range map[string]string{"order": ":8081", "inventory": ":8082", "payment": ":8083", "fulfillment": ":8084"} {
 			if got := cfg.Services[name].Addr; got != want {
@@ -59,11 +63,14 @@ func TestConfig(t *testing.T) {
 		}
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)
 		cfg.RegisterFlags(fs)
-		if err := fs.Parse([]string{"-database-url", "postgres://flag@h/db", "-order-addr", ":7001"}); err != nil {
+		if err := fs.Parse([]string{"-database-url", "postgres://flag@h/db", "-order-addr", ":7001", "-order-reservation-timeout", "90s"}); err != nil {
 			t.Fatal(err)
 		}
 		if cfg.DatabaseURL != "postgres://flag@h/db" || cfg.Services["order"].Addr != ":7001" || cfg.NATSURL != "nats://env:4222" {
 			t.Errorf("after flags: %+v, order addr %q", cfg, cfg.Services["order"].Addr)
+		}
+		if cfg.ReservationTimeout != 90*time.Second {
+			t.Errorf("after flags: ReservationTimeout %s, want 90s", cfg.ReservationTimeout)
 		}
 	})
 
@@ -114,10 +121,11 @@ func TestMaskURL(t *testing.T) {
 
 func TestLoadConfigRefusesBadValues(t *testing.T) {
 	for k, v := range map[string]string{
-		"PAYMENT_TIMEOUT":     "soon",
-		"FULFILLMENT_DELAY":   "-2s",
-		"IDEMPOTENCY_KEY_TTL": "0",
-		"NATS_REPLICAS":       "7",
+		"PAYMENT_TIMEOUT":           "soon",
+		"ORDER_RESERVATION_TIMEOUT": "0s",
+		"FULFILLMENT_DELAY":         "-2s",
+		"IDEMPOTENCY_KEY_TTL":       "0",
+		"NATS_REPLICAS":             "7",
 	} {
 		_, err := LoadConfig(func(name string) string {
 			if name == k {

@@ -41,7 +41,8 @@ func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Conf
 		if maxBacklog == 0 {
 			maxBacklog = -1 // the variable's 0 means never; order.Config's 0 means its default
 		}
-		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL, MaxBacklog: maxBacklog,
+		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, ReservationTimeout: cfg.ReservationTimeout,
+			KeyTTL: cfg.IdempotencyKeyTTL, MaxBacklog: maxBacklog,
 			PublishHorizon: horizon, Logger: log, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
 	case "inventory":
 		return inventory.New(pool, js, inventory.Config{Logger: log, PublishHorizon: horizon, ObserveInboxFunc: observe,

@@ -224,11 +224,15 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 		return reply{}, fmt.Errorf("encode order: %w", err)
 	}
 
-	// The writes, in one round trip: order, history, saga, OrderCreated and
-	// the key commit together, or (any of them failing) not at all.
+	// The writes, in one round trip: order, history, saga and its
+	// reservation timeout, OrderCreated and the key commit together, or
+	// (any of them failing) not at all.
 	b = &pgx.Batch{}
 	queueInsertOrder(b, o)
-	if err := s.saga.QueueStart(b, o.ID.String(), Pending, nil); err != nil {
+	// The reservation deadline is armed with the order: if inventory never
+	// answers, the saga closes it instead of leaving it PENDING for ever.
+	reserveBy := saga.Timeout{Name: reservationTimeout, Due: o.CreatedAt.Add(s.cfg.ReservationTimeout)}
+	if err := s.saga.QueueStart(b, o.ID.String(), Pending, nil, reserveBy); err != nil {
 		return reply{}, err
 	}
 	if err := s.outbox.Queue(b, orderCreated(o)); err != nil {
