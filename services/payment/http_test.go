@@ -82,9 +82,14 @@ func TestWebhookRefusals(t *testing.T) {
 		status int
 		code   string
 	}{
-		{"unknown order", `{"order_id":"` + uuid.NewString() + `","provider_payment_id":"p1","status":"succeeded","amount":500}`, "", http.StatusNotFound, "order-not-found"},
-		{"pending order: stock not held yet", `{"order_id":"` + pending + `","provider_payment_id":"p2","status":"succeeded","amount":500}`, "", http.StatusConflict, "order-not-payable"},
-		{"amount mismatch", `{"order_id":"` + payable + `","provider_payment_id":"p3","status":"succeeded","amount":499}`, "", http.StatusUnprocessableEntity, "amount-mismatch"},
+		// A failure moved no money: one that cannot be applied is refused
+		// and writes nothing (a success is recorded and refunded, see
+		// TestRejectedPaymentsAreRecordedAndRefunded).
+		{"failure for an unknown order", `{"order_id":"` + uuid.NewString() + `","provider_payment_id":"p1","status":"failed","amount":500}`, "", http.StatusNotFound, "order-not-found"},
+		{"failure for a pending order: stock not held yet", `{"order_id":"` + pending + `","provider_payment_id":"p2","status":"failed","amount":500}`, "", http.StatusConflict, "order-not-payable"},
+		{"failure of another amount", `{"order_id":"` + payable + `","provider_payment_id":"p3","status":"failed","amount":499}`, "", http.StatusUnprocessableEntity, "amount-mismatch"},
+		{"order id that is no subject token", `{"order_id":"o.1","provider_payment_id":"p10","status":"succeeded","amount":500}`, "", http.StatusUnprocessableEntity, "invalid-request"},
+		{"order id with a space", `{"order_id":"o 1","provider_payment_id":"p11","status":"succeeded","amount":500}`, "", http.StatusUnprocessableEntity, "invalid-request"},
 		{"bad JSON", `{"order_id":`, "", http.StatusBadRequest, "malformed-json"},
 		{"unknown field", `{"order_id":"` + payable + `","provider_payment_id":"p4","status":"succeeded","amount":500,"x":1}`, "", http.StatusBadRequest, "malformed-json"},
 		{"wrong type", `{"order_id":"` + payable + `","provider_payment_id":"p5","status":"succeeded","amount":"500"}`, "", http.StatusBadRequest, "malformed-json"},
@@ -315,6 +320,8 @@ func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
 	mismatch := ok
 	mismatch.ProviderPaymentID, mismatch.Amount = "pay_conn_2", 299
 
+	failedMismatch := mismatch
+	failedMismatch.ProviderPaymentID, failedMismatch.Status = "pay_conn_3", StatusFailed
 	for _, tc := range []struct {
 		name   string
 		cb     Callback
@@ -323,16 +330,19 @@ func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
 		{"recorded", ok, http.StatusOK},
 		{"replayed", ok, http.StatusOK},
 		{"conflict", conflict, http.StatusConflict},
-		{"amount mismatch", mismatch, http.StatusUnprocessableEntity},
-		{"not payable", Callback{OrderID: pending, ProviderPaymentID: "pay_p", Status: StatusSucceeded, Amount: 300}, http.StatusConflict},
-		{"unknown order", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusNotFound},
+		{"amount mismatch: rejected", mismatch, http.StatusOK},
+		{"not payable: rejected", Callback{OrderID: pending, ProviderPaymentID: "pay_p", Status: StatusSucceeded, Amount: 300}, http.StatusOK},
+		{"unknown order: rejected", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusOK},
+		{"same provider id for another order: conflict", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusConflict},
+		{"failure of another amount: refused", failedMismatch, http.StatusUnprocessableEntity},
+		{"failure for an unknown order: refused", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_f", Status: StatusFailed, Amount: 300}, http.StatusNotFound},
 	} {
 		if rec := e.signed(t, tc.cb); rec.Code != tc.status {
 			t.Fatalf("%s: status %d %s, want %d", tc.name, rec.Code, rec.Body, tc.status)
 		}
 		eventually(t, tc.name+": the connection released", func() bool { return e.db.Pool.Stat().AcquiredConns() == 0 })
 	}
-	if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
-		t.Fatalf("%d payments, want 1", n)
+	if n := e.count(t, `SELECT count(*) FROM payments`); n != 4 {
+		t.Fatalf("%d payments, want 4 (one applied, three rejected)", n)
 	}
 }
