@@ -22,6 +22,9 @@ func TestConfig(t *testing.T) {
 		if cfg.PaymentTimeout != 15*time.Minute || cfg.ReservationTimeout != 5*time.Minute {
 			t.Errorf("PaymentTimeout %s, ReservationTimeout %s; want 15m and 5m", cfg.PaymentTimeout, cfg.ReservationTimeout)
 		}
+		if cfg.FakeProvider || cfg.OperatorToken != "" {
+			t.Errorf("FakeProvider %v, OperatorToken set %v; want the demo's endpoint off and no token", cfg.FakeProvider, cfg.OperatorToken != "")
+		}
 		for name, want := range map[string]string{"order": ":8081", "inventory": ":8082", "payment": ":8083", "fulfillment": ":8084"} {
 			if got := cfg.Services[name].Addr; got != want {
 				t.Errorf("%s addr %q, want %q", name, got, want)
@@ -80,6 +83,7 @@ func TestConfig(t *testing.T) {
 			"DATABASE_URL":       "postgres://shop:s3cret@db:5432/shop",
 			"ORDER_DATABASE_URL": "host=db user=shop password=s3cret dbname=orders",
 			"NATS_URL":           "nats://relay:s3cret@nats:4222",
+			"OPERATOR_TOKEN":     "s3cret",
 		}
 		cfg, err := LoadConfig(func(k string) string { return env[k] })
 		if err != nil {
@@ -125,6 +129,7 @@ func TestLoadConfigRefusesBadValues(t *testing.T) {
 		"ORDER_RESERVATION_TIMEOUT": "0s",
 		"FULFILLMENT_DELAY":         "-2s",
 		"IDEMPOTENCY_KEY_TTL":       "0",
+		"PAYMENT_FAKE_PROVIDER":     "yes please",
 		"NATS_REPLICAS":             "7",
 	} {
 		_, err := LoadConfig(func(name string) string {

@@ -60,6 +60,7 @@ type Config struct {
 const (
 	paymentTimeout = 3 * time.Second
 	webhookSecret  = "chaos-secret"
+	operatorToken  = "chaos-operator-token"
 	// fillerEvents old published rows are put in fulfillment's outbox so
 	// that its retention deletes more than one batch (1000) and passes the
 	// outbox.retention_mid_batch failpoint. Retention runs once a minute.
@@ -350,6 +351,8 @@ func (h *harness) baseEnv(dbURL string) []string {
 		"NATS_URL=" + h.nats.URL(),
 		"PAYMENT_TIMEOUT=" + paymentTimeout.String(),
 		"PAYMENT_WEBHOOK_SECRET=" + webhookSecret,
+		"PAYMENT_FAKE_PROVIDER=true", // the driver pays through /simulate
+		"OPERATOR_TOKEN=" + operatorToken,
 		"FULFILLMENT_DELAY=300ms",
 		"DASHBOARD_ADDR=127.0.0.1:0",
 	}
@@ -816,7 +819,8 @@ func (h *harness) do(ctx context.Context, method, url, key string, header map[st
 func (h *harness) restock(ctx context.Context, skus []string) {
 	inv := h.urls("inventory")[0]
 	for _, sku := range skus {
-		st, b, err := h.do(ctx, http.MethodPut, inv+"/stock/"+sku, "", nil, []byte(`{"on_hand":1000000,"price":250}`))
+		st, b, err := h.do(ctx, http.MethodPut, inv+"/stock/"+sku, "", map[string]string{"Authorization": "Bearer " + operatorToken},
+			[]byte(`{"on_hand":1000000,"price":250}`))
 		if err != nil || st != http.StatusOK {
 			h.t.Fatalf("restock %s: %d %s %v", sku, st, b, err)
 		}

@@ -13,10 +13,14 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 )
 
-// Routes mounts the payment endpoints on r.
+// Routes mounts the payment endpoints on r; the demo's simulate endpoint
+// only when Config.Simulate is on (without it, the path does not exist:
+// 404).
 func (s *Service) Routes(r chi.Router) {
 	r.Post("/webhooks/payment", s.handleWebhook)
-	r.Post("/payments/{order_id}/simulate", s.handleSimulate)
+	if s.cfg.Simulate {
+		r.Post("/payments/{order_id}/simulate", s.handleSimulate)
+	}
 	r.Get("/payments/{order_id}", s.handleGet)
 }
 

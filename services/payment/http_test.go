@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 )
 
@@ -304,6 +306,39 @@ func TestSimulate(t *testing.T) {
 	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+uuid.NewString()+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusNotFound, "order-not-found")
 	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"maybe"}`), hdr), http.StatusUnprocessableEntity, "invalid-request")
 	wantProblem(t, e.do(t, http.MethodGet, "/payments/"+uuid.NewString(), nil, nil), http.StatusNotFound, "order-not-found")
+}
+
+// The demo's simulate endpoint exists only with the fake provider switched
+// on: off (New's default), any client could otherwise have the provider
+// sign a "succeeded" callback for any order.
+func TestSimulateOnlyWithTheFakeProvider(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t) // Simulate on, as the other tests need it
+	order := e.intent(t, StatePayable, 4200)
+	off, err := New(e.db.Pool, e.js, Config{WebhookSecret: testSecret, Provider: e.provider})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := chi.NewRouter()
+	off.Routes(r)
+	req := httptest.NewRequest(http.MethodPost, "/payments/"+order+"/simulate", strings.NewReader(`{"outcome":"succeeded"}`))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	r.ServeHTTP(rec, req)
+	if rec.Code != http.StatusNotFound || rec.Header().Get("Content-Type") == "application/problem+json" {
+		t.Fatalf("simulate with the fake provider off: %d %q %s, want the router's 404", rec.Code, rec.Header().Get("Content-Type"), rec.Body)
+	}
+	if n := e.count(t, `SELECT count(*) FROM payments`); n != 0 {
+		t.Fatalf("%d payments", n)
+	}
+	// The webhook and the operator's view are there either way.
+	rec = httptest.NewRecorder()
+	r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/payments/"+order, nil))
+	wantStatus(t, rec, http.StatusOK)
+
+	// On: the same request pays.
+	wantStatus(t, e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"succeeded"}`),
+		http.Header{"Content-Type": {"application/json"}}), http.StatusOK)
 }
 
 // The callback transaction begins in the batch of its first reads, so every

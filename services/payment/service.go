@@ -33,10 +33,16 @@ var (
 
 // Config configures a Service.
 type Config struct {
-	WebhookSecret string           // HMAC key of provider callbacks; required
-	Provider      *FakeProvider    // nil: a new FakeProvider
-	Logger        *slog.Logger     // nil: discard
-	Now           func() time.Time // nil: time.Now; tests move the clock to expire signatures
+	WebhookSecret string        // HMAC key of provider callbacks; required
+	Provider      *FakeProvider // nil: a new FakeProvider
+	// Simulate serves POST /payments/{order_id}/simulate, which has the
+	// fake provider charge an order and sign its callback: a demo's
+	// stand-in for a customer paying (PAYMENT_FAKE_PROVIDER). Default off:
+	// a process facing a real provider must not let any client mint
+	// signed "succeeded" callbacks for any order.
+	Simulate bool
+	Logger   *slog.Logger     // nil: discard
+	Now      func() time.Time // nil: time.Now; tests move the clock to expire signatures
 
 	// PublishHorizon is how long after an event's first publish its
 	// producer's relay may still publish a copy; the inbox keeps event ids
