@@ -1,7 +1,10 @@
 // Package payment is the payment service: it learns payment intents from the
 // order events, accepts the provider's signed callbacks, emits
 // PaymentSucceeded / PaymentFailed, and refunds through the provider when the
-// order saga asks, exactly once even when the provider's answer is lost.
+// order saga asks, exactly once even when the provider's answer is lost. A
+// success it cannot apply to its order (another amount, stock not held yet,
+// an order it does not know) is recorded as rejected (PaymentRejected) and
+// refunded the same way, without the saga.
 package payment
 
 import (

@@ -79,7 +79,9 @@ func (p Payment) answers(cb Callback) bool {
 	return p.OrderID == cb.OrderID && status == cb.Status && p.Amount == cb.Amount
 }
 
-// Refund is one refund asked for by the order saga.
+// Refund is one refund asked for by the order saga (its key is the
+// RefundRequested event id), or of a rejected payment (its key is the
+// payment id).
 type Refund struct {
 	RefundID         uuid.UUID `json:"refund_id"`
 	OrderID          string    `json:"order_id"`
