@@ -236,7 +236,7 @@ func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, repair b
 		Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
 	}
 	if repair {
-		rep, err := reconcile.Run(ctx, vp, reconcile.Config{PaymentTimeout: cfg.PaymentTimeout, Repair: true})
+		rep, err := reconcile.Run(ctx, vp, app.ReconcileConfig(cfg))
 		if err != nil {
 			return fmt.Errorf("verify -repair: %w", err)
 		}

@@ -123,6 +123,7 @@ func Run(ctx context.Context, pools Pools, retention time.Duration) (Report, err
 	v.intents()
 	v.delivery()
 	v.effects()
+	v.rejectedPayments()
 	if v.err != nil {
 		return Report{}, v.err
 	}
