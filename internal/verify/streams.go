@@ -188,10 +188,16 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, from time.
 	if st.CachedInfo().State.Msgs == 0 {
 		return 0, nil
 	}
+	// An ephemeral consumer: it shows in the stream's consumer list, with
+	// the rest of the window as its pending count, for as long as it lives
+	// (the order service's admission control counts durable consumers
+	// only). So it is deleted at the end, and the server removes it by
+	// itself after a few idle seconds if this process dies first.
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartTimePolicy,
-		OptStartTime:  &from,
-		HeadersOnly:   true,
+		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
+		OptStartTime:      &from,
+		HeadersOnly:       true,
+		InactiveThreshold: 10 * time.Second,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("stream %s: ordered consumer: %w", stream, err)
@@ -200,7 +206,14 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, from time.
 	if err != nil {
 		return 0, fmt.Errorf("stream %s: read: %w", stream, err)
 	}
-	defer msgs.Stop()
+	defer func() {
+		msgs.Stop()
+		if info := cons.CachedInfo(); info != nil {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = js.DeleteConsumer(ctx, stream, info.Name) // else InactiveThreshold
+		}
+	}()
 	// A consumer that starts after the last message has nothing to deliver,
 	// and Next would wait for the next publish: ask first.
 	info, err := cons.Info(ctx)

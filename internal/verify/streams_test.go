@@ -94,6 +94,20 @@ func TestAuditStreams(t *testing.T) {
 		}
 	})
 
+	t.Run("no consumer is left behind", func(t *testing.T) {
+		// Admission control and the consumer metrics list the stream's
+		// consumers; the audit's own must be gone when it returns.
+		run(window)
+		names := st.ConsumerNames(ctx)
+		var left []string
+		for n := range names.Name() {
+			left = append(left, n)
+		}
+		if names.Err() != nil || len(left) != 0 {
+			t.Fatalf("consumers left on ORDERS: %v (%v)", left, names.Err())
+		}
+	})
+
 	t.Run("the stream's last message deleted: the scan still ends", func(t *testing.T) {
 		if err := st.DeleteMsg(ctx, 3); err != nil {
 			t.Fatal(err)

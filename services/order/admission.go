@@ -66,7 +66,8 @@ func (a *admission) run(ctx context.Context) {
 	}
 }
 
-// read sums the unsettled messages of every consumer of the saga's streams.
+// read sums the unsettled messages of every durable consumer of the saga's
+// streams.
 func (a *admission) read(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.every)
 	defer cancel()
@@ -81,6 +82,12 @@ func (a *admission) read(ctx context.Context) (int64, error) {
 		}
 		list := st.ListConsumers(ctx)
 		for info := range list.Info() {
+			if info.Config.Durable == "" {
+				// An ephemeral reader (the stream audit of shop verify and
+				// the reconciler, an operator's nats CLI) is no work the
+				// saga has to do, however much of the stream it has left.
+				continue
+			}
 			total += int64(info.NumPending) + int64(max(info.NumAckPending, 0))
 		}
 		if err := list.Err(); err != nil {
