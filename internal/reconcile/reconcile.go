@@ -152,6 +152,10 @@ func (r Report) Write(w io.Writer) {
 		if a.Err != nil {
 			fmt.Fprintf(w, "RECONCILE stream %s of %s not audited: %v\n", a.Stream, a.Service, a.Err)
 		}
+		if a.Older > 0 {
+			fmt.Fprintf(w, "RECONCILE stream %s of %s: audited its newest %d events, not %d older ones (shop outbox republish --lost audits them all)\n",
+				a.Stream, a.Service, a.Published, a.Older)
+		}
 	}
 	fmt.Fprintf(w, "reconcile: %d stuck orders, %d unrefunded payments, %d held reservations, %d lost events; %d events republished\n",
 		r.Counts.StuckOrders, r.Counts.UnrefundedPayments, r.Counts.HeldReservations, r.Counts.LostEvents, r.Counts.Republished)
@@ -182,6 +186,11 @@ type Config struct {
 	// Retention is the relays' outbox retention: the stream audit looks
 	// for the events published within it. Required with JetStream.
 	Retention time.Duration
+	// AuditNewest bounds the stream audit to the newest this many
+	// published events of each service, so that a run every minute costs
+	// about a second however long the retention and the traffic (`shop
+	// outbox republish --lost` audits all of it); default 100,000.
+	AuditNewest int
 }
 
 func (c *Config) setDefaults() {
@@ -191,6 +200,7 @@ func (c *Config) setDefaults() {
 	c.Grace = cmp.Or(c.Grace, 5*time.Minute)
 	c.RepublishAfter = cmp.Or(c.RepublishAfter, broker.DuplicateWindow+time.Minute)
 	c.Limit = cmp.Or(c.Limit, 100)
+	c.AuditNewest = cmp.Or(c.AuditNewest, 100_000)
 }
 
 // flows are the event flows about an order (docs/events.md): the producer
@@ -440,7 +450,8 @@ func wrap(what string, err error) error {
 
 // lostEvents audits every stream against its outbox.
 func (r *run) lostEvents() error {
-	audits, err := verify.AuditStreams(r.ctx, r.pools, r.cfg.JetStream, verify.AuditConfig{Window: r.cfg.Retention})
+	audits, err := verify.AuditStreams(r.ctx, r.pools, r.cfg.JetStream,
+		verify.AuditConfig{Window: r.cfg.Retention, Newest: r.cfg.AuditNewest})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}

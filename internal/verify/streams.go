@@ -48,6 +48,7 @@ func (l Lost) String() string {
 type StreamAudit struct {
 	Service, Stream string
 	Published       int    // events the outbox marked published in the window: those looked for
+	Older           int    // published in the window too, but beyond AuditConfig.Newest: not looked for
 	Scanned         int    // stream messages read (headers only)
 	Lost            []Lost // in aggregate and sequence order
 	// Err, when set, says why the stream could not be read (NATS
@@ -71,6 +72,11 @@ type AuditConfig struct {
 	Grace time.Duration
 	// Services to audit; default all four.
 	Services []string
+	// Newest, when positive, looks only for the newest this many events
+	// of each service (by published_at), bounding what one audit reads and
+	// holds whatever the traffic; the rest of the window is counted in
+	// StreamAudit.Older. Default 0: every event in the window.
+	Newest int
 }
 
 // clockSkew is how far the stream scan starts before the earliest
@@ -87,8 +93,9 @@ const clockSkew = time.Minute
 // republishes an event it saw acknowledged.
 //
 // What it reads, per service: the window's outbox rows (event id,
-// aggregate, sequence; by the partial index on published_at) into memory,
-// about 100 bytes each; then one pass over the stream in sequence order
+// aggregate, sequence; by the partial index on published_at; the newest
+// cfg.Newest when that is set) into memory, about 100 bytes each; then one
+// pass over the stream in sequence order
 // with an ordered consumer that delivers headers only, from the window's
 // earliest occurred_at (less a minute for the clocks of database and broker)
 // up to the stream's last sequence, stopping early once every event was
@@ -125,14 +132,19 @@ func AuditStreams(ctx context.Context, pools Pools, js jetstream.JetStream, cfg 
 // auditStream audits one service's stream.
 func auditStream(ctx context.Context, db *pgxpool.Pool, js jetstream.JetStream, service string, cfg AuditConfig) (StreamAudit, error) {
 	a := StreamAudit{Service: service, Stream: streamOf[service]}
-	// The outbox first: see AuditConfig.Grace.
+	// The outbox first: see AuditConfig.Grace. Newest first, by the
+	// partial index on published_at, so that a limit takes the newest.
+	limit := any(nil)
+	if cfg.Newest > 0 {
+		limit = cfg.Newest
+	}
 	rows, err := db.Query(ctx, `
 		SELECT event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, published_at, occurred_at
 		FROM outbox
 		WHERE published_at > now() - $1 * interval '1 microsecond'
 		  AND published_at <= now() - $2 * interval '1 microsecond'
-		ORDER BY aggregate_type, aggregate_id, aggregate_seq`,
-		cfg.Window.Microseconds(), cfg.Grace.Microseconds())
+		ORDER BY published_at DESC LIMIT $3`,
+		cfg.Window.Microseconds(), cfg.Grace.Microseconds(), limit)
 	if err != nil {
 		return a, fmt.Errorf("audit %s: read published events: %w", service, err)
 	}
@@ -154,6 +166,15 @@ func auditStream(ctx context.Context, db *pgxpool.Pool, js jetstream.JetStream, 
 	a.Published = len(events)
 	if len(events) == 0 {
 		return a, nil
+	}
+	if cfg.Newest > 0 && len(events) == cfg.Newest {
+		oldest := events[len(events)-1].PublishedAt
+		err := db.QueryRow(ctx, `SELECT count(*) FROM outbox
+			WHERE published_at > now() - $1 * interval '1 microsecond' AND published_at < $2`,
+			cfg.Window.Microseconds(), oldest).Scan(&a.Older)
+		if err != nil {
+			return a, fmt.Errorf("audit %s: count older published events: %w", service, err)
+		}
 	}
 	missing := make(map[uuid.UUID]int, len(events)) // event id → index in events
 	for i, e := range events {

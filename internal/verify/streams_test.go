@@ -94,6 +94,13 @@ func TestAuditStreams(t *testing.T) {
 		}
 	})
 
+	t.Run("Newest looks for the newest events only and counts the others", func(t *testing.T) {
+		a := run(verify.AuditConfig{Window: 72 * time.Hour, Newest: 2})
+		if a.Published != 2 || a.Older != 1 || len(a.Lost) != 0 {
+			t.Fatalf("%+v; want the two newest looked for, the lost one (the oldest) counted as older", a)
+		}
+	})
+
 	t.Run("no consumer is left behind", func(t *testing.T) {
 		// Admission control and the consumer metrics list the stream's
 		// consumers; the audit's own must be gone when it returns.
