@@ -101,7 +101,7 @@ const clockSkew = time.Minute
 // up to the stream's last sequence, stopping early once every event was
 // found. Its cost grows with the messages stored since the window began
 // (republished copies included), not with the number of subjects: on the
-// development machine 0.07–0.1 s per 10,000 events and 0.65–1.0 s per
+// development machine 0.06–0.1 s per 10,000 events and 0.65–1.0 s per
 // 100,000, outbox read included (docs/performance.md, "Auditing the
 // streams"; `make bench` row 9 measures it). A database error stops
 // it; a stream that cannot be read is reported in that service's
