@@ -23,14 +23,20 @@ test:
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
 
-# The chaos run: real shop processes (two of each service) under SIGKILLs,
-# every failpoint, a NATS outage and terminated database connections, then
-# the invariants. A short run (about two minutes) is part of `make test`.
+# The chaos run: real shop processes (two of each service) on a three-node
+# NATS cluster (NODES=1: one node), under SIGKILLs, every failpoint,
+# terminated database connections and broker faults (a stream leader
+# killed, quorum lost, a process silently partitioned, JetStream disabled
+# on a node, a consumer deleted, the cluster restarted), then the
+# invariants. A short run (90s of chaos, about two minutes) is part of
+# `make test`. CHAOS_LOGS=dir keeps the processes' logs.
 DURATION ?= 5m
+NODES ?= 3
+CHAOS_LOGS ?=
 CHAOS_TIMEOUT ?= 1h
 chaos:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
-	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./internal/chaos -chaos.duration=$(DURATION)
+	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./internal/chaos -chaos.duration=$(DURATION) -chaos.nodes=$(NODES) -chaos.logs=$(CHAOS_LOGS)
 
 lint:
 	@unformatted=$$(gofmt -l .); \

@@ -4,7 +4,8 @@
 // Each service owns one Postgres schema and keeps its own goose version table
 // inside it, so services migrate independently and a schema can move to its
 // own database later. Version 1 of every schema is eventing.sql (the outbox,
-// inbox and dead-letter tables, one definition shared by all services);
+// inbox and dead-letter tables, one definition shared by all services), and
+// later shared versions count from 1000002 (eventing_inbox.sql);
 // migrations/<service>/*.sql hold the service's own tables from version 2 on.
 //
 // Apply is idempotent and safe to run from several processes at once: goose
@@ -32,6 +33,16 @@ import (
 
 //go:embed eventing.sql
 var eventingSQL string
+
+// The eventing tables' later versions. They are numbered from
+// eventingLater on, far above any service's own migrations (which count
+// from 2), so that the two sequences never collide; goose is told not to
+// mind the interleaving (WithAllowOutofOrder), since they touch different
+// tables. Add one here, never edit an applied one.
+const eventingLater = 1_000_000
+
+//go:embed eventing_inbox.sql
+var eventingInboxSQL string
 
 //go:embed order inventory payment fulfillment
 var serviceFS embed.FS
@@ -100,12 +111,15 @@ func Apply(ctx context.Context, connString, service, schema string, log *slog.Lo
 	if err != nil {
 		return fmt.Errorf("migration lock: %w", err)
 	}
-	eventing := goose.NewGoMigration(1, &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, eventingSQL)
-		return err
-	}}, nil)
+	eventing := func(version int64, ddl string) *goose.Migration {
+		return goose.NewGoMigration(version, &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, ddl)
+			return err
+		}}, nil)
+	}
 	opts := []goose.ProviderOption{
-		goose.WithGoMigrations(eventing),
+		goose.WithGoMigrations(eventing(1, eventingSQL), eventing(eventingLater+2, eventingInboxSQL)),
+		goose.WithAllowOutofOrder(true),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithSessionLocker(locker),
 	}

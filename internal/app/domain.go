@@ -32,6 +32,9 @@ type domain interface {
 // TimeoutsFired() int64, which the metrics read (see metrics.watch).
 func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logger,
 	observe func(consumer string, d time.Duration)) (domain, error) {
+	// Copies of an event can come this long after its first publish from
+	// the relays this binary runs; every inbox must remember ids longer.
+	horizon := relayConfig().RetryHorizon()
 	switch name {
 	case "order":
 		maxBacklog := cfg.OrderMaxBacklog
@@ -39,18 +42,18 @@ func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Conf
 			maxBacklog = -1 // the variable's 0 means never; order.Config's 0 means its default
 		}
 		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL, MaxBacklog: maxBacklog,
-			Logger: log, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
+			PublishHorizon: horizon, Logger: log, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
 	case "inventory":
-		return inventory.New(pool, js, inventory.Config{Logger: log, ObserveInboxFunc: observe,
+		return inventory.New(pool, js, inventory.Config{Logger: log, PublishHorizon: horizon, ObserveInboxFunc: observe,
 			FailpointFunc: failpoint.Inject})
 	case "payment":
 		if cfg.WebhookSecret == DefaultWebhookSecret {
 			log.Warn("PAYMENT_WEBHOOK_SECRET is the public demo default: anyone can forge payment callbacks; set your own outside the demo")
 		}
-		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Logger: log, ObserveInboxFunc: observe,
+		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Logger: log, PublishHorizon: horizon, ObserveInboxFunc: observe,
 			FailpointFunc: failpoint.Inject})
 	case "fulfillment":
-		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log, ObserveInboxFunc: observe,
+		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log, PublishHorizon: horizon, ObserveInboxFunc: observe,
 			FailpointFunc: failpoint.Inject})
 	}
 	return nil, fmt.Errorf("unknown service %q", name)

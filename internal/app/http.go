@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -17,20 +18,21 @@ type pinger interface {
 
 // newRouter returns the routes every service has: /healthz and /readyz,
 // behind middlewares (chi wants them before the first route).
-func newRouter(db pinger, nc *nats.Conn, middlewares ...func(http.Handler) http.Handler) chi.Router {
+func newRouter(db pinger, nc *nats.Conn, js *jetStreamWatch, middlewares ...func(http.Handler) http.Handler) chi.Router {
 	r := chi.NewRouter()
 	r.Use(middlewares...)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	r.Get("/readyz", readyz(db, nc))
+	r.Get("/readyz", readyz(db, nc, js))
 	return r
 }
 
 // dependency is one line of the /readyz report.
 type dependency struct {
-	Status string `json:"status"`          // "up" or "down"
-	Error  string `json:"error,omitempty"` // why it is down
+	Status string     `json:"status"`          // "up", "down", or "unknown" before the first check
+	Since  *time.Time `json:"since,omitempty"` // when it went down or came up, where known
+	Error  string     `json:"error,omitempty"` // why it is down
 }
 
 type readiness struct {
@@ -39,10 +41,13 @@ type readiness struct {
 }
 
 // readyz answers 200 when the service can do its job, which means its
-// database answers. NATS is reported but does not decide: while the broker is
+// database answers. The broker is reported but does not decide: while it is
 // away, business transactions still commit their events to the outbox and
-// the relay publishes them when it is back.
-func readyz(db pinger, nc *nats.Conn) http.HandlerFunc {
+// the relay publishes them when it is back. Two lines report it, because
+// they fail apart: "nats" is the connection, "jetstream" whether JetStream
+// itself answers (it may be off, without quorum or electing a leader while
+// the connection is fine), with the time of its last change.
+func readyz(db pinger, nc *nats.Conn, js *jetStreamWatch) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
@@ -61,8 +66,22 @@ func readyz(db pinger, nc *nats.Conn) http.HandlerFunc {
 		} else {
 			body.Dependencies["nats"] = dependency{Status: "down", Error: "connection " + st.String()}
 		}
+		if js != nil {
+			body.Dependencies["jetstream"] = js.state().dependency()
+		}
 		writeJSON(w, code, body)
 	}
+}
+
+func (s jetStreamState) dependency() dependency {
+	switch {
+	case !s.known:
+		return dependency{Status: "unknown"}
+	case s.up:
+		return dependency{Status: "up", Since: &s.since}
+	}
+	return dependency{Status: "down", Since: &s.since,
+		Error: fmt.Sprintf("unavailable since %s: %v", s.since.UTC().Format(time.RFC3339), s.err)}
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -3,8 +3,10 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +40,7 @@ func TestHealth(t *testing.T) {
 	t.Run("healthz answers ok", func(t *testing.T) {
 		t.Parallel()
 		var body map[string]string
-		if code := get(t, newRouter(db.Pool, nc), "/healthz", &body); code != http.StatusOK || body["status"] != "ok" {
+		if code := get(t, newRouter(db.Pool, nc, nil), "/healthz", &body); code != http.StatusOK || body["status"] != "ok" {
 			t.Errorf("GET /healthz = %d %v, want 200 {status: ok}", code, body)
 		}
 	})
@@ -46,7 +48,7 @@ func TestHealth(t *testing.T) {
 	t.Run("readyz is ready with database and nats up", func(t *testing.T) {
 		t.Parallel()
 		var body readiness
-		code := get(t, newRouter(db.Pool, nc), "/readyz", &body)
+		code := get(t, newRouter(db.Pool, nc, nil), "/readyz", &body)
 		if code != http.StatusOK || body.Status != "ok" ||
 			body.Dependencies["database"].Status != "up" || body.Dependencies["nats"].Status != "up" {
 			t.Errorf("GET /readyz = %d %+v, want 200 with both up", code, body)
@@ -63,7 +65,7 @@ func TestHealth(t *testing.T) {
 		}
 		t.Cleanup(pool.Close)
 		var body readiness
-		code := get(t, newRouter(pool, nc), "/readyz", &body)
+		code := get(t, newRouter(pool, nc, nil), "/readyz", &body)
 		dep := body.Dependencies["database"]
 		if code != http.StatusServiceUnavailable || body.Status != "unavailable" || dep.Status != "down" || dep.Error == "" {
 			t.Errorf("GET /readyz = %d %+v, want 503 with the database down and why", code, body)
@@ -78,7 +80,7 @@ func TestReadyWithoutNATS(t *testing.T) {
 	db := pgtest.New(t, "")
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
-	h := newRouter(db.Pool, nc)
+	h := newRouter(db.Pool, nc, nil)
 
 	ns.Stop()
 	deadline := time.Now().Add(10 * time.Second)
@@ -106,4 +108,39 @@ func TestReadyWithoutNATS(t *testing.T) {
 	if code := get(t, h, "/readyz", &body); code != http.StatusOK || body.Dependencies["nats"].Status != "up" {
 		t.Errorf("GET /readyz after NATS came back = %d %+v, want 200 reporting nats up", code, body)
 	}
+}
+
+// JetStream switched off while core NATS stays up: the connection line says
+// up, the jetstream line says down and since when; the database still
+// decides readiness. Then it comes back (with a restart of the server).
+func TestReadyReportsJetStreamItself(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, "")
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	watch, err := newJetStreamWatch(nc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newRouter(db.Pool, nc, watch)
+	ctx := context.Background()
+
+	var body readiness
+	watch.probe(ctx)
+	if code := get(t, h, "/readyz", &body); code != http.StatusOK || body.Dependencies["jetstream"].Status != "up" {
+		t.Fatalf("GET /readyz = %d %+v, want jetstream up", code, body)
+	}
+	ns.DisableJetStream()
+	watch.probe(ctx)
+	code := get(t, h, "/readyz", &body)
+	js := body.Dependencies["jetstream"]
+	if code != http.StatusOK || body.Dependencies["nats"].Status != "up" || js.Status != "down" ||
+		js.Since == nil || !strings.HasPrefix(js.Error, "unavailable since ") {
+		t.Fatalf("GET /readyz with JetStream off = %d %+v, want 200, nats up, jetstream down since a time", code, body)
+	}
+	ns.Restart() // JetStream comes back with the server
+	waitFor(t, "readyz to report jetstream up again", func() bool {
+		watch.probe(ctx)
+		return get(t, h, "/readyz", &body) == http.StatusOK && body.Dependencies["jetstream"].Status == "up"
+	})
 }

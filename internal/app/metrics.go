@@ -11,6 +11,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -146,8 +147,8 @@ const scrapeTimeout = 5 * time.Second
 // watch registers what is read at scrape time: the outbox of db and the
 // totals of relay, the counters and lag of the domain's consumers and, when
 // the domain runs sagas, their instances per state and the timeouts fired.
-func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom domain) {
-	c := &scrapeCollector{db: db, relay: relay, seenStates: map[string]bool{}}
+func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom domain, nc *nats.Conn, js *jetStreamWatch) {
+	c := &scrapeCollector{db: db, relay: relay, nc: nc, js: js, started: time.Now(), seenStates: map[string]bool{}}
 	if d, ok := dom.(interface{ Consumers() []*inbox.Consumer }); ok {
 		c.consumers = d.Consumers()
 		for _, cons := range c.consumers {
@@ -187,8 +188,37 @@ var (
 		"Failed deliveries a consumer handed back for another attempt.", []string{"consumer"}, nil)
 	descDeadLetters = prometheus.NewDesc("shop_consumer_dead_letters_total",
 		"Events a consumer dead-lettered.", []string{"consumer"}, nil)
+	descStale = prometheus.NewDesc("shop_consumer_stale_total",
+		"New event ids at a passed sequence whose record is gone (older than the inbox retention), skipped.", []string{"consumer"}, nil)
+	descConflicts = prometheus.NewDesc("shop_consumer_conflicts_total",
+		"Events at a sequence where another event was applied, dead-lettered as conflicts (alert on any).", []string{"consumer"}, nil)
+	descParkedTotal = prometheus.NewDesc("shop_consumer_parked_total",
+		"Early events this process parked until the gap before them was filled.", []string{"consumer"}, nil)
+	descParked = prometheus.NewDesc("shop_consumer_parked_events",
+		"Events parked now (all instances), waiting for an earlier event of their aggregate.", []string{"consumer"}, nil)
+	descParkedAge = prometheus.NewDesc("shop_consumer_oldest_parked_age_seconds",
+		"Age of the oldest parked event; 0 when none. One that grows is stranded: its predecessor is missing or dead.", []string{"consumer"}, nil)
 	descLag = prometheus.NewDesc("shop_consumer_lag_messages",
 		"Messages of the stream the durable consumer has not settled yet (JetStream NumPending + NumAckPending).", []string{"consumer"}, nil)
+
+	descNATSConnected = prometheus.NewDesc("shop_nats_connected",
+		"1 while the process's NATS connection is CONNECTED, else 0.", nil, nil)
+	descJetStreamUp = prometheus.NewDesc("shop_jetstream_up",
+		"1 while JetStream answers this process (probed every 2s), else 0; the connection may be up while JetStream is not.", nil, nil)
+	descRelayUnavailable = prometheus.NewDesc("shop_outbox_broker_unavailable",
+		"1 while the relay finds that the broker takes nothing and pauses (no attempts counted), else 0.", nil, nil)
+	descRelayOutages = prometheus.NewDesc("shop_outbox_broker_outages_total",
+		"Times this process's relay found that the broker took nothing and paused.", nil, nil)
+	descDeferred = prometheus.NewDesc("shop_outbox_deferred_events_total",
+		"Events this process's relay handed back without counting an attempt, because the broker took nothing.", nil, nil)
+	descSincePublish = prometheus.NewDesc("shop_outbox_seconds_since_last_publish",
+		"Seconds since the broker last acked an event of this process's relay (since the process started, before the first).", nil, nil)
+	descSubscribed = prometheus.NewDesc("shop_consumer_subscribed",
+		"1 while the consumer pulls from JetStream, 0 while it subscribes again (JetStream away, consumer or stream lost).", []string{"consumer"}, nil)
+	descResubscribes = prometheus.NewDesc("shop_consumer_resubscribes_total",
+		"Subscriptions of the consumer that JetStream ended or lost, each followed by a new one.", []string{"consumer"}, nil)
+	descSinceDelivery = prometheus.NewDesc("shop_consumer_seconds_since_last_delivery",
+		"Seconds since JetStream last delivered a message to the consumer (since the process started, before the first).", []string{"consumer"}, nil)
 
 	descSagas = prometheus.NewDesc("shop_saga_instances",
 		"Saga instances by current state.", []string{"state"}, nil)
@@ -201,6 +231,9 @@ var (
 type scrapeCollector struct {
 	db            outbox.DB
 	relay         *outbox.Relay
+	nc            *nats.Conn
+	js            *jetStreamWatch
+	started       time.Time
 	consumers     []*inbox.Consumer
 	timeoutsFired func() int64 // nil: the domain runs no sagas
 
@@ -211,11 +244,13 @@ type scrapeCollector struct {
 // Describe implements prometheus.Collector.
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBacklog, descOldest, descDead, descPublished, descPublishFailures,
-		descMadeDead, descExpiredLeases, descLostLeases} {
+		descMadeDead, descExpiredLeases, descLostLeases, descNATSConnected, descJetStreamUp, descRelayUnavailable,
+		descRelayOutages, descDeferred, descSincePublish} {
 		ch <- d
 	}
 	if len(c.consumers) > 0 {
-		for _, d := range []*prometheus.Desc{descProcessed, descDuplicates, descRetries, descDeadLetters, descLag} {
+		for _, d := range []*prometheus.Desc{descProcessed, descDuplicates, descRetries, descDeadLetters, descLag,
+			descSubscribed, descResubscribes, descSinceDelivery, descStale, descConflicts, descParkedTotal, descParked, descParkedAge} {
 			ch <- d
 		}
 	}
@@ -247,6 +282,17 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descMadeDead, rc.Dead)
 	counter(descExpiredLeases, rc.TakenOver)
 	counter(descLostLeases, rc.LostLeases)
+	counter(descRelayOutages, rc.Outages)
+	counter(descDeferred, rc.Deferred)
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(descNATSConnected, oneIf(c.nc.Status() == nats.CONNECTED))
+	js := c.js.state()
+	gauge(descJetStreamUp, oneIf(js.known && js.up))
+	rs := c.relay.State()
+	gauge(descRelayUnavailable, oneIf(!rs.UnavailableSince.IsZero()))
+	gauge(descSincePublish, time.Since(latest(rs.LastPublish, c.started)).Seconds())
 
 	for _, cons := range c.consumers {
 		name := cons.Name()
@@ -255,6 +301,23 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descDuplicates, cc.Duplicates, name)
 		counter(descRetries, cc.Retries, name)
 		counter(descDeadLetters, cc.DeadLetters, name)
+		counter(descResubscribes, cc.Resubscribes, name)
+		counter(descStale, cc.Stale, name)
+		counter(descConflicts, cc.Conflicts, name)
+		counter(descParkedTotal, cc.Parked, name)
+		if n, oldest, err := inbox.ParkedStats(ctx, c.db, name); err != nil {
+			ch <- prometheus.NewInvalidMetric(descParked, err)
+		} else {
+			age := 0.0
+			if !oldest.IsZero() {
+				age = time.Since(oldest).Seconds()
+			}
+			gauge(descParked, float64(n), name)
+			gauge(descParkedAge, age, name)
+		}
+		st := cons.State()
+		gauge(descSubscribed, oneIf(st.Subscribed), name)
+		gauge(descSinceDelivery, time.Since(latest(st.LastDelivery, c.started)).Seconds(), name)
 		if lag, err := cons.Lag(ctx); err != nil {
 			ch <- prometheus.NewInvalidMetric(descLag, err)
 		} else {
@@ -266,6 +329,21 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descTimeouts, c.timeoutsFired())
 		c.collectSagas(ctx, ch)
 	}
+}
+
+func oneIf(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// latest is t, or since when t is zero (nothing happened yet).
+func latest(t, since time.Time) time.Time {
+	if t.IsZero() {
+		return since
+	}
+	return t
 }
 
 func (c *scrapeCollector) collectSagas(ctx context.Context, ch chan<- prometheus.Metric) {

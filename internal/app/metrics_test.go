@@ -36,6 +36,20 @@ var (
 		"shop_consumer_dead_letters_total",
 		"shop_consumer_processing_seconds",
 		"shop_consumer_lag_messages",
+		"shop_nats_connected",
+		"shop_jetstream_up",
+		"shop_outbox_broker_unavailable",
+		"shop_outbox_broker_outages_total",
+		"shop_outbox_deferred_events_total",
+		"shop_outbox_seconds_since_last_publish",
+		"shop_consumer_subscribed",
+		"shop_consumer_stale_total",
+		"shop_consumer_conflicts_total",
+		"shop_consumer_parked_total",
+		"shop_consumer_parked_events",
+		"shop_consumer_oldest_parked_age_seconds",
+		"shop_consumer_resubscribes_total",
+		"shop_consumer_seconds_since_last_delivery",
 		"shop_http_requests_total",
 		"shop_http_request_errors_total",
 		"shop_http_request_duration_seconds",
@@ -145,7 +159,7 @@ func startServices(t *testing.T, names ...string) map[string]string {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	streamCtx, cancelStreams := context.WithTimeout(ctx, 10*time.Second)
 	defer cancelStreams()
-	if err := (&Service{Name: "test", Logger: log}).ensureStreams(streamCtx, js); err != nil || streamCtx.Err() != nil {
+	if _, err := (&Service{Name: "test", Logger: log}).ensureStreams(streamCtx, js); err != nil || streamCtx.Err() != nil {
 		t.Fatalf("ensure streams: %v %v", err, streamCtx.Err())
 	}
 	for _, run := range runs {

@@ -161,12 +161,19 @@ func connectNATS(url string, log *slog.Logger) (*nats.Conn, error) {
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
+		// A silent partition (packets dropped, no RST) is seen only by
+		// unanswered pings: with the client's default of one ping every 2
+		// minutes the connection would look fine for up to 6. Every 10s,
+		// two unanswered: stale after about 30s, then reconnect, to another
+		// node of a cluster if one answers.
+		nats.PingInterval(10*time.Second),
+		nats.MaxPingsOutstanding(2),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "url", masked, "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("nats connected", "url", masked) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats connected", "url", MaskURL(nc.ConnectedUrl())) }),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", masked, err)

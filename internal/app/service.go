@@ -28,6 +28,7 @@ import (
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
 
@@ -54,8 +55,9 @@ type Service struct {
 	NATS        *nats.Conn
 	Logger      *slog.Logger
 
-	cfg Config       // the process's configuration, for the service's domain
-	ln  net.Listener // bound by listen, before Run
+	cfg   Config          // the process's configuration, for the service's domain
+	ln    net.Listener    // bound by listen, before Run
+	watch *jetStreamWatch // whether JetStream answers, for /readyz and /metrics
 
 	collectors []prometheus.Collector // extra metrics for its registry (the reconciler's, in `shop all`)
 }
@@ -66,8 +68,13 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 	if !ok {
 		return nil, fmt.Errorf("unknown service %q (want one of %s)", name, strings.Join(Names, ", "))
 	}
+	watch, err := newJetStreamWatch(nc, log.With("service", name))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
 	return &Service{
-		Name: name,
+		watch: watch,
+		Name:  name,
 		// The contract names each stream after the producing schema, in
 		// capitals, and its subjects <schema>.<aggregate_id>.<EventType>.
 		Schema:      schema,
@@ -92,7 +99,14 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}
 	defer s.ln.Close() // when it returns before serving; closing twice is harmless
-	if err := Migrate(ctx, s.DatabaseURL, s.Name, s.Logger); err != nil {
+	// Postgres refusing connections (down, starting, "too many clients")
+	// is waited out: the process starts when the database answers.
+	if err := database.Retry(ctx, s.Logger, "migrate", func(ctx context.Context) error {
+		return Migrate(ctx, s.DatabaseURL, s.Name, s.Logger)
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
 		return err
 	}
 	pool, err := database.NewPool(ctx, s.DatabaseURL, s.Schema, poolSize(s.Name))
@@ -128,13 +142,19 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+	g.Go(func() error { s.watch.run(ctx); return nil })
 	g.Go(func() error {
 		// To the relay, a subject that no stream captures is a deterministic
-		// error that makes the event dead, and a consumer cannot start on a
-		// missing stream; so both start once the streams exist.
-		if err := s.ensureStreams(ctx, js); err != nil || ctx.Err() != nil {
+		// error that makes the event dead; so it starts once the streams
+		// exist. (The consumers wait for their streams by themselves.)
+		windows, err := s.ensureStreams(ctx, js)
+		if err != nil || ctx.Err() != nil {
 			return err
 		}
+		if err := checkWindows(relayConfig().RetryHorizon(), windows, dom); err != nil {
+			return fmt.Errorf("%s: %w", s.Name, err)
+		}
+		g.Go(func() error { s.keepStreams(ctx, js, streamCheckEvery); return nil })
 		g.Go(func() error {
 			if err := dom.Run(ctx); err != nil && ctx.Err() == nil {
 				return fmt.Errorf("%s: %w", s.Name, err)
@@ -162,6 +182,13 @@ func (s *Service) listen() error {
 	return nil
 }
 
+// relayConfig is the configuration of every service's outbox relay, in one
+// place: the consumers' inboxes are sized from its RetryHorizon (newDomain),
+// and start-up checks it against the streams (checkWindows).
+func relayConfig() outbox.Config {
+	return outbox.Config{Retention: OutboxRetention, FailpointFunc: failpoint.Inject}
+}
+
 // assemble builds the service's parts over pool and js, wired to one
 // metrics registry: the outbox relay, the domain and the HTTP router
 // (/healthz, /readyz, /metrics and the domain's routes). It does no I/O.
@@ -169,10 +196,9 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	m := newMetrics(s.Name, s.Logger)
 	// Name is left to the relay's default (host, pid, random), which keeps
 	// several copies of one service apart in claimed_by.
-	relay, err := outbox.NewRelay(pool, js, outbox.Config{
-		Retention: OutboxRetention, Logger: s.Logger, ObservePublishFunc: m.observePublish,
-		FailpointFunc: failpoint.Inject,
-	})
+	rc := relayConfig()
+	rc.Logger, rc.ObservePublishFunc = s.Logger, m.observePublish
+	relay, err := outbox.NewRelay(pool, js, rc)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
@@ -180,49 +206,119 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
-	m.watch(pool, relay, dom)
+	m.watch(pool, relay, dom, s.NATS, s.watch)
 	m.r.MustRegister(s.collectors...)
-	router := newRouter(pool, s.NATS, m.instrument)
+	router := newRouter(pool, s.NATS, s.watch, m.instrument)
 	router.Method(http.MethodGet, "/metrics", m.handler())
 	dom.Routes(router)
 	m.initRoutes(router)
 	return relay, dom, router, nil
 }
 
-// ensureStreams creates or updates every producer's stream, waiting for
-// NATS while it is unreachable: the service serves HTTP and commits events to
-// its outbox meanwhile, which is what the outbox is for. It returns nil once
-// the streams exist or ctx has ended, and an error at once when JetStream
-// refuses the configuration.
-func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) error {
-	wait := 500 * time.Millisecond
+// ensureStreams creates or updates every producer's stream, waiting while
+// NATS is unreachable or JetStream cannot answer (no quorum yet, a leader
+// election, switched off): the service serves HTTP and commits events to its
+// outbox meanwhile, which is what the outbox is for. It logs once when it
+// starts waiting, not once per try. It returns each stream's duplicate
+// window once all exist, nothing once ctx has ended, and an error at once
+// when JetStream refuses the configuration itself.
+func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (map[string]time.Duration, error) {
+	wait := 250 * time.Millisecond
+	waiting := false
 	for {
-		attemptCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		var err error
-		for name, subjects := range streams {
-			if _, err = broker.EnsureStream(attemptCtx, js, name, s.cfg.NATSReplicas, subjects...); err != nil {
-				break
-			}
-		}
-		cancel()
+		windows, err := ensureAll(ctx, js, s.cfg.NATSReplicas)
 		var apiErr *jetstream.APIError
 		switch {
 		case err == nil:
 			s.Logger.Info("streams ensured", "own", s.Stream)
-			return nil
+			return windows, nil
 		case ctx.Err() != nil:
-			return nil // stopping before NATS came back is no failure
-		case errors.As(err, &apiErr):
-			return fmt.Errorf("%s: %w", s.Name, err)
+			return nil, nil // stopping before JetStream came back is no failure
+		case errors.As(err, &apiErr) && apiErr.Code != http.StatusServiceUnavailable:
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		case !waiting:
+			waiting = true
+			s.Logger.Warn("streams not ensured yet; retrying until JetStream answers", "stream", s.Stream, "err", err)
+		default:
+			s.Logger.Debug("streams still not ensured", "err", err)
 		}
-		s.Logger.Warn("stream not ensured yet; retrying", "stream", s.Stream, "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
-			return nil
+			return nil, nil
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 30*time.Second)
+		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+// ensureAll ensures every stream once, each call bounded so that a hung
+// request (a partition) cannot stall the retries.
+func ensureAll(ctx context.Context, js jetstream.JetStream, replicas int) (map[string]time.Duration, error) {
+	windows := make(map[string]time.Duration, len(streams))
+	for name, subjects := range streams {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := broker.EnsureStream(callCtx, js, name, replicas, subjects...)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		windows[name] = st.CachedInfo().Config.Duplicates
+	}
+	return windows, nil
+}
+
+// keepStreams ensures the streams again every every, so that a
+// stream an operator deleted (or a cluster that lost it) is back within
+// seconds: until it is, every event for it would be dead ("no stream for the
+// subject"), and the consumers of it wait. Failures are the outages the
+// relay and the consumers already report; they are not logged again.
+func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for name := range streams {
+			callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := js.Stream(callCtx, name)
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				if _, err := broker.EnsureStream(callCtx, js, name, s.cfg.NATSReplicas, streams[name]...); err == nil {
+					s.Logger.Warn("stream was missing; created it again (its earlier messages are gone)", "stream", name)
+				}
+			}
+			cancel()
+		}
+	}
+}
+
+const streamCheckEvery = 10 * time.Second
+
+// checkWindows enforces the windows rule against the relay that really runs
+// and the streams as they really are: the relay's retry horizon is shorter
+// than every stream's duplicate window (so the stream drops the copies of
+// ordinary retries), which is shorter than every inbox's retention (so a
+// copy that gets past the window still meets its processed_events row).
+func checkWindows(retryHorizon time.Duration, duplicates map[string]time.Duration, dom domain) error {
+	for name, d := range duplicates {
+		if retryHorizon >= d {
+			return fmt.Errorf("the outbox relay's retry horizon (%s) must be shorter than the duplicate window (%s) of stream %s",
+				retryHorizon, d, name)
+		}
+	}
+	d, ok := dom.(interface{ Consumers() []*inbox.Consumer })
+	if !ok {
+		return nil
+	}
+	for _, c := range d.Consumers() {
+		if w := duplicates[c.Stream()]; w >= c.Retention() {
+			return fmt.Errorf("the duplicate window (%s) of stream %s must be shorter than the inbox retention (%s) of consumer %s, "+
+				"and the outbox relay's retry horizon (%s) shorter than both", w, c.Stream(), c.Retention(), c.Name(), retryHorizon)
+		}
+	}
+	return nil
 }
 
 // Migrate creates the database at databaseURL when it is missing and applies

@@ -804,11 +804,15 @@ func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
 			tb.Fatal(err)
 		}
 		defer sub.Unsubscribe()
-		var inHandler sync.Map // goroutine id → event id
+		// goroutine id → the event ids its worker handled since its last
+		// commit: a worker may commit several deliveries at once (a batch).
+		var inHandler sync.Map
 		pool := e.db.NewPool(tb, 12)
 		c, err := inbox.NewConsumer(pool, e.js, inbox.Config{Name: "lat", Stream: "EV", Logger: quietLogger(),
 			Handler: func(_ context.Context, _ pgx.Tx, m inbox.Message) error {
-				inHandler.Store(goid(), m.EventID.String())
+				ids, _ := inHandler.Load(goid())
+				list, _ := ids.([]string)
+				inHandler.Store(goid(), append(list, m.EventID.String()))
 				return nil
 			},
 			FailpointFunc: func(name string) error {
@@ -816,10 +820,12 @@ func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
 					return nil
 				}
 				at := time.Now()
-				if id, ok := inHandler.LoadAndDelete(goid()); ok {
+				if ids, ok := inHandler.LoadAndDelete(goid()); ok {
 					mu.Lock()
-					if c, ok := committed[id.(string)]; ok {
-						consLat = append(consLat, at.Sub(c))
+					for _, id := range ids.([]string) {
+						if c, ok := committed[id]; ok {
+							consLat = append(consLat, at.Sub(c))
+						}
 					}
 					mu.Unlock()
 				}

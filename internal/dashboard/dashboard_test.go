@@ -59,6 +59,12 @@ func setupState(t *testing.T) (*httptest.Server, []string) {
 	event("inventory", "inventory.1.InventoryReserved", "InventoryReserved", nil)
 	exec("fulfillment", `INSERT INTO dead_letters (consumer_name, stream, stream_seq, subject, headers, payload,
 		error, attempts, first_failed_at, last_failed_at) VALUES ('c', 'ORDERS', 1, 's', '{}', '', 'boom', 5, now(), now())`)
+	exec("payment", `INSERT INTO dead_letters (consumer_name, stream, stream_seq, subject, headers, payload,
+		error, attempts, first_failed_at, last_failed_at, conflict_with)
+		VALUES ('c', 'ORDERS', 2, 's', '{}', '', 'conflict', 1, now(), now(), gen_random_uuid())`)
+	exec("payment", `INSERT INTO inbox_parked (consumer_name, source, aggregate_type, aggregate_id, aggregate_seq, event_id,
+		stream, stream_seq, subject, headers, payload, parked_at)
+		VALUES ('c', 'orders', 'order', 'o-9', 3, gen_random_uuid(), 'ORDERS', 3, 'orders.o-9.X', '{}', '', now() - interval '90 seconds')`)
 
 	d, err := dashboard.New(dashboard.Config{Pools: pools, OrderURL: "http://order", PaymentURL: "http://payment",
 		PaymentTimeout: 15 * time.Minute})
@@ -131,11 +137,12 @@ func TestState(t *testing.T) {
 		if b := backlog["inventory"]; len(st.Outbox) != 4 || b.Pending != 1 || b.OldestPending <= 0 {
 			t.Errorf("outbox: %+v", st.Outbox)
 		}
-		open := map[string]int64{}
+		byService := map[string]dashboard.DeadLetters{}
 		for _, d := range st.DeadLetters {
-			open[d.Service] = d.Open
+			byService[d.Service] = d
 		}
-		if len(open) != 4 || open["fulfillment"] != 1 || open["order"] != 0 {
+		if f, p := byService["fulfillment"], byService["payment"]; len(byService) != 4 || f.Open != 1 || f.Conflicts != 0 ||
+			byService["order"].Open != 0 || p.Open != 1 || p.Conflicts != 1 || p.Parked != 1 || p.OldestParked < 90 {
 			t.Errorf("dead letters: %+v", st.DeadLetters)
 		}
 	})

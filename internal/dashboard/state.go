@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
 
@@ -58,11 +59,15 @@ type Event struct {
 	PublishedAt time.Time `json:"published_at"`
 }
 
-// DeadLetters counts the open (unresolved) dead letters of one service's
-// consumers.
+// DeadLetters counts what one service's consumers could not apply: open
+// (unresolved) dead letters, the conflicts among them, and the events parked
+// until an earlier event of their aggregate comes, with the oldest's age.
 type DeadLetters struct {
-	Service string `json:"service"`
-	Open    int64  `json:"open"`
+	Service      string  `json:"service"`
+	Open         int64   `json:"open"`
+	Conflicts    int64   `json:"conflicts"`
+	Parked       int64   `json:"parked"`
+	OldestParked float64 `json:"oldest_parked_seconds"`
 }
 
 // readState reads the state from every service's schema. Each query is
@@ -126,8 +131,17 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 
 		// dead_letters_open is a partial index of exactly these rows.
 		dl := DeadLetters{Service: name}
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`).Scan(&dl.Open); err != nil {
+		if err := db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE conflict_with IS NOT NULL)
+			FROM dead_letters WHERE resolved_at IS NULL`).Scan(&dl.Open, &dl.Conflicts); err != nil {
 			return State{}, fmt.Errorf("%s: count dead letters: %w", name, err)
+		}
+		parked, oldest, err := inbox.ParkedStats(ctx, db, "")
+		if err != nil {
+			return State{}, fmt.Errorf("%s: %w", name, err)
+		}
+		dl.Parked = parked
+		if !oldest.IsZero() {
+			dl.OldestParked = time.Since(oldest).Seconds()
 		}
 		st.DeadLetters = append(st.DeadLetters, dl)
 	}

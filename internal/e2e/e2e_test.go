@@ -43,6 +43,7 @@ const (
 // shop is the running system every test in the package talks to.
 var shop struct {
 	order, inventory, payment, fulfillment string // base URLs
+	natsURL                                string
 	pools                                  verify.Pools
 	js                                     jetstream.JetStream // the shop's broker, for the stream audit
 }
@@ -70,6 +71,7 @@ func runMain(m *testing.M) int {
 
 	srv := natstest.New(&mainTB{})
 	defer srv.Stop()
+	shop.natsURL = srv.URL()
 
 	env := map[string]string{
 		"DATABASE_URL":           dbURL,

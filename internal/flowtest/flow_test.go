@@ -122,7 +122,7 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 		run(t, "relay", relay.Run)
 		c, err := inbox.NewConsumer(consumer.NewPool(t, 6), js, inbox.Config{
 			Name: "effects", Stream: "EV", Handler: recordEffect, Workers: 4,
-			GapDelay: 50 * time.Millisecond, Logger: quiet,
+			Logger: quiet,
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -84,6 +84,47 @@ func (s *Server) Stop() {
 	}
 }
 
+// DisableJetStream switches JetStream off while core NATS keeps serving:
+// clients stay CONNECTED, publishes find no stream, JetStream API calls no
+// responder. Its streams stay on disk; a restart (Stop, then Start) brings
+// JetStream back with them. (Switching it on again inside the running
+// server is not offered: in nats-server 2.15.3 that races in the server's
+// own API workers and can crash the test process.)
+func (s *Server) DisableJetStream() {
+	s.t.Helper()
+	if err := s.srv.ShutdownJetStream(); err != nil {
+		s.t.Fatalf("disable jetstream: %v", err)
+	}
+}
+
+// Restart stops the server and starts it again on the same port and store.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	s.Start()
+}
+
+// StartWithoutJetStream starts the stopped server (again) with core NATS
+// only, as a cluster node without JetStream quorum looks to a client: it
+// connects, and every JetStream call fails. Start brings JetStream back.
+func (s *Server) StartWithoutJetStream() {
+	s.t.Helper()
+	var err error
+	for range 50 {
+		s.srv, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: s.port, NoSigs: true, NoLog: true})
+		if err == nil {
+			s.srv.Start()
+			if s.srv.ReadyForConnections(10 * time.Second) {
+				return
+			}
+			s.srv.Shutdown()
+			err = errors.New("not ready after 10s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("start nats without jetstream: %v", err)
+}
+
 // Connect opens a client connection that reconnects forever, closed when the
 // test ends.
 func (s *Server) Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {

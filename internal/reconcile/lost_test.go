@@ -88,7 +88,7 @@ func (s *lostShop) startConsumers() (consumers []*inbox.Consumer, stop func()) {
 		pool := []*pgxpool.Pool{s.pools.Inventory, s.pools.Payment}[i]
 		c, err := inbox.NewConsumer(pool, s.js, inbox.Config{
 			Name: name, Stream: "ORDERS", Workers: 2, DuplicateWindow: broker.DuplicateWindow,
-			GapDelay: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+			Logger: slog.New(slog.DiscardHandler),
 			Handler: func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 				_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, aggregate, seq) VALUES ($1, $2, $3, $4)`,
 					name, m.EventID, m.AggregateID, m.Seq)

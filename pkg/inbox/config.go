@@ -36,20 +36,37 @@ type Config struct {
 	// aggregate go to the same worker, one at a time. Default 8. The pool
 	// needs at least Workers+2 connections.
 	Workers int
+	// BatchSize is how many deliveries a worker may apply in one
+	// transaction: those already waiting for it, never waiting for more
+	// (see the package documentation). 1 turns batching off. Default 64.
+	BatchSize int
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
 	MaxDeliver int
+	// MaxAckPending is how many messages JetStream lets the durable consumer
+	// hold unacknowledged, across all its instances: when reached, it
+	// delivers nothing more to anyone. An early message is parked and acked,
+	// so it holds none of it; what does is each instance's prefetch (Workers
+	// × max(4, BatchSize) waiting for workers, as many in the client's
+	// buffer) and the deliveries waiting out a failed handler's backoff
+	// before their next attempt (at most MaxDeliver attempts each). Default
+	// 4096: room for the prefetch of four instances with the default
+	// Workers and BatchSize.
+	MaxAckPending int
 	// BackoffBase and BackoffMax shape the redelivery delay after a handler
 	// failure: exponential from BackoffBase, capped at BackoffMax, with full
 	// jitter. Defaults 200ms and 30s.
 	BackoffBase, BackoffMax time.Duration
-	// GapDelay is the first redelivery delay of an event that arrived
-	// before an earlier event of its aggregate; it doubles with each
-	// delivery up to BackoffMax. Default 500ms.
-	GapDelay time.Duration
-	// AckWait is how long JetStream waits for an ack before redelivering,
-	// and the time limit of one handler transaction. Default 30s.
+	// AckWait is how long JetStream waits for an ack before it redelivers
+	// a message: how long the deliveries of a process that died wait for
+	// another. While this process holds a delivery (queued for a worker or
+	// in its handler) it tells JetStream every AckWait/3 that the delivery
+	// is in progress, so a slow handler is never redelivered while it runs.
+	// Default 5s.
 	AckWait time.Duration
+	// HandlerTimeout is the time limit of one handler transaction (and of a
+	// requeued dead letter's). Default 30s.
+	HandlerTimeout time.Duration
 	// Retention is how long processed_events rows are kept. It must exceed
 	// PublishHorizon, DuplicateWindow and ReplayWindow (see the package
 	// documentation). Default 14 days.
@@ -99,11 +116,13 @@ const day = 24 * time.Hour
 
 func (c *Config) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, 8)
+	c.BatchSize = cmp.Or(c.BatchSize, 64)
 	c.MaxDeliver = cmp.Or(c.MaxDeliver, 10)
+	c.MaxAckPending = cmp.Or(c.MaxAckPending, 4096)
 	c.BackoffBase = cmp.Or(c.BackoffBase, 200*time.Millisecond)
 	c.BackoffMax = cmp.Or(c.BackoffMax, 30*time.Second)
-	c.GapDelay = cmp.Or(c.GapDelay, 500*time.Millisecond)
-	c.AckWait = cmp.Or(c.AckWait, 30*time.Second)
+	c.AckWait = cmp.Or(c.AckWait, 5*time.Second)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, 30*time.Second)
 	c.Retention = cmp.Or(c.Retention, 14*day)
 	c.PublishHorizon = cmp.Or(c.PublishHorizon, 7*day)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, 2*time.Minute)
@@ -123,11 +142,14 @@ func (c *Config) validate() error {
 		return errors.New("inbox: Config.Stream is required")
 	case c.Handler == nil:
 		return errors.New("inbox: Config.Handler is required")
-	case c.Workers < 1 || c.MaxDeliver < 1:
-		return fmt.Errorf("inbox: Workers (%d) and MaxDeliver (%d) must be positive", c.Workers, c.MaxDeliver)
-	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.GapDelay <= 0 || c.AckWait <= 0 || c.Retention <= 0:
-		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive GapDelay (%s), AckWait (%s), Retention (%s)",
-			c.BackoffBase, c.BackoffMax, c.GapDelay, c.AckWait, c.Retention)
+	case c.Workers < 1 || c.MaxDeliver < 1 || c.BatchSize < 1:
+		return fmt.Errorf("inbox: Workers (%d), BatchSize (%d) and MaxDeliver (%d) must be positive", c.Workers, c.BatchSize, c.MaxDeliver)
+	case c.MaxAckPending < c.Workers*max(4, c.BatchSize):
+		return fmt.Errorf("inbox: MaxAckPending (%d) must hold at least one instance's prefetch (Workers × max(4, BatchSize) = %d)",
+			c.MaxAckPending, c.Workers*max(4, c.BatchSize))
+	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.AckWait <= 0 || c.HandlerTimeout <= 0 || c.Retention <= 0:
+		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive AckWait (%s), HandlerTimeout (%s), Retention (%s)",
+			c.BackoffBase, c.BackoffMax, c.AckWait, c.HandlerTimeout, c.Retention)
 	}
 	// The windows rule: an event id must stay in processed_events for as
 	// long as any copy of the event can still arrive, or that copy would be

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -36,6 +34,7 @@ type Consumer struct {
 	requeueEvery time.Duration   // how often requeued dead letters are looked for
 	cleanupEvery time.Duration   // how often old processed_events rows are deleted
 	queueDepth   int             // events waiting per worker
+	progress     *progress       // the deliveries this instance holds, reported in progress
 	stats        counters
 
 	// crash, set by tests only, is asked at each crashPoint whether the
@@ -59,6 +58,11 @@ func (c *Consumer) crashed(p crashPoint, m Message) bool {
 	if c.crash != nil && c.crash(p, m) {
 		return true
 	}
+	return c.failpointCrashed(p, m)
+}
+
+// failpointCrashed is the Config.FailpointFunc half of crashed.
+func (c *Consumer) failpointCrashed(p crashPoint, m Message) bool {
 	if c.cfg.FailpointFunc == nil {
 		return false
 	}
@@ -74,23 +78,54 @@ func (c *Consumer) crashed(p crashPoint, m Message) bool {
 	return false
 }
 
-type counters struct{ processed, duplicates, retries, deadLetters atomic.Int64 }
+type counters struct {
+	processed, duplicates, stale, conflicts, parked, retries, deadLetters, resubscribes, batches atomic.Int64
+	lastDelivery, downSince                                                                      atomic.Int64 // unix nanoseconds; 0: never, not down
+	subscribed                                                                                   atomic.Bool
+}
 
 // Counters are running totals of one Consumer instance, for metrics and
 // tests. Several instances sharing a Name each count their own share.
 type Counters struct {
-	Processed   int64 // events applied and committed, requeued dead letters included
-	Duplicates  int64 // copies absorbed without effect: the event id was already processed, or its sequence was already passed
-	Retries     int64 // failed deliveries handed back to JetStream for another attempt after a backoff
-	DeadLetters int64 // events dead-lettered, by their last delivery or by a requeue that failed again
+	Processed    int64 // events applied and committed, requeued dead letters included
+	Duplicates   int64 // copies absorbed without effect: this event id was already processed
+	Stale        int64 // new ids at a passed sequence whose record is gone (older than Retention), skipped
+	Conflicts    int64 // events at a sequence where another event was applied, dead-lettered as conflicts
+	Parked       int64 // early events parked in inbox_parked (and acked) until the gap before them is filled
+	Retries      int64 // failed deliveries handed back to JetStream for another attempt after a backoff
+	DeadLetters  int64 // events dead-lettered, by their last delivery or by a requeue that failed again
+	Resubscribes int64 // subscriptions that JetStream ended or lost (missed heartbeats, consumer deleted, …), each followed by a new one
+	Batches      int64 // transactions that applied several deliveries at once (see Config.BatchSize)
 }
 
 // Counters returns the consumer's running totals.
 func (c *Consumer) Counters() Counters {
 	return Counters{
-		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(),
+		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(), Stale: c.stats.stale.Load(),
+		Conflicts: c.stats.conflicts.Load(), Parked: c.stats.parked.Load(),
 		Retries: c.stats.retries.Load(), DeadLetters: c.stats.deadLetters.Load(),
+		Resubscribes: c.stats.resubscribes.Load(), Batches: c.stats.batches.Load(),
 	}
+}
+
+// State is how one Consumer instance stands with JetStream now.
+type State struct {
+	Subscribed   bool      // pulling from JetStream
+	DownSince    time.Time // while not subscribed after having been (or failing from the start): since when; zero otherwise
+	LastDelivery time.Time // when JetStream last delivered a message to this instance; zero before the first
+}
+
+// State returns the consumer's state, for readiness reports and metrics.
+func (c *Consumer) State() State {
+	return State{Subscribed: c.stats.subscribed.Load(), DownSince: unixNano(c.stats.downSince.Load()),
+		LastDelivery: unixNano(c.stats.lastDelivery.Load())}
+}
+
+func unixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // Name returns the consumer's Config.Name.
@@ -98,6 +133,11 @@ func (c *Consumer) Name() string { return c.cfg.Name }
 
 // Stream returns the consumer's Config.Stream.
 func (c *Consumer) Stream() string { return c.cfg.Stream }
+
+// Retention returns how long the consumer keeps processed_events rows
+// (Config.Retention after defaults): a copy of an event arriving later than
+// this after the first is no longer recognised by its id.
+func (c *Consumer) Retention() time.Duration { return c.cfg.Retention }
 
 // Lag asks JetStream how many messages of the stream the durable consumer
 // has yet to settle: those not yet delivered (NumPending) plus those
@@ -141,7 +181,8 @@ func NewConsumer(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consu
 		log:          cfg.Logger.With("consumer", cfg.Name),
 		requeueEvery: time.Second,
 		cleanupEvery: time.Hour,
-		queueDepth:   4,
+		queueDepth:   max(4, cfg.BatchSize),
+		progress:     newProgress(),
 	}, nil
 }
 
@@ -154,260 +195,50 @@ type delivery struct {
 
 // Run creates or updates the durable consumer and handles its messages until
 // ctx ends. It then stops fetching, hands prefetched messages back to
-// JetStream, lets in-flight transactions finish and returns nil. It returns an
-// error if the consumer cannot be set up or JetStream ends the subscription.
+// JetStream, lets in-flight transactions finish and returns nil. No broker
+// condition ends it: while JetStream cannot be reached, has no quorum, or
+// has lost the durable consumer or the stream, it subscribes again with
+// backoff. It returns an error only when the live stream's duplicate window
+// breaks the windows rule at start-up (see the package documentation).
 func (c *Consumer) Run(ctx context.Context) error {
-	err := c.run(ctx)
-	if ctx.Err() != nil {
-		return nil // stopped while setting up; not a failure
-	}
-	return err
-}
-
-func (c *Consumer) run(ctx context.Context) error {
-	st, err := c.js.Stream(ctx, c.cfg.Stream)
-	if err != nil {
-		return fmt.Errorf("look up stream %s: %w", c.cfg.Stream, err)
-	}
-	if d := st.CachedInfo().Config.Duplicates; d >= c.cfg.Retention {
-		return fmt.Errorf("inbox %s: Retention (%s) must be longer than the duplicate window (%s) of stream %s",
-			c.cfg.Name, c.cfg.Retention, d, c.cfg.Stream)
-	}
-	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
-		Durable:        c.cfg.Name,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        c.cfg.AckWait,
-		FilterSubjects: c.cfg.FilterSubjects,
-		// Unlimited: a message waiting for an earlier event of its aggregate
-		// must never be dropped by the server. Handler failures are counted
-		// in inbox_failures and end in a dead letter instead.
-		MaxDeliver: -1,
-	})
-	if err != nil {
-		return fmt.Errorf("create consumer %s on %s: %w", c.cfg.Name, c.cfg.Stream, err)
-	}
-	// Prefetch little: a fetched message's AckWait is already running while
-	// it waits for a worker.
-	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.Workers * c.queueDepth))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", c.cfg.Name, err)
-	}
-	defer it.Stop()
-
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	// In-flight transactions finish on shutdown instead of being cut off
-	// half way; each is bounded by AckWait.
+	// half way; each is bounded by HandlerTimeout.
 	work := context.WithoutCancel(ctx)
 
 	var wg sync.WaitGroup
-	queues := make([]chan delivery, c.cfg.Workers)
+	queues := make([]chan *delivery, c.cfg.Workers)
 	for i := range queues {
-		q := make(chan delivery, c.queueDepth)
+		q := make(chan *delivery, c.queueDepth)
 		queues[i] = q
 		wg.Go(func() {
 			for d := range q {
+				batch := c.take(d, q)
 				if runCtx.Err() != nil {
-					_ = d.msg.Nak() // not started: let another instance have it now
-					continue
+					for _, d := range batch {
+						_ = d.msg.Nak() // not started: let another instance have it now
+					}
+				} else {
+					c.handleBatch(work, batch)
 				}
-				c.handle(work, d)
+				for _, d := range batch {
+					c.progress.release(d)
+				}
 			}
 		})
 	}
 	wg.Go(func() { c.maintain(runCtx, work) })
+	wg.Go(func() { c.progress.run(runCtx, c.cfg.AckWait/3) })
 
-	var runErr error
-	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			if ctx.Err() == nil {
-				runErr = fmt.Errorf("consume %s: %w", c.cfg.Name, err)
-			}
-			break
-		}
-		d := delivery{msg: msg}
-		d.m, d.err = decode(msg.Subject(), msg.Headers(), msg.Data())
-		// One aggregate, one worker: its events are handled in order and one
-		// at a time here, while other aggregates proceed in parallel.
-		key := d.m.Subject
-		if d.err == nil {
-			key = source(d.m.Subject) + "\x00" + d.m.AggregateID
-		}
-		h := fnv.New32a()
-		h.Write([]byte(key))
-		select {
-		case queues[h.Sum32()%uint32(len(queues))] <- d:
-		case <-ctx.Done():
-			_ = msg.Nak()
-		}
-	}
-
-	// Shutdown: hand back what was prefetched so that another instance gets
-	// it now rather than after AckWait.
+	err := c.consume(ctx, queues)
 	stop()
-	it.Drain()
-	for {
-		msg, err := it.Next(jetstream.NextMaxWait(time.Second))
-		if err != nil {
-			break
-		}
-		_ = msg.Nak()
-	}
 	for _, q := range queues {
 		close(q)
 	}
 	wg.Wait()
-	return runErr
+	return err
 }
-
-// outcome is how far the inbox steps got with one event.
-type outcome int
-
-const (
-	applied   outcome = iota // the handler ran; commit
-	duplicate                // this consumer already processed the event; commit, nothing changed
-	stale                    // a new id but an old sequence: a replay older than Retention; commit, nothing changed
-	gap                      // an earlier event of the aggregate has not been applied yet; roll back and wait
-)
-
-// apply runs the inbox steps for m inside tx. It is the one path every event
-// takes, whether it came from JetStream or from a requeued dead letter.
-// An error means the handler (or the database) failed and tx must be rolled
-// back. retried says the event failed before, so its failure record goes.
-func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m Message, retried bool) (outcome, error) {
-	out, err := c.record(ctx, tx, m)
-	if err != nil || out != applied {
-		return out, err
-	}
-	return c.applyRecorded(ctx, tx, m, retried)
-}
-
-// applyRecorded runs the rest of apply once record has said applied.
-func (c *Consumer) applyRecorded(ctx context.Context, tx pgx.Tx, m Message, retried bool) (outcome, error) {
-	if c.handles(m.Type) {
-		if err := c.callHandler(ctx, tx, m); err != nil {
-			return 0, attemptError{err}
-		}
-	}
-	if retried {
-		if _, err := tx.Exec(ctx,
-			`DELETE FROM inbox_failures WHERE consumer_name = $1 AND event_id = $2`,
-			c.cfg.Name, m.EventID); err != nil {
-			return 0, fmt.Errorf("clear inbox failures: %w", err)
-		}
-	}
-	return applied, nil
-}
-
-// handles reports whether the handler wants events of type t.
-func (c *Consumer) handles(t string) bool {
-	return c.types == nil || c.types[t]
-}
-
-// record advances the aggregate's cursor from m.Seq-1 to m.Seq and inserts
-// the processed_events row, in one statement: one round trip, where locking
-// the cursor, checking it, advancing it and inserting the row used to take
-// four. On a transaction (the handler's) it commits with the handler's
-// effects; on the pool (an event no handler wants) it commits alone.
-//
-// The cursor UPDATE only matches while last_seq is m.Seq-1. A second copy of
-// the event in flight at the same time (another instance, a redelivery)
-// queues on the cursor's row lock and, once the first commits, re-reads
-// last_seq (READ COMMITTED re-checks the WHERE of an updated row), no longer
-// matches and changes nothing. The same holds for the first event of an
-// aggregate, whose cursor row the INSERT creates: the second copy waits on
-// the first one's uncommitted row.
-func (c *Consumer) record(ctx context.Context, db querier, m Message) (outcome, error) {
-	sql, args := c.recordStatement(m)
-	tag, err := db.Exec(ctx, sql, args...)
-	if err != nil {
-		return 0, fmt.Errorf("record processed event: %w", err)
-	}
-	return c.recorded(ctx, db, m, tag)
-}
-
-// recordStatement is the statement of record for m.
-func (c *Consumer) recordStatement(m Message) (string, []any) {
-	switch {
-	case c.cfg.SkipSequenceCheck:
-		return insertProcessedSQL, []any{c.cfg.Name, m.EventID}
-	case m.Seq == 1:
-		return firstEventSQL, []any{c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID}
-	default:
-		return nextEventSQL, []any{c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID, m.Seq}
-	}
-}
-
-// recorded turns the result of m's record statement into an outcome.
-func (c *Consumer) recorded(ctx context.Context, db querier, m Message, tag pgconn.CommandTag) (outcome, error) {
-	if tag.RowsAffected() == 1 {
-		return applied, nil
-	}
-	if c.cfg.SkipSequenceCheck {
-		return duplicate, nil
-	}
-	return c.classify(ctx, db, m)
-}
-
-// classify says why record changed nothing. Rare: only copies and early
-// arrivals get here.
-func (c *Consumer) classify(ctx context.Context, db querier, m Message) (outcome, error) {
-	var last int64
-	var processed bool
-	err := db.QueryRow(ctx, `
-		SELECT coalesce((SELECT last_seq FROM inbox_sequences
-		                 WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4), 0),
-		       EXISTS (SELECT 1 FROM processed_events WHERE consumer_name = $1 AND event_id = $5)`,
-		c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID).Scan(&last, &processed)
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("read inbox sequence: %w", err)
-	case processed:
-		// Crashed after commit before the ack, a lost ack, the relay
-		// publishing again, a replay within Retention.
-		return duplicate, nil
-	case m.Seq <= last:
-		// A new id with an old sequence: a replay older than Retention,
-		// whose processed_events row is gone; the cursor still knows.
-		return stale, nil
-	default:
-		// An earlier event of the aggregate has not been applied yet.
-		return gap, nil
-	}
-}
-
-// querier is a pgx.Tx or the pool.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-const insertProcessedSQL = `INSERT INTO processed_events (consumer_name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
-
-// The processed_events row is inserted only when the cursor moved, so a
-// copy of an applied event, or an event that arrived too early, changes
-// nothing and returns no row. A cursor row at 0 is one created by an older
-// version of this package that never got further.
-const (
-	firstEventSQL = `
-WITH cursor AS (
-	INSERT INTO inbox_sequences (consumer_name, source, aggregate_type, aggregate_id, last_seq)
-	VALUES ($1, $2, $3, $4, 1)
-	ON CONFLICT (consumer_name, source, aggregate_type, aggregate_id)
-	DO UPDATE SET last_seq = 1, updated_at = now() WHERE inbox_sequences.last_seq = 0
-	RETURNING 1
-)
-INSERT INTO processed_events (consumer_name, event_id) SELECT $1, $5 FROM cursor ON CONFLICT DO NOTHING`
-
-	nextEventSQL = `
-WITH cursor AS (
-	UPDATE inbox_sequences SET last_seq = $6, updated_at = now()
-	WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND last_seq = $6 - 1
-	RETURNING 1
-)
-INSERT INTO processed_events (consumer_name, event_id) SELECT $1, $5 FROM cursor ON CONFLICT DO NOTHING`
-)
 
 // callHandler runs the handler and turns a panic into an error, so that one
 // bad event is retried and dead-lettered instead of crashing the process
@@ -427,7 +258,7 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, m Message) (err e
 // handle processes one message from JetStream and settles it: ack only
 // after commit, so a crash anywhere before leaves the message to be
 // redelivered and the inbox row absorbs a redelivery after commit.
-func (c *Consumer) handle(ctx context.Context, d delivery) {
+func (c *Consumer) handle(ctx context.Context, d *delivery) {
 	meta, err := d.msg.Metadata()
 	if err != nil { // not a JetStream message; cannot happen on a pull consumer
 		c.log.Error("inbox message without metadata", "subject", d.msg.Subject(), "err", err)
@@ -439,41 +270,28 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 		return
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckWait)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
 	defer cancel()
 	// Built only when something is logged: With formats its attributes.
 	log := func() *slog.Logger {
 		return c.log.With("event_id", d.m.EventID, "type", d.m.Type, "aggregate_id", d.m.AggregateID, "seq", d.m.Seq)
 	}
 
-	var out outcome
-	if c.handles(d.m.Type) || meta.NumDelivered > 1 {
-		out, err = c.transact(ctx, d, meta)
-		if errors.Is(err, errCrashed) {
-			return // as if the process died: neither acked nor nak'ed
-		}
-		if err != nil {
-			c.failed(ctx, d, meta, err)
-			return
-		}
-	} else if out, err = c.record(ctx, c.pool, d.m); err != nil {
-		// An event no handler wants is recorded by one statement, which
-		// commits on its own: no transaction to begin and commit. (A
-		// redelivery takes the path above, which also clears its failure
-		// records.)
+	v, err := c.steps(ctx, d, meta)
+	if errors.Is(err, errCrashed) {
+		return // as if the process died: neither acked nor nak'ed
+	}
+	if err == nil && v.out == gap {
+		// Early: parked in the database and acked, so that it holds nothing
+		// in the broker's ack-pending set, which every aggregate shares.
+		v, err = c.park(ctx, d, meta)
+	}
+	if err != nil {
 		c.failed(ctx, d, meta, err)
 		return
 	}
-	if out == gap {
-		// Never dead-lettered: the missing event is on its way (relay retry)
-		// or waiting as a dead letter, and this one must not overtake it.
-		delay := c.gapDelay(meta.NumDelivered)
-		if meta.NumDelivered%20 == 0 {
-			log().Warn("inbox event still waiting for an earlier event of its aggregate", "deliveries", meta.NumDelivered)
-		} else {
-			log().Debug("inbox event waits for an earlier event of its aggregate", "delay", delay)
-		}
-		_ = d.msg.NakWithDelay(delay)
+	if v.out == conflict {
+		c.conflicted(ctx, d, meta, v.appliedAs)
 		return
 	}
 	// Failure window: committed, not acked. The redelivery finds the
@@ -481,15 +299,18 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 	if c.crashed(afterCommit, d.m) {
 		return
 	}
-	switch out {
+	switch v.out {
 	case applied:
-		c.stats.processed.Add(1)
+		c.stats.processed.Add(int64(1 + v.drained)) // with the parked events it released
 	case duplicate:
 		c.stats.duplicates.Add(1)
 		log().Debug("inbox event already processed")
 	case stale:
-		c.stats.duplicates.Add(1)
-		log().Info("inbox event older than the aggregate's cursor skipped")
+		c.stats.stale.Add(1)
+		log().Warn("inbox event at a passed sequence whose record is gone (older than Retention) skipped")
+	case parked:
+		c.stats.parked.Add(1)
+		log().Debug("inbox event parked until an earlier event of its aggregate is applied")
 	}
 	if c.cfg.ObserveFunc != nil {
 		c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
@@ -500,12 +321,39 @@ func (c *Consumer) handle(ctx context.Context, d delivery) {
 	}
 }
 
+// steps runs the inbox steps of one delivery: in a transaction with the
+// handler, or, for an event no handler wants, in one statement that commits
+// alone (no transaction to begin and commit; a redelivery takes the
+// transaction, which also clears its failure records).
+func (c *Consumer) steps(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata) (verdict, error) {
+	if c.handles(d.m.Type) || meta.NumDelivered > 1 {
+		v, err := c.transact(ctx, d, meta)
+		if errors.Is(err, errIDReused) {
+			return verdict{out: duplicate}, nil // its transaction is rolled back
+		}
+		return v, err
+	}
+	v, err := c.record(ctx, c.pool, d.m)
+	if errors.Is(err, errIDReused) {
+		return verdict{out: duplicate}, nil
+	}
+	if err == nil && v.parkedNext {
+		// It filled a gap: what waits behind it is applied now, in a
+		// transaction of its own. Should that fail, the sweeper applies it.
+		if derr := c.drainAfter(ctx, d.m); derr != nil {
+			c.log.Warn("inbox parked events not applied yet; the sweeper retries", "aggregate_id", d.m.AggregateID, "err", derr)
+		}
+	}
+	return v, err
+}
+
 // errCrashed is returned by transact when a failpoint "killed" the process.
 var errCrashed = errors.New("inbox: crashed at a failpoint")
 
-// transact runs the inbox steps and the handler in one transaction and
-// commits it, except for a gap, which it rolls back.
-func (c *Consumer) transact(ctx context.Context, d delivery, meta *jetstream.MsgMetadata) (outcome, error) {
+// transact runs the inbox steps and the handler (and the parked events the
+// event releases) in one transaction and commits it when the event was
+// applied; anything else changes nothing and is rolled back.
+func (c *Consumer) transact(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata) (verdict, error) {
 	// BEGIN and the record statement travel together: one round trip.
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -515,37 +363,55 @@ func (c *Consumer) transact(ctx context.Context, d delivery, meta *jetstream.Msg
 	tx := br.Tx()
 	defer tx.Rollback(ctx) // no-op after commit; undoes everything on an early return
 	_, err := br.Exec()
-	var tag pgconn.CommandTag
+	var (
+		recorded, parkedNext bool
+		recErr               error
+	)
 	if err == nil {
-		tag, err = br.Exec()
+		recErr = br.QueryRow().Scan(&recorded, &parkedNext)
 	}
-	if err = errors.Join(err, br.Close()); err != nil {
-		return 0, fmt.Errorf("begin inbox tx and record processed event: %w", err)
+	if cerr := br.Close(); err == nil && recErr == nil {
+		err = cerr
 	}
-
-	out, err := c.recorded(ctx, tx, d.m, tag)
-	if err == nil && out == applied {
-		out, err = c.applyRecorded(ctx, tx, d.m, meta.NumDelivered > 1)
+	if err != nil {
+		return verdict{}, fmt.Errorf("begin inbox tx and record processed event: %w", err)
 	}
-	if err != nil || out == gap {
-		return out, err
+	v, err := c.recorded(ctx, tx, d.m, recorded, parkedNext, recErr)
+	if err == nil && v.out == gap {
+		// Early: parked in this same transaction, one round trip more.
+		var again bool
+		if v, again, err = c.parkIn(ctx, tx, d, meta); err == nil && !again && v.out == parked {
+			if err := tx.Commit(ctx); err != nil {
+				return verdict{}, fmt.Errorf("commit parked event: %w", err)
+			}
+			return v, nil
+		}
+		if again {
+			return verdict{out: gap}, nil // the caller parks, or finds it due, afresh
+		}
+	}
+	if err != nil || v.out != applied {
+		return v, err
+	}
+	if v, err = c.applyRecorded(ctx, tx, d.m, v, meta.NumDelivered > 1); err != nil {
+		return v, err
 	}
 	// Failure window: the handler's effects are in the transaction, not
 	// committed. Dying here rolls them back; the redelivery applies them.
 	if c.crashed(beforeCommit, d.m) {
-		return 0, errCrashed
+		return verdict{}, errCrashed
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// The commit is part of the attempt: it is the handler's work that fails to commit.
-		return 0, attemptError{fmt.Errorf("commit inbox tx: %w", err)}
+		return verdict{}, attemptError{fmt.Errorf("commit inbox tx: %w", err)}
 	}
-	return out, nil
+	return v, nil
 }
 
 // failed records a failed attempt and settles the message: redeliver after
 // a backoff, or dead-letter and terminate when the failure is poison or
 // attempts reached MaxDeliver.
-func (c *Consumer) failed(ctx context.Context, d delivery, meta *jetstream.MsgMetadata, cause error) {
+func (c *Consumer) failed(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata, cause error) {
 	log := c.log.With("subject", d.msg.Subject(), "event_id", d.m.EventID, "stream_seq", meta.Sequence.Stream)
 	if !counts(cause) {
 		// The inbox steps before the handler failed: the database is down
@@ -557,7 +423,7 @@ func (c *Consumer) failed(ctx context.Context, d delivery, meta *jetstream.MsgMe
 		_ = d.msg.NakWithDelay(delay)
 		return
 	}
-	attempts, dead, err := c.recordFailure(ctx, d, meta, cause)
+	attempts, dead, err := c.recordFailure(ctx, letterOf(d, meta), cause, nil)
 	if err != nil {
 		// Cannot even write down the failure: the database is likely down.
 		// Retry later; this delivery does not count as an attempt.
@@ -601,14 +467,6 @@ func (c *Consumer) backoff(attempt int) time.Duration {
 	return rand.N(grow(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt)) + 1
 }
 
-// gapDelay is the delay before an event waiting for a gap is offered again:
-// growing with its deliveries, so a long wait (a dead letter awaiting an
-// operator) costs little, and jittered by up to half.
-func (c *Consumer) gapDelay(delivered uint64) time.Duration {
-	d := grow(c.cfg.GapDelay, c.cfg.BackoffMax, int(min(delivered, 64)))
-	return d/2 + rand.N(d/2+1)
-}
-
 // grow doubles base for each step after the first, up to limit.
 func grow(base, limit time.Duration, n int) time.Duration {
 	d := base
@@ -632,6 +490,9 @@ func (c *Consumer) maintain(ctx, work context.Context) {
 			return
 		case <-requeue.C:
 			c.replayRequeued(ctx, work)
+			if !c.cfg.SkipSequenceCheck {
+				c.sweepParked(work)
+			}
 		case <-cleanup.C:
 			c.cleanup(ctx)
 		}

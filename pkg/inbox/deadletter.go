@@ -39,6 +39,7 @@ type DeadLetter struct {
 	FirstFailedAt time.Time
 	LastFailedAt  time.Time
 	RequeuedAt    *time.Time // set while a requeue waits to be retried
+	ConflictWith  *uuid.UUID // a conflict: the event applied at this event's sequence (see ErrConflict)
 }
 
 // ListDeadLetters returns up to limit (default 100) unresolved dead letters
@@ -49,7 +50,7 @@ func ListDeadLetters(ctx context.Context, db DB, consumer string, limit int) ([]
 	}
 	rows, err := db.Query(ctx, `
 		SELECT id, consumer_name, stream, stream_seq, subject, headers, payload, event_id,
-		       error, attempts, first_failed_at, last_failed_at, requeued_at
+		       error, attempts, first_failed_at, last_failed_at, requeued_at, conflict_with
 		FROM dead_letters
 		WHERE resolved_at IS NULL AND ($1 = '' OR consumer_name = $1)
 		ORDER BY id
@@ -67,7 +68,7 @@ func ListDeadLetters(ctx context.Context, db DB, consumer string, limit int) ([]
 			eventID uuid.NullUUID
 		)
 		if err := rows.Scan(&dl.ID, &dl.Consumer, &dl.Stream, &seq, &dl.Subject, &headers, &dl.Data, &eventID,
-			&dl.Error, &dl.Attempts, &dl.FirstFailedAt, &dl.LastFailedAt, &dl.RequeuedAt); err != nil {
+			&dl.Error, &dl.Attempts, &dl.FirstFailedAt, &dl.LastFailedAt, &dl.RequeuedAt, &dl.ConflictWith); err != nil {
 			return nil, fmt.Errorf("scan dead letter: %w", err)
 		}
 		if err := json.Unmarshal(headers, &dl.Header); err != nil {
@@ -133,12 +134,30 @@ func Cleanup(ctx context.Context, db DB, consumer string, olderThan time.Duratio
 	}
 }
 
+// letter is a message as the dead-letter store keeps it: from JetStream or
+// from the parking lot.
+type letter struct {
+	stream    string
+	streamSeq uint64
+	subject   string
+	header    nats.Header
+	data      []byte
+	m         Message
+}
+
+// letterOf is the letter of a delivery.
+func letterOf(d *delivery, meta *jetstream.MsgMetadata) letter {
+	return letter{stream: meta.Stream, streamSeq: meta.Sequence.Stream, subject: d.msg.Subject(),
+		header: d.msg.Headers(), data: d.msg.Data(), m: d.m}
+}
+
 // recordFailure counts a failed attempt in inbox_failures and, when the
 // failure is poison or the attempts reached MaxDeliver, moves the message to
 // dead_letters, all in one short transaction of its own (the handler's was
 // rolled back). It reports the attempts so far and whether the message is
-// now dead.
-func (c *Consumer) recordFailure(ctx context.Context, d delivery, meta *jetstream.MsgMetadata, cause error) (attempts int, dead bool, err error) {
+// now dead. extra runs in that transaction when the message dies (the
+// parking lot deletes the parked row there).
+func (c *Consumer) recordFailure(ctx context.Context, l letter, cause error, extra func(pgx.Tx) error) (attempts int, dead bool, err error) {
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
 		return 0, false, fmt.Errorf("begin failure tx: %w", err)
@@ -147,7 +166,7 @@ func (c *Consumer) recordFailure(ctx context.Context, d delivery, meta *jetstrea
 
 	attempts = 1
 	var first *time.Time
-	if d.m.EventID != uuid.Nil { // an undecodable message may have no id; it is poison anyway
+	if l.m.EventID != uuid.Nil { // an undecodable message may have no id; it is poison anyway
 		var f time.Time
 		if err := tx.QueryRow(ctx, `
 			INSERT INTO inbox_failures AS f (consumer_name, event_id, attempts, first_failed_at, last_failed_at, last_error)
@@ -155,41 +174,105 @@ func (c *Consumer) recordFailure(ctx context.Context, d delivery, meta *jetstrea
 			ON CONFLICT (consumer_name, event_id) DO UPDATE
 			SET attempts = f.attempts + 1, last_failed_at = now(), last_error = EXCLUDED.last_error
 			RETURNING attempts, first_failed_at`,
-			c.cfg.Name, d.m.EventID, cause.Error()).Scan(&attempts, &f); err != nil {
+			c.cfg.Name, l.m.EventID, cause.Error()).Scan(&attempts, &f); err != nil {
 			return 0, false, fmt.Errorf("record inbox failure: %w", err)
 		}
 		first = &f
 	}
 	dead = errors.Is(cause, ErrPoison) || attempts >= c.cfg.MaxDeliver
 	if dead {
-		headers, err := json.Marshal(cmpHeader(d.msg.Headers()))
-		if err != nil {
-			return 0, false, fmt.Errorf("encode dead letter headers: %w", err)
+		if err := c.insertDeadLetter(ctx, tx, l, cause, attempts, first, nil); err != nil {
+			return 0, false, err
 		}
-		// Unique per stream sequence: a copy redelivered after a lost Term
-		// updates this row instead of adding a second one.
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO dead_letters AS dl (consumer_name, stream, stream_seq, subject, headers, payload,
-				event_id, error, attempts, first_failed_at, last_failed_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()), now())
-			ON CONFLICT (consumer_name, stream, stream_seq) DO UPDATE
-			SET error = EXCLUDED.error, attempts = dl.attempts + EXCLUDED.attempts,
-			    last_failed_at = EXCLUDED.last_failed_at, requeued_at = NULL`,
-			c.cfg.Name, meta.Stream, int64(meta.Sequence.Stream), d.msg.Subject(), string(headers),
-			append([]byte{}, d.msg.Data()...), uuid.NullUUID{UUID: d.m.EventID, Valid: d.m.EventID != uuid.Nil},
-			cause.Error(), attempts, first); err != nil {
-			return 0, false, fmt.Errorf("insert dead letter: %w", err)
-		}
-		// The dead letter carries the count now; a requeue starts afresh.
-		if _, err := tx.Exec(ctx, `DELETE FROM inbox_failures WHERE consumer_name = $1 AND event_id = $2`,
-			c.cfg.Name, d.m.EventID); err != nil {
-			return 0, false, fmt.Errorf("clear inbox failures: %w", err)
+		if extra != nil {
+			if err := extra(tx); err != nil {
+				return 0, false, err
+			}
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, false, fmt.Errorf("commit inbox failure: %w", err)
 	}
 	return attempts, dead, nil
+}
+
+// insertDeadLetter writes l to dead_letters in tx and clears its failure
+// count: the dead letter carries the count now; a requeue starts afresh.
+// Unique per stream sequence: a copy redelivered after a lost Term updates
+// this row instead of adding a second one. conflictWith, when set, is the
+// event applied at l's sequence.
+func (c *Consumer) insertDeadLetter(ctx context.Context, tx pgx.Tx, l letter, cause error, attempts int, first *time.Time, conflictWith *uuid.UUID) error {
+	headers, err := json.Marshal(cmpHeader(l.header))
+	if err != nil {
+		return fmt.Errorf("encode dead letter headers: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO dead_letters AS dl (consumer_name, stream, stream_seq, subject, headers, payload,
+			event_id, error, attempts, first_failed_at, last_failed_at, conflict_with)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()), now(), $11)
+		ON CONFLICT (consumer_name, stream, stream_seq) DO UPDATE
+		SET error = EXCLUDED.error, attempts = dl.attempts + EXCLUDED.attempts,
+		    last_failed_at = EXCLUDED.last_failed_at, requeued_at = NULL, conflict_with = EXCLUDED.conflict_with`,
+		c.cfg.Name, l.stream, int64(l.streamSeq), l.subject, string(headers),
+		append([]byte{}, l.data...), uuid.NullUUID{UUID: l.m.EventID, Valid: l.m.EventID != uuid.Nil},
+		cause.Error(), attempts, first, conflictWith); err != nil {
+		return fmt.Errorf("insert dead letter: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_failures WHERE consumer_name = $1 AND event_id = $2`,
+		c.cfg.Name, l.m.EventID); err != nil {
+		return fmt.Errorf("clear inbox failures: %w", err)
+	}
+	return nil
+}
+
+// conflicted dead-letters a delivery whose sequence was applied under
+// another event id, and says so loudly: one of the two events is not what
+// its producer wrote (a forged message, a producer bug), and only an
+// operator can tell which. It is never counted as a duplicate.
+func (c *Consumer) conflicted(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata, appliedAs uuid.UUID) {
+	cause := fmt.Errorf("%w: sequence %d of %s %q was applied as event %s; this is event %s",
+		ErrConflict, d.m.Seq, cmpOr(d.m.AggregateType, "aggregate"), d.m.AggregateID, appliedAs, d.m.EventID)
+	if err := c.deadLetterConflict(ctx, letterOf(d, meta), cause, appliedAs, nil); err != nil {
+		delay := c.backoff(int(min(meta.NumDelivered, 64)))
+		c.stats.retries.Add(1)
+		c.log.Error("inbox conflict not recorded; will retry", "event_id", d.m.EventID, "err", err, "delay", delay)
+		_ = d.msg.NakWithDelay(delay)
+		return
+	}
+	_ = d.msg.Term()
+}
+
+// deadLetterConflict records a conflict as a dead letter, in a transaction
+// of its own that also runs extra, and counts and logs it.
+func (c *Consumer) deadLetterConflict(ctx context.Context, l letter, cause error, appliedAs uuid.UUID, extra func(pgx.Tx) error) error {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin conflict tx: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	if err := c.insertDeadLetter(ctx, tx, l, cause, 1, nil, &appliedAs); err != nil {
+		return err
+	}
+	if extra != nil {
+		if err := extra(tx); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit conflict: %w", err)
+	}
+	c.stats.conflicts.Add(1)
+	c.stats.deadLetters.Add(1)
+	c.log.Error("inbox conflict: another event was applied at this sequence; dead-lettered",
+		"event_id", l.m.EventID, "applied_event_id", appliedAs, "aggregate_id", l.m.AggregateID, "seq", l.m.Seq, "subject", l.subject)
+	return nil
+}
+
+func cmpOr(s, alt string) string {
+	if s == "" {
+		return alt
+	}
+	return s
 }
 
 // cmpHeader stores a missing header set as {} rather than null.
@@ -224,7 +307,7 @@ func (c *Consumer) replayRequeued(ctx, work context.Context) {
 // commits with the effect, or recording the new failure commits without it.
 // It returns the id it handled, 0 when none is left.
 func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckWait)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
 	defer cancel()
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
@@ -257,12 +340,21 @@ func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
 	}
 	var (
 		m   Message
+		v   verdict
 		out outcome
 	)
 	if err = json.Unmarshal(headers, &h); err != nil {
 		err = Poison(fmt.Errorf("decode dead letter headers: %w", err))
 	} else if m, err = decode(subject, h, payload); err == nil {
-		out, err = c.apply(ctx, inner, m, true)
+		v, err = c.apply(ctx, inner, m, true)
+		out = v.out
+		if errors.Is(err, errIDReused) {
+			// Processed at another sequence: a duplicate by its id. The
+			// savepoint is aborted; only it is rolled back.
+			out, err = duplicate, nil
+		} else if err == nil && out == conflict {
+			err = Poison(fmt.Errorf("%w: sequence %d was applied as event %s", ErrConflict, m.Seq, v.appliedAs))
+		}
 	}
 	if err == nil && out == gap {
 		log.Debug("requeued dead letter waits for an earlier event of its aggregate", "event_id", m.EventID)
@@ -272,10 +364,13 @@ func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
 		// The database failed around the handler: it stays requeued.
 		return 0, fmt.Errorf("dead letter %d: %w", id, err)
 	}
-	if err != nil {
+	if err != nil || out != applied {
+		// Nothing of a failure or a duplicate is kept but the record below.
 		if rerr := inner.Rollback(ctx); rerr != nil {
 			return 0, fmt.Errorf("roll back dead letter %d: %w", id, rerr)
 		}
+	}
+	if err != nil {
 		// Dead again: retrying on every round would spin on a bug; an
 		// operator requeues it once more after a fix.
 		if _, uerr := tx.Exec(ctx, `
@@ -284,10 +379,13 @@ func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
 			return 0, fmt.Errorf("record dead letter %d failure: %w", id, uerr)
 		}
 		log.Error("requeued dead letter failed again", "event_id", m.EventID, "err", err)
-	} else {
+	}
+	if err == nil && out == applied {
 		if err := inner.Commit(ctx); err != nil {
 			return 0, fmt.Errorf("release savepoint for dead letter %d: %w", id, err)
 		}
+	}
+	if err == nil {
 		// Resolved in the same transaction as the effect: never applied
 		// without being resolved, nor resolved without being applied.
 		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET resolved_at = now() WHERE id = $1`, id); err != nil {
@@ -298,9 +396,9 @@ func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("commit dead letter %d: %w", id, err)
 	}
+	// A requeue that fails again adds no dead letter: it was one already.
 	switch {
 	case err != nil:
-		c.stats.deadLetters.Add(1)
 	case out == applied:
 		c.stats.processed.Add(1)
 	default:

@@ -25,11 +25,32 @@
 // of (producer, aggregate id): one aggregate's events are handled one at a
 // time, different aggregates in parallel.
 //
+// Under load a worker applies the deliveries it already has waiting (up to
+// Config.BatchSize, never waiting for more) in one transaction: steps 1 for
+// all of them in one pipelined round trip, the handlers in stream order, one
+// commit, then the acks. Only the plain case is batched (every event new and
+// due, every handler succeeding); anything else rolls the batch back and the
+// same deliveries are handled one at a time, so a bad message is isolated
+// exactly as without batches. A crash after a batch's commit, before its
+// acks, brings the whole batch back, and every copy meets its
+// processed_events row.
+//
 // # The failure windows it closes
 //
 //   - Crash before commit: the transaction rolls back with the connection;
-//     the message was not acked, so JetStream redelivers it after AckWait and
-//     it is applied then.
+//     the message was not acked, so JetStream redelivers it after AckWait
+//     (5s by default) and it is applied then. A live process reports the
+//     deliveries it holds in progress every AckWait/3, so only a dead
+//     process's deliveries wait that long, and a slow handler is never
+//     redelivered while it runs.
+//   - The broker fails (missed heartbeats, JetStream unavailable or without
+//     quorum, a leader election, a partition, the durable consumer or the
+//     stream deleted): [Consumer.Run] does not return. It subscribes again
+//     with capped, jittered backoff, recreating the durable consumer if it
+//     is gone, and logs once when the subscription is lost and once when it
+//     is back; [Consumer.State] tells which. Pull requests expire after 4s
+//     with heartbeats every 1.5s, so a lost subscription is noticed within
+//     about 3s.
 //   - Crash after commit, before the ack (or a lost ack): the redelivered copy
 //     finds its processed_events row and is acked without effect.
 //   - Duplicates: the relay may publish an event twice (after a lost PubAck,
@@ -37,10 +58,21 @@
 //     Every copy carries the same event id (Nats-Msg-Id) and meets the same
 //     processed_events row.
 //   - Reordering and gaps: a redelivery, or a relay retry of an earlier event,
-//     can bring Aggregate-Seq 3 before 2. An event beyond cursor+1 is rolled
-//     back and offered again later (NakWithDelay, growing with deliveries); it
-//     is never dead-lettered for waiting. An event at or below the cursor is a
-//     duplicate, even one whose processed_events row has been cleaned up.
+//     can bring Aggregate-Seq 3 before 2. An event beyond cursor+1 is parked
+//     in inbox_parked and acked, so that it holds nothing in the broker; the
+//     event that fills the gap applies the parked ones in order, in its own
+//     transaction (each in a savepoint, so that a failing one does not take
+//     the gap filler with it; a sweeper retries it, with backoff and the
+//     usual dead letter after MaxDeliver failures). It is never
+//     dead-lettered for waiting. [ParkedStats], [ListParked] and
+//     [DiscardParked] show and drop what waits.
+//   - Duplicates and conflicts: only the same event id is a duplicate.
+//     processed_events remembers which event was applied at each sequence, so
+//     another event id at an applied sequence (a forged message, a producer
+//     bug) is a conflict: dead-lettered as such ([ErrConflict],
+//     DeadLetter.ConflictWith names the applied one), counted and logged at
+//     ERROR, never dropped quietly. A new id at a passed sequence whose
+//     record is gone (older than Retention) is skipped and counted as stale.
 //   - Transient errors: a failed handler (an error, a panic, a failed
 //     commit) is rolled back, counted in inbox_failures and redelivered with
 //     exponential backoff and full jitter; after Config.MaxDeliver failures
@@ -54,12 +86,12 @@
 //     and nothing republished to NATS.
 //
 // With the sequence check on, a dead-lettered event stops its aggregate:
-// later events of the aggregate wait at the gap until the dead letter is
+// later events of the aggregate wait, parked, until the dead letter is
 // requeued and succeeds, and then follow in order. Events of other aggregates
-// are not held up. Waiting messages stay unacknowledged in JetStream (its
-// MaxDeliver is unlimited for that reason) and count towards the consumer's
-// MaxAckPending (1000 by default): many stopped aggregates at once can stall
-// the consumer, so watch dead letters.
+// are not held up, however many wait: parked messages are acked, so they do
+// not count towards the durable consumer's MaxAckPending, which every
+// aggregate shares. What does count is what is in flight and what waits out
+// a failed handler's backoff (see Config.MaxAckPending).
 //
 // Several processes may run a Consumer with the same Config.Name. They share
 // the durable JetStream consumer, and the row lock on the aggregate's cursor

@@ -8,6 +8,12 @@ import "errors"
 // MaxDeliver attempts on it. Test for it with errors.Is.
 var ErrPoison = errors.New("inbox: poison message")
 
+// ErrConflict marks a dead letter of an event that arrived at a sequence
+// its aggregate had already applied under another event id: two different
+// events claim one place in the aggregate's history. Neither is dropped as
+// a duplicate; an operator decides (see DeadLetter.ConflictWith).
+var ErrConflict = errors.New("inbox: conflicting event at an applied sequence")
+
 // ErrNotFound is returned by [RequeueDeadLetter] when no unresolved dead
 // letter has the given id.
 var ErrNotFound = errors.New("inbox: dead letter not found")

@@ -47,8 +47,17 @@
 //     rows again (expired leases need no sweeper: they are claimable).
 //   - Broker timeout or lost connection: the result is unknown, so the event
 //     is retried with the same id; the stream's duplicate window drops a copy
-//     that was stored. While the connection is down the relay claims nothing,
-//     so an outage does not use up attempts.
+//     that was stored.
+//   - Broker outage (connection down, JetStream switched off, without quorum
+//     or electing a leader, every publish of a batch unanswered): not the
+//     events' failure. While the connection is down the relay claims
+//     nothing; otherwise the batch is handed back with no attempt counted,
+//     the relay pauses (at most OutageBackoffMax) and claims nothing until
+//     JetStream answers an API call, then one event, then whole batches.
+//     However long the outage, no event dies of it, and a relay cut off
+//     alone leaves the events to the relays that can publish them. The one extra call the relay makes (which stream takes a
+//     subject, to tell "no stream" from "JetStream away") is bounded at 2s,
+//     so a leader election cannot hold a batch for its whole deadline.
 //   - Crash after the PubAck, before marking: the lease expires and the event
 //     is published again; the stream drops the copy inside its duplicate
 //     window and consumers' inboxes (pkg/inbox) drop it after. Marking first

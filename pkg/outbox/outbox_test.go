@@ -509,11 +509,11 @@ func TestTransientFailuresBackOffThenDie(t *testing.T) {
 		if err != nil || len(batch) != 1 {
 			t.Fatalf("attempt %d: claim %d rows, %v", attempt, len(batch), err)
 		}
-		if err := r.settle(ctx, token, batch, []result{{err: errAckTimeout}}); err != nil {
+		if err := r.settle(ctx, token, batch, []result{{err: errTransient}}); err != nil {
 			t.Fatal(err)
 		}
 		rec, _ := Get(ctx, e.db.Pool, batch[0].id)
-		if rec.Attempts != attempt || rec.LastError == nil || *rec.LastError != errAckTimeout.Error() {
+		if rec.Attempts != attempt || rec.LastError == nil || *rec.LastError != errTransient.Error() {
 			t.Fatalf("attempt %d recorded as %+v", attempt, rec)
 		}
 		if dead := rec.DeadAt != nil; dead != (attempt == 3) {
@@ -573,8 +573,10 @@ func TestConfigValidation(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "PublishTimeout") {
 		t.Fatalf("err = %v, want a PublishTimeout/LeaseDuration complaint", err)
 	}
-	if h := (Config{}).RetryHorizon(); h < 25*time.Minute {
-		t.Fatalf("default retry horizon %v is implausibly short", h)
+	// Every attempt that counts may wait out a lease, a publish timeout
+	// and a full backoff: 10 × (15s + 3s + 30s) with the defaults.
+	if h := (Config{}).RetryHorizon(); h != 8*time.Minute {
+		t.Fatalf("default retry horizon %v, want 8m0s", h)
 	}
 }
 

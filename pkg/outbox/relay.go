@@ -27,11 +27,16 @@ type Config struct {
 	BatchSize      int           // events claimed per batch; default 500
 	Workers        int           // claim-publish-mark loops per relay, overlapping their round trips; default 2
 	PollInterval   time.Duration // fallback when no NOTIFY arrives; default 1s
-	LeaseDuration  time.Duration // how long a claim lasts; default 30s
-	PublishTimeout time.Duration // wait for a batch's acks; default 10s, less than half the lease
+	LeaseDuration  time.Duration // how long a claim lasts; default 15s
+	PublishTimeout time.Duration // wait for a batch's acks; default 3s, at most half the lease
 	BackoffBase    time.Duration // first retry delay after a transient failure; default 250ms
-	BackoffMax     time.Duration // cap of the exponential backoff; default 1m
-	MaxAttempts    int           // transient failures before an event is dead; default 25
+	BackoffMax     time.Duration // cap of the exponential backoff; default 30s
+	MaxAttempts    int           // failures of an event's own before it is dead; default 10
+
+	// OutageBackoffMax caps the pause between two tries while the broker
+	// takes nothing (see Relay.Run); short, so that publishing resumes
+	// within about this long of the broker's return. Default 2s.
+	OutageBackoffMax time.Duration
 
 	Retention         time.Duration // published rows older than this are deleted; default 72h
 	RetentionInterval time.Duration // how often to delete; default 1m
@@ -92,11 +97,12 @@ func (c *Config) setDefaults() {
 	c.BatchSize = cmp.Or(c.BatchSize, 500)
 	c.Workers = cmp.Or(c.Workers, 2)
 	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
-	c.LeaseDuration = cmp.Or(c.LeaseDuration, 30*time.Second)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(10*time.Second, c.LeaseDuration/3))
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, 15*time.Second)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(3*time.Second, c.LeaseDuration/3))
 	c.BackoffBase = cmp.Or(c.BackoffBase, 250*time.Millisecond)
-	c.BackoffMax = cmp.Or(c.BackoffMax, time.Minute)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, 25)
+	c.BackoffMax = cmp.Or(c.BackoffMax, 30*time.Second)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
+	c.OutageBackoffMax = cmp.Or(c.OutageBackoffMax, 2*time.Second)
 	c.Retention = cmp.Or(c.Retention, 72*time.Hour)
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, time.Minute)
 	c.RetentionBatch = cmp.Or(c.RetentionBatch, 1000)
@@ -113,16 +119,22 @@ func (c *Config) validate() error {
 		// A batch must be marked while its lease still holds, or another
 		// relay publishes it again on every round.
 		return fmt.Errorf("outbox relay: PublishTimeout %v must be at most half of LeaseDuration %v", c.PublishTimeout, c.LeaseDuration)
-	case c.BackoffBase > c.BackoffMax:
-		return fmt.Errorf("outbox relay: BackoffBase %v exceeds BackoffMax %v", c.BackoffBase, c.BackoffMax)
+	case c.BackoffBase > c.BackoffMax || c.BackoffBase > c.OutageBackoffMax:
+		return fmt.Errorf("outbox relay: BackoffBase %v exceeds BackoffMax %v or OutageBackoffMax %v", c.BackoffBase, c.BackoffMax, c.OutageBackoffMax)
 	}
 	return nil
 }
 
 // RetryHorizon bounds how long after an event's first publish the relay may
-// publish another copy of it: every attempt may wait out a lease, a publish
-// timeout and a full backoff. Consumers must remember event ids longer than
-// this (see pkg/inbox).
+// publish another copy of it while the broker works: every attempt that
+// counts may wait out a lease, a publish timeout and a full backoff. While
+// the broker takes nothing at all (see Relay.Run) the relay publishes
+// nothing and counts nothing, so an outage stretches this by its length:
+// a copy whose first publish the broker stored without the ack reaching
+// the relay can then come after the stream's duplicate window, and the
+// consumers' inboxes absorb it. Consumers must remember event ids longer
+// than this (see pkg/inbox), and the stream's duplicate window should be
+// longer too, so that it drops the copies of ordinary retries.
 func (c Config) RetryHorizon() time.Duration {
 	c.setDefaults()
 	return time.Duration(c.MaxAttempts) * (c.LeaseDuration + c.PublishTimeout + c.BackoffMax)
@@ -141,7 +153,10 @@ type Relay struct {
 	stats  counters
 }
 
-type counters struct{ published, duplicates, retried, dead, lostLeases, takenOver atomic.Int64 }
+type counters struct {
+	published, duplicates, retried, dead, lostLeases, takenOver, outages, deferred atomic.Int64
+	lastPublish, downSince                                                         atomic.Int64 // unix nanoseconds; 0: never, not down
+}
 
 // Counters are running totals of one relay, for metrics and tests.
 type Counters struct {
@@ -151,6 +166,8 @@ type Counters struct {
 	Dead       int64 // events made dead
 	LostLeases int64 // acked events whose lease had passed to another relay before marking
 	TakenOver  int64 // claims of events whose earlier lease had expired unsettled (a relay died or stalled)
+	Outages    int64 // times the broker stopped taking anything (connection down, JetStream unavailable, no acks)
+	Deferred   int64 // events handed back without an attempt counted, because the broker took nothing
 }
 
 // NewRelay returns a relay for the outbox in the schema that pool's
@@ -178,8 +195,26 @@ func (r *Relay) Counters() Counters {
 	return Counters{
 		Published: r.stats.published.Load(), Duplicates: r.stats.duplicates.Load(),
 		Retried: r.stats.retried.Load(), Dead: r.stats.dead.Load(), LostLeases: r.stats.lostLeases.Load(),
-		TakenOver: r.stats.takenOver.Load(),
+		TakenOver: r.stats.takenOver.Load(), Outages: r.stats.outages.Load(), Deferred: r.stats.deferred.Load(),
 	}
+}
+
+// State is how a relay stands with the broker now.
+type State struct {
+	UnavailableSince time.Time // while the broker takes nothing: since when; zero otherwise
+	LastPublish      time.Time // when the broker last acked an event of this relay; zero before the first
+}
+
+// State returns the relay's state, for readiness reports and metrics.
+func (r *Relay) State() State {
+	return State{UnavailableSince: unixNano(r.stats.downSince.Load()), LastPublish: unixNano(r.stats.lastPublish.Load())}
+}
+
+func unixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // Kick wakes the relay to look for new events now. It never blocks. One
@@ -193,10 +228,37 @@ func (r *Relay) Kick() {
 }
 
 // Run relays events until ctx ends, then finishes the batches in flight and
-// returns. It returns an error only when it cannot start.
+// returns nil. Neither the database nor the broker being away ends it.
+//
+// An outage is not an event's failure. When the broker takes nothing — the
+// connection is down, JetStream answers "unavailable" or not at all, every
+// publish of a batch timed out — the batch is handed back without counting
+// an attempt, and the relay pauses (backoff up to OutageBackoffMax),
+// however long the outage lasts. Only an event's own failure (no stream for its
+// subject, too large, invalid headers: dead at once; any other error:
+// counted towards MaxAttempts) can make it dead. While it is paused, the
+// relay claims nothing until JetStream answers an API call, so that a relay
+// cut off alone leaves the events to relays that can publish them.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := r.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&r.schema); err != nil {
-		return fmt.Errorf("outbox relay: read schema: %w", err)
+	// The schema names the LISTEN channel. The database may not answer yet
+	// (down, starting, out of connections): wait for it, as for everything
+	// else the relay does.
+	for failures := 1; ; failures++ {
+		err := r.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&r.schema)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if failures == 1 {
+			r.log.Warn("outbox relay: cannot read its schema yet; retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, failures)):
+		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if !r.cfg.DisableListen {
@@ -210,20 +272,32 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 func (r *Relay) work(ctx context.Context) {
-	failures := 0
+	failures, outages := 0, 0
 	for ctx.Err() == nil {
 		n, err := r.relayBatch(ctx)
-		if err != nil && ctx.Err() == nil {
+		var down *unavailableError
+		switch {
+		case ctx.Err() != nil:
+		case errors.As(err, &down):
+			outages++
+			r.brokerDown(down)
+		case err != nil:
 			failures++
 			r.log.Warn("outbox relay batch failed", "err", err, "failures", failures)
-		} else {
-			failures = 0
+		default:
+			failures, outages = 0, 0
+			if n > 0 {
+				r.brokerUp()
+			}
 		}
-		if n == r.cfg.BatchSize && failures == 0 {
+		if n == r.cfg.BatchSize && failures == 0 && outages == 0 {
 			continue // a full batch: more are probably waiting
 		}
 		wait := r.cfg.PollInterval
-		if failures > 0 {
+		switch {
+		case outages > 0:
+			wait = backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, outages)
+		case failures > 0:
 			wait = backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, failures)
 		}
 		select {
@@ -235,16 +309,30 @@ func (r *Relay) work(ctx context.Context) {
 }
 
 // relayBatch claims, publishes and marks one batch; it returns how many
-// events it claimed.
+// events it claimed, and an *unavailableError when the broker took none
+// of them for reasons of its own.
 func (r *Relay) relayBatch(ctx context.Context) (int, error) {
-	if r.nc.Status() != nats.CONNECTED {
-		// While the broker is unreachable every publish would fail and use
-		// up an attempt; the events wait, unclaimed, in the outbox instead.
-		return 0, nil
+	if st := r.nc.Status(); st != nats.CONNECTED {
+		// While the broker is unreachable every publish would fail; the
+		// events wait, unclaimed, in the outbox instead.
+		return 0, &unavailableError{fmt.Errorf("nats connection %s", st)}
+	}
+	down := r.stats.downSince.Load() != 0
+	if down {
+		// Ask JetStream itself before claiming anything: a relay that
+		// cannot reach it (a partition of this process alone, say) must
+		// leave the events to the relays that can, not hold one after
+		// another for a publish timeout.
+		if err := r.probe(ctx); err != nil {
+			return 0, &unavailableError{err}
+		}
 	}
 	token := uuid.New()
 	batch, err := r.claim(ctx, token)
 	if err != nil || len(batch) == 0 {
+		if err == nil && down {
+			r.brokerUp() // JetStream answers and there is nothing to send
+		}
 		return 0, err
 	}
 	// Failure window: the lease is committed, nothing is published. The
@@ -261,7 +349,10 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return len(batch), err // "died" part way: nothing is settled, the lease expires
 	}
-	return len(batch), r.settle(ctx, token, batch, results)
+	if err := r.settle(ctx, token, batch, results); err != nil {
+		return len(batch), err
+	}
+	return len(batch), verdict(results)
 }
 
 // row is one claimed event.
@@ -286,7 +377,11 @@ type row struct {
 // relays claim side by side; the committed lease, not a held lock, keeps
 // other relays off while this one publishes.
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
-	rows, err := r.pool.Query(ctx, claimSQL, r.cfg.BatchSize, r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds())
+	limit := r.cfg.BatchSize
+	if r.stats.downSince.Load() != 0 {
+		limit = 1 // the broker was taking nothing: probe with one event, not a batch of leases
+	}
+	rows, err := r.pool.Query(ctx, claimSQL, limit, r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox batch: %w", err)
 	}
@@ -334,6 +429,7 @@ RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event
 type result struct {
 	err       error // nil: acked
 	permanent bool  // err will not go away by retrying
+	outage    bool  // the broker took nothing: not the event's failure, no attempt counted
 	duplicate bool
 	latency   time.Duration // claim to ack, when acked
 }
@@ -346,6 +442,7 @@ type result struct {
 func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]result, error) {
 	results := make([]result, len(batch))
 	futures := make([]jetstream.PubAckFuture, len(batch))
+	cl := &classifier{r: r, notFound: map[string]bool{}}
 	for i, ev := range batch {
 		// Failure window: the events before this one may be stored in the
 		// stream, this one and the rest are not; none is marked. After the
@@ -363,7 +460,7 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]
 		// copy it already stored within its duplicate window.
 		f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.id.String()))
 		if err != nil {
-			results[i] = r.classify(ctx, ev, err)
+			results[i] = cl.classify(ctx, ev, err)
 			continue
 		}
 		futures[i] = f
@@ -380,9 +477,9 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]
 			case ack := <-f.Ok():
 				results[i] = result{duplicate: ack.Duplicate, latency: time.Since(claimed)}
 			case err := <-f.Err():
-				results[i] = r.classify(ctx, batch[i], err)
+				results[i] = cl.classify(ctx, batch[i], err)
 			default:
-				results[i] = result{err: errAckTimeout}
+				results[i] = result{err: errAckTimeout, outage: true}
 			}
 			continue
 		}
@@ -390,39 +487,21 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]
 		case ack := <-f.Ok():
 			results[i] = result{duplicate: ack.Duplicate, latency: time.Since(claimed)}
 		case err := <-f.Err():
-			results[i] = r.classify(ctx, batch[i], err)
+			results[i] = cl.classify(ctx, batch[i], err)
 		case <-timeout.C:
 			// The broker may have stored it: the result is unknown, so the
 			// event is retried with the same id rather than given up.
 			expired = true
-			results[i] = result{err: errAckTimeout}
+			results[i] = result{err: errAckTimeout, outage: true}
 		case <-ctx.Done():
 			expired = true
-			results[i] = result{err: ctx.Err()}
+			results[i] = result{err: ctx.Err(), outage: true}
 		}
 	}
 	return results, nil
 }
 
 var errAckTimeout = errors.New("no ack from the broker in time (result unknown)")
-
-// classify tells a failure that retrying may cure from one it cannot.
-func (r *Relay) classify(ctx context.Context, ev row, err error) result {
-	var apiErr *jetstream.APIError
-	switch {
-	case errors.Is(err, nats.ErrMaxPayload):
-		return result{err: err, permanent: true}
-	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
-		return result{err: err, permanent: true}
-	case errors.Is(err, jetstream.ErrNoStreamResponse):
-		// No responder: either no stream takes this subject (a
-		// configuration error) or JetStream is briefly unavailable. Ask.
-		if _, lookupErr := r.js.StreamNameBySubject(ctx, ev.subject); errors.Is(lookupErr, jetstream.ErrStreamNotFound) {
-			return result{err: fmt.Errorf("no stream for subject %q: %w", ev.subject, err), permanent: true}
-		}
-	}
-	return result{err: err}
-}
 
 // message builds the NATS message with the contract's headers.
 func (ev row) message() (*nats.Msg, error) {
@@ -453,7 +532,8 @@ func (ev row) message() (*nats.Msg, error) {
 // claim token: a relay whose lease expired and was taken over matches no
 // rows, so it can neither mark nor fail an event it no longer owns.
 func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, results []result) error {
-	var acked [][16]byte // plain arrays: pgx encodes them without the driver.Valuer detour
+	var acked, released [][16]byte // plain arrays: pgx encodes them without the driver.Valuer detour
+	var outage error
 	failed := &pgx.Batch{}
 	for i, res := range results {
 		ev := batch[i]
@@ -465,6 +545,13 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 			if r.cfg.ObservePublishFunc != nil {
 				r.cfg.ObservePublishFunc(res.latency)
 			}
+			continue
+		}
+		if res.outage {
+			// The broker's failure, not the event's: handed back as it
+			// was, due now, its attempts untouched.
+			released = append(released, ev.id)
+			outage = cmp.Or(outage, res.err)
 			continue
 		}
 		dead := res.permanent || ev.attempts+1 >= r.cfg.MaxAttempts
@@ -500,10 +587,17 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 			return fmt.Errorf("mark %d events published: %w", len(acked), err)
 		}
 		r.stats.published.Add(tag.RowsAffected())
+		r.stats.lastPublish.Store(time.Now().UnixNano())
 		if lost := int64(len(acked)) - tag.RowsAffected(); lost > 0 {
 			r.stats.lostLeases.Add(lost)
 			r.log.Warn("outbox lease lost before marking; another relay publishes these again", "events", lost)
 		}
+	}
+	if len(released) > 0 {
+		failed.Queue(releaseSQL, released, token, outage.Error()).Exec(func(tag pgconnTag) error {
+			r.stats.deferred.Add(tag.RowsAffected())
+			return nil
+		})
 	}
 	if failed.Len() > 0 {
 		if err := r.pool.SendBatch(ctx, failed).Close(); err != nil {
@@ -526,6 +620,13 @@ SET attempts = attempts + 1,
     dead_at = CASE WHEN $5 THEN now() END,
     claimed_by = NULL, claim_token = NULL, claim_until = NULL
 WHERE event_id = $1 AND claim_token = $2`
+
+// releaseSQL hands events back after an outage: no attempt counted, due
+// now (the relay's own pause spaces the tries), fenced like the rest.
+const releaseSQL = `
+UPDATE outbox
+SET last_error = $3, claimed_by = NULL, claim_token = NULL, claim_until = NULL
+WHERE event_id = ANY($1) AND claim_token = $2`
 
 // backoff is exponential with full jitter: a random delay up to
 // base·2^(attempt-1), capped, so relays retrying together spread out.

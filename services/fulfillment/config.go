@@ -15,6 +15,12 @@ type Config struct {
 	Delay time.Duration
 	// Logger receives the service's logs; nil discards them.
 	Logger *slog.Logger
+	// PublishHorizon is how long after an event's first publish its
+	// producer's relay may still publish a copy; the inbox keeps event ids
+	// longer. internal/app passes the RetryHorizon of the relays it really
+	// runs. Default: the outbox relay's default RetryHorizon.
+	PublishHorizon time.Duration
+
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)

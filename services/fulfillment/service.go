@@ -13,6 +13,7 @@
 package fulfillment
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -74,7 +75,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		DuplicateWindow:   broker.DuplicateWindow,
 		// The order service's relay may publish a copy of an event for this
 		// long; the inbox must remember event ids for longer.
-		PublishHorizon: (outbox.Config{}).RetryHorizon(),
+		PublishHorizon: cmp.Or(cfg.PublishHorizon, (outbox.Config{}).RetryHorizon()),
 		Logger:         cfg.Logger,
 		ObserveFunc:    cfg.ObserveInboxFunc,
 		FailpointFunc:  cfg.FailpointFunc,

@@ -24,6 +24,7 @@
 package inventory
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,12 @@ const OrdersStream = "ORDERS"
 type Config struct {
 	// Logger receives the service's logs; nil discards them.
 	Logger *slog.Logger
+	// PublishHorizon is how long after an event's first publish its
+	// producer's relay may still publish a copy; the inbox keeps event ids
+	// longer. internal/app passes the RetryHorizon of the relays it really
+	// runs. Default: the outbox relay's default RetryHorizon.
+	PublishHorizon time.Duration
+
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
@@ -94,7 +101,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		DuplicateWindow: broker.DuplicateWindow,
 		// The order service's relay may publish a copy of an event this
 		// long after the first; the inbox must remember ids longer.
-		PublishHorizon: (outbox.Config{}).RetryHorizon(),
+		PublishHorizon: cmp.Or(cfg.PublishHorizon, (outbox.Config{}).RetryHorizon()),
 		Logger:         log,
 		ObserveFunc:    cfg.ObserveInboxFunc,
 		FailpointFunc:  cfg.FailpointFunc,
@@ -115,32 +122,6 @@ func (s *Service) Consumers() []*inbox.Consumer { return []*inbox.Consumer{s.con
 // another process that has not started), Run waits for it rather than fail,
 // so services may start in any order.
 func (s *Service) Run(ctx context.Context) error {
-	if err := s.waitForStream(ctx); err != nil {
-		return nil // only ctx ends the wait
-	}
+	// The consumer waits for its stream and JetStream by itself.
 	return s.consumer.Run(ctx)
-}
-
-func (s *Service) waitForStream(ctx context.Context) error {
-	logged := false
-	for {
-		_, err := s.js.Stream(ctx, OrdersStream)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		// A broker outage at start-up is waited out too: the outbox keeps
-		// our own events meanwhile, and dying would only restart the wait.
-		if !logged {
-			s.log.Info("waiting for stream", "stream", OrdersStream, "err", err)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
 }

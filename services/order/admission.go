@@ -23,11 +23,14 @@ import (
 // answers 503 with Retry-After and writes nothing: the client retries with
 // the same Idempotency-Key.
 //
-// The backlog is read from JetStream (every consumer of the four streams:
-// messages not yet delivered plus those delivered and not yet acked) every
-// interval, so a request never waits for it. Events still in a producer's
-// outbox are not counted: a relay that is behind shows in its
-// shop_outbox_backlog_events metric instead.
+// The backlog is read from JetStream (the saga's own consumers, listed in
+// sagaConsumers: messages not yet delivered plus those delivered and not yet
+// acked) every interval, so a request never waits for it. Events still in a
+// producer's outbox are not counted: a relay that is behind shows in its
+// shop_outbox_backlog_events metric instead. A consumer outside the saga (a
+// loyalty service reading ORDERS, say) is not counted either: its lag says
+// nothing about how fast orders complete, and it must not throttle them. A
+// consumer takes part in admission by being named in sagaConsumers.
 type admission struct {
 	js      jetstream.JetStream
 	limit   int64 // shed above this many events; <= 0: never shed
@@ -36,8 +39,16 @@ type admission struct {
 	backlog atomic.Int64 // the last reading
 }
 
-// sagaStreams are the streams whose consumers carry an order through its saga.
-var sagaStreams = []string{"ORDERS", "INVENTORY", "PAYMENT", "FULFILLMENT"}
+// sagaConsumers are the durable consumers that carry an order through its
+// saga, by stream: the consumers whose backlog admission counts.
+var sagaConsumers = []struct{ stream, consumer string }{
+	{"ORDERS", "inventory-orders"},
+	{"ORDERS", "payment-orders"},
+	{"ORDERS", "fulfillment-orders"},
+	{"INVENTORY", "order-inventory"},
+	{"PAYMENT", "order-payment"},
+	{"FULFILLMENT", "order-fulfillment"},
+}
 
 // run reads the backlog until ctx ends. A failed reading keeps the last
 // one: a broker outage is no reason to refuse orders (the outbox holds
@@ -66,33 +77,21 @@ func (a *admission) run(ctx context.Context) {
 	}
 }
 
-// read sums the unsettled messages of every durable consumer of the saga's
-// streams.
+// read sums the unsettled messages of the saga's consumers.
 func (a *admission) read(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.every)
 	defer cancel()
 	var total int64
-	for _, name := range sagaStreams {
-		st, err := a.js.Stream(ctx, name)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			continue // its producer has not started yet: nothing waits there
+	for _, sc := range sagaConsumers {
+		cons, err := a.js.Consumer(ctx, sc.stream, sc.consumer)
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue // not started yet: nothing waits there
 		}
 		if err != nil {
-			return 0, fmt.Errorf("stream %s: %w", name, err)
+			return 0, fmt.Errorf("consumer %s on %s: %w", sc.consumer, sc.stream, err)
 		}
-		list := st.ListConsumers(ctx)
-		for info := range list.Info() {
-			if info.Config.Durable == "" {
-				// An ephemeral reader (the stream audit of shop verify and
-				// the reconciler, an operator's nats CLI) is no work the
-				// saga has to do, however much of the stream it has left.
-				continue
-			}
-			total += int64(info.NumPending) + int64(max(info.NumAckPending, 0))
-		}
-		if err := list.Err(); err != nil {
-			return 0, fmt.Errorf("consumers of %s: %w", name, err)
-		}
+		info := cons.CachedInfo()
+		total += int64(info.NumPending) + int64(max(info.NumAckPending, 0))
 	}
 	return total, nil
 }

@@ -24,9 +24,10 @@ func TestOrdersAreShedWhileTheSagaLags(t *testing.T) {
 	e.stock(t, "SKU-1", 100)
 	ctx := context.Background()
 
-	// A consumer of ORDERS that has not settled five events.
+	// A consumer of the saga on ORDERS that has not settled five events
+	// (this test runs no inventory service: it plays that consumer).
 	slow, err := e.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
-		Durable: "slow", AckPolicy: jetstream.AckExplicitPolicy,
+		Durable: "inventory-orders", AckPolicy: jetstream.AckExplicitPolicy,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +67,34 @@ func TestOrdersAreShedWhileTheSagaLags(t *testing.T) {
 		res = e.post(t, key, body)
 		return res.status == http.StatusCreated
 	})
+}
+
+// A consumer outside the saga (a forker's loyalty service on ORDERS) that
+// lags does not throttle orders: only the saga's consumers count.
+func TestSideConsumerDoesNotThrottleOrders(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{MaxBacklog: 3})
+	e.stock(t, "SKU-1", 100)
+	ctx := context.Background()
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable: "loyalty-orders", AckPolicy: jetstream.AckExplicitPolicy,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		natstest.Publish(t, e.js, nats.NewMsg("orders.x.Something"))
+	}
+	a := &admission{js: e.js, limit: 3, every: time.Second, log: slog.New(slog.DiscardHandler)}
+	n, err := a.read(ctx)
+	if err != nil || n != 0 {
+		t.Fatalf("backlog read %d, %v; want 0: the side consumer's 20 must not count", n, err)
+	}
+	const body = `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`
+	for i := range 5 {
+		if res := e.post(t, fmt.Sprint("side-", i), body); res.status != http.StatusCreated {
+			t.Fatalf("order %d: %d %s, want 201", i, res.status, res.body)
+		}
+	}
 }
 
 // A broker that cannot be asked changes nothing: the outbox absorbs an

@@ -48,6 +48,12 @@ type Config struct {
 	MaxBacklog int64
 	Logger     *slog.Logger // nil: discard
 
+	// PublishHorizon is how long after an event's first publish its
+	// producer's relay may still publish a copy; the inbox keeps event ids
+	// longer. internal/app passes the RetryHorizon of the relays it really
+	// runs. Default: the outbox relay's default RetryHorizon.
+	PublishHorizon time.Duration
+
 	// ObserveInboxFunc, when set, observes the consumers' processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
@@ -149,7 +155,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		c.DuplicateWindow = broker.DuplicateWindow
 		// Producers may republish an event this long after its first
 		// publish; the inbox must remember ids longer than that.
-		c.PublishHorizon = (outbox.Config{}).RetryHorizon()
+		c.PublishHorizon = cmp.Or(cfg.PublishHorizon, (outbox.Config{}).RetryHorizon())
 		c.Logger = s.log
 		c.ObserveFunc = cfg.ObserveInboxFunc
 		c.FailpointFunc = cfg.FailpointFunc
@@ -183,9 +189,7 @@ func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	for _, c := range s.consumers {
 		g.Go(func() error {
-			if !s.waitStream(ctx, c.Stream()) {
-				return nil
-			}
+			// A consumer waits for its stream and JetStream by itself.
 			if err := c.Run(ctx); err != nil {
 				return fmt.Errorf("order: consumer %s: %w", c.Name(), err)
 			}
@@ -196,29 +200,6 @@ func (s *Service) Run(ctx context.Context) error {
 	g.Go(func() error { s.cleanKeys(ctx); return nil })
 	g.Go(func() error { s.admission.run(ctx); return nil })
 	return g.Wait()
-}
-
-// waitStream waits until the stream exists, reporting false if ctx ended
-// first. Upstream streams are created by their producers, which may start
-// after this service; until they do there is nothing to consume.
-func (s *Service) waitStream(ctx context.Context, name string) bool {
-	wait := 100 * time.Millisecond
-	for {
-		_, err := s.js.Stream(ctx, name)
-		if err == nil {
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		s.log.Warn("stream not there yet; waiting", "stream", name, "err", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 5*time.Second)
-	}
 }
 
 // cleanKeys deletes expired idempotency keys now and then. Expired keys are

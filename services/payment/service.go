@@ -5,6 +5,7 @@
 package payment
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,12 @@ type Config struct {
 	Provider      *FakeProvider    // nil: a new FakeProvider
 	Logger        *slog.Logger     // nil: discard
 	Now           func() time.Time // nil: time.Now; tests move the clock to expire signatures
+
+	// PublishHorizon is how long after an event's first publish its
+	// producer's relay may still publish a copy; the inbox keeps event ids
+	// longer. internal/app passes the RetryHorizon of the relays it really
+	// runs. Default: the outbox relay's default RetryHorizon.
+	PublishHorizon time.Duration
 
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
@@ -114,7 +121,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		DuplicateWindow: broker.DuplicateWindow,
 		// The order service's relay may publish a copy this long after the
 		// first; the inbox must remember event ids longer than that.
-		PublishHorizon: (outbox.Config{}).RetryHorizon(),
+		PublishHorizon: cmp.Or(cfg.PublishHorizon, (outbox.Config{}).RetryHorizon()),
 		Logger:         cfg.Logger,
 		ObserveFunc:    cfg.ObserveInboxFunc,
 		FailpointFunc:  cfg.FailpointFunc,

@@ -91,7 +91,11 @@ function render(st) {
     td(b.service), td(b.pending, "num"), td(duration(b.oldest_pending_seconds), "num"),
     td(b.dead, b.dead > 0 ? "num alert" : "num"),
   ]);
-  rows($("#deadletters"), st.dead_letters, (d) => [td(d.service), td(d.open, d.open > 0 ? "num alert" : "num")]);
+  rows($("#deadletters"), st.dead_letters, (d) => [
+    td(d.service), td(d.open, d.open > 0 ? "num alert" : "num"),
+    td(d.conflicts, d.conflicts > 0 ? "num alert" : "num"),
+    td(d.parked, "num"), td(d.parked > 0 ? duration(d.oldest_parked_seconds) : "", "num"),
+  ]);
   rows($("#events"), st.events, (e) => [
     td(new Date(e.published_at).toLocaleTimeString()), td(e.subject), td(e.type),
   ]);

@@ -1,0 +1,229 @@
+package app
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/inbox"
+)
+
+// A shop started while JetStream cannot answer (a cluster without quorum
+// yet, here a server with JetStream off) comes up by itself when it can:
+// no crash loop. Meanwhile it serves HTTP and reports JetStream down.
+func TestStartsBeforeJetStreamAnswers(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	ns.Stop()
+	ns.StartWithoutJetStream()
+	db := pgtest.NewDatabase(t, "shop_app_js_")
+	addr := freeAddr(t)
+	env := map[string]string{"DATABASE_URL": db.URL, "NATS_URL": ns.URL(), "INVENTORY_ADDR": addr}
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, []string{"inventory"}, slog.New(slog.DiscardHandler)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	wait, stopWaiting := context.WithTimeout(ctx, time.Minute)
+	defer stopWaiting()
+	if err := httpx.WaitReady(wait, nil, "http://"+addr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "readyz to report jetstream down", func() bool {
+		return strings.Contains(get200(t, "http://"+addr+"/readyz"), `"jetstream":{"status":"down"`)
+	})
+	time.Sleep(3 * time.Second) // several rounds of retries: the process must still run
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned while JetStream was off: %v", err)
+	default:
+	}
+
+	ns.Restart() // JetStream comes back with the server
+	_, js := ns.Connect(t)
+	waitFor(t, "the streams and the durable consumer", func() bool {
+		_, err := js.Consumer(ctx, "ORDERS", "inventory-orders")
+		return err == nil
+	})
+	waitFor(t, "readyz to report jetstream up", func() bool {
+		return strings.Contains(get200(t, "http://"+addr+"/readyz"), `"jetstream":{"status":"up"`)
+	})
+}
+
+// A stream deleted under a running service is created again, so the
+// relay's events for it do not die of "no stream for the subject".
+func TestKeepStreamsRecreatesADeletedStream(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	s := &Service{Name: "test", Logger: slog.New(slog.DiscardHandler)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := s.ensureStreams(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	go s.keepStreams(ctx, js, 50*time.Millisecond)
+	if err := js.DeleteStream(ctx, "PAYMENT"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "PAYMENT to exist again", func() bool {
+		_, err := js.Stream(ctx, "PAYMENT")
+		return err == nil
+	})
+}
+
+// The windows rule, checked against the real relay configuration and the
+// streams as they are: retry horizon < duplicate window < inbox retention.
+func TestCheckWindows(t *testing.T) {
+	t.Parallel()
+	horizon := relayConfig().RetryHorizon()
+	if horizon >= broker.DuplicateWindow {
+		t.Fatalf("the relay's retry horizon %s is not shorter than broker.DuplicateWindow %s", horizon, broker.DuplicateWindow)
+	}
+	all := map[string]time.Duration{}
+	for name := range streams {
+		all[name] = broker.DuplicateWindow
+	}
+	if err := checkWindows(horizon, all, nil); err != nil {
+		t.Fatalf("the shipped configuration breaks the rule: %v", err)
+	}
+	short := map[string]time.Duration{"ORDERS": horizon}
+	if err := checkWindows(horizon, short, nil); err == nil || !strings.Contains(err.Error(), "ORDERS") ||
+		!strings.Contains(err.Error(), horizon.String()) {
+		t.Fatalf("a window no longer than the retry horizon: %v, want an error naming both", err)
+	}
+
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	c, err := inbox.NewConsumer(pgtest.New(t, "").Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
+		Handler: func(context.Context, pgx.Tx, inbox.Message) error { return nil }, Retention: time.Hour, PublishHorizon: time.Minute, DuplicateWindow: time.Minute, ReplayWindow: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom := consumersOnly{c}
+	long := map[string]time.Duration{"ORDERS": 2 * time.Hour}
+	if err := checkWindows(time.Minute, long, dom); err == nil || !strings.Contains(err.Error(), "inbox retention (1h0m0s)") {
+		t.Fatalf("a window longer than the inbox retention: %v, want an error naming the three values", err)
+	}
+}
+
+// consumersOnly is a domain of consumers and nothing else.
+type consumersOnly []*inbox.Consumer
+
+func (c consumersOnly) Consumers() []*inbox.Consumer { return c }
+func (consumersOnly) Run(context.Context) error      { return nil }
+func (consumersOnly) Routes(chi.Router)              {}
+
+// waitFor polls cond for up to a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func get200(t *testing.T, url string) string {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
+}
+
+// A service started while Postgres does not answer waits for it instead of
+// exiting (here nothing listens on its database's port at first; then a
+// forwarder to the real server appears there).
+func TestStartsBeforeThePostgresAnswers(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	db := pgtest.NewDatabase(t, "shop_app_pg_")
+	real, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbAddr := freeAddr(t) // nothing there yet: connection refused
+	late := *real
+	late.Host = dbAddr
+	addr := freeAddr(t)
+	env := map[string]string{"DATABASE_URL": late.String(), "NATS_URL": ns.URL(), "INVENTORY_ADDR": addr}
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, []string{"inventory"}, slog.New(slog.DiscardHandler)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	time.Sleep(2 * time.Second) // several tries: the process must still run
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned while Postgres did not answer: %v", err)
+	default:
+	}
+
+	ln, err := net.Listen("tcp", dbAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go forward(ln, real.Host)
+	wait, stopWaiting := context.WithTimeout(ctx, time.Minute)
+	defer stopWaiting()
+	if err := httpx.WaitReady(wait, nil, "http://"+addr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// forward copies every connection accepted on ln to and from target.
+func forward(ln net.Listener, target string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				return
+			}
+			defer up.Close()
+			go func() { _, _ = io.Copy(up, c) }()
+			_, _ = io.Copy(c, up)
+		}()
+	}
+}

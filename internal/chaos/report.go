@@ -1,0 +1,208 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/migrations"
+)
+
+// deadEvents counts the events any outbox gave up on (dead_at set), with
+// the first error of each service that has some.
+func (h *harness) deadEvents(ctx context.Context) (int, []string, error) {
+	total, notes := 0, []string(nil)
+	for _, name := range app.Names {
+		var n int
+		var sample string
+		err := h.admin.QueryRow(ctx, `SELECT count(*), coalesce(min(event_type || ': ' || coalesce(last_error, '')), '') FROM `+
+			pgx.Identifier{migrations.Schemas[name]}.Sanitize()+`.outbox WHERE dead_at IS NOT NULL`).Scan(&n, &sample)
+		if err != nil {
+			return 0, nil, fmt.Errorf("count dead events of %s: %w", name, err)
+		}
+		if n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d dead, e.g. %s", name, n, sample))
+		}
+		total += n
+	}
+	return total, notes, nil
+}
+
+func (h *harness) scrapeLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		h.scrapeAll()
+		var mine, all int
+		if h.admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE datname = $1), count(*) FROM pg_stat_activity
+			WHERE backend_type = 'client backend'`, h.dbName).Scan(&mine, &all) == nil {
+			h.mu.Lock()
+			h.peakConns, h.peakServerConns = max(h.peakConns, mine), max(h.peakServerConns, all)
+			h.mu.Unlock()
+		}
+	}
+}
+
+// scrapeAll reads shop_consumer_duplicates_total of each live process and
+// keeps the last value per process: a process killed between two scrapes
+// loses what it absorbed since the last one (an undercount).
+func (h *harness) scrapeAll() {
+	for _, s := range h.slots {
+		s.mu.Lock()
+		key, running := fmt.Sprintf("%s/%d", s.name, s.gen), s.running
+		s.mu.Unlock()
+		if !running {
+			continue
+		}
+		res, err := h.client.Get("http://" + s.addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		var sum float64
+		sc := bufio.NewScanner(res.Body)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.HasPrefix(line, "shop_consumer_duplicates_total") {
+				continue
+			}
+			if i := strings.LastIndexByte(line, ' '); i > 0 {
+				v, _ := strconv.ParseFloat(line[i+1:], 64)
+				sum += v
+			}
+		}
+		res.Body.Close()
+		h.mu.Lock()
+		h.dups[key] = max(h.dups[key], sum)
+		h.mu.Unlock()
+	}
+}
+
+// published counts the published events of the run (the retention filler
+// is older than the retention and not counted).
+func (h *harness) published(ctx context.Context) int64 {
+	var total int64
+	for _, name := range app.Names {
+		var n int64
+		s := pgx.Identifier{migrations.Schemas[name]}.Sanitize()
+		if err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+s+`.outbox
+			WHERE published_at IS NOT NULL AND event_type <> 'ChaosRetentionFiller'`).Scan(&n); err != nil {
+			h.t.Errorf("count published events: %v", err)
+		}
+		total += n
+	}
+	return total
+}
+
+// waitEnded waits until every order is COMPLETED, CLOSED or REJECTED and
+// returns how many are not.
+func (h *harness) waitEnded(ctx context.Context, timeout time.Duration) int {
+	deadline := time.Now().Add(timeout)
+	for {
+		var n int
+		err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{migrations.Schemas["order"]}.Sanitize()+
+			`.orders WHERE status NOT IN ('COMPLETED', 'CLOSED', 'REJECTED')`).Scan(&n)
+		if err == nil && n == 0 {
+			return 0
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return n
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) }
+
+func (h *harness) table(r Result) {
+	out := h.cfg.Out
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "scenario\torders\tevents published\tduplicates absorbed\tprocesses killed\tfailpoints fired\tviolations\tfinal status\t")
+	for _, s := range r.Scenarios {
+		fmt.Fprintf(w, "%s\t%d\t-\t-\t-\t-\t-\t%s\t\n", s.Name, s.Orders, statusList(s.Final))
+	}
+	fmt.Fprintf(w, "all (%v of chaos)\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d unended\t\n", h.cfg.Duration,
+		r.Orders, r.EventsPublished, r.Duplicates, r.Killed, len(failpoint.Names())-len(r.NotFired), len(failpoint.Names()), r.Violations, r.Unended)
+	w.Flush()
+
+	fmt.Fprintf(out, "\nbroker faults on %d NATS node(s), offsets from the start of the chaos; stall: see chaos.Stall\n", r.Nodes)
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "fault\ttarget\tstart\theal\twindow end\tlongest stall\tstall from–to\tlongest order wait\tnote\toverlapping faults")
+	for i, f := range r.Faults {
+		st := r.Stalls[i]
+		d := secs(st.D)
+		if st.Open {
+			d = "≥" + d
+		}
+		span := "-"
+		if st.D > 0 {
+			span = fmt.Sprintf("%v–%v", h.offset(st.From), h.offset(st.To))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%v\t%v\t%v\t%s\t%s\t%s\t%s\t%s\n", f.Kind, f.Target, h.offset(f.Start), h.offset(f.Heal),
+			h.offset(st.Until), d, span, secs(st.OrderWait), f.Note, overlaps(r.Faults, r.Stalls, i))
+	}
+	w.Flush()
+
+	kinds := []string{KindLeaderKill, KindQuorumLoss, KindPartition, KindJetStreamOff, KindConsumerDelete, KindClusterRestart, KindConnReset}
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s×%d", k, r.FaultCounts[k]))
+	}
+	fmt.Fprintf(out, "\nfaults injected: %s; process SIGKILLs %d, failpoint crashes %d, Postgres backends terminated %d\n",
+		strings.Join(parts, ", "), r.Killed, r.Crashes, r.Terminated)
+	names := failpoint.Names()
+	parts = parts[:0]
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s×%d", n, r.Fired[n]))
+	}
+	fmt.Fprintf(out, "failpoints: %s\n", strings.Join(parts, ", "))
+	h.writeRedelivery(out, r.Redelivery)
+	fmt.Fprintf(out, "peak Postgres client connections: %d to the run's database, %d to the whole server (shared with other tests)\n",
+		r.PeakConns, r.PeakServerConns)
+
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "\ntarget\tfound\twant\t")
+	fmt.Fprintf(w, "shop processes that exited on their own\t%d\t0\t\n", len(r.SelfExits))
+	if n := pgFull(r.SelfExits); n > 0 {
+		// Not a broker fault's doing: the Postgres server (100 connections,
+		// shared with whatever else runs on the machine) refused them.
+		fmt.Fprintf(w, "  of which Postgres refused a connection (too many clients, SQLSTATE 53300)\t%d\t\t\n", n)
+	}
+	fmt.Fprintf(w, "NATS nodes that exited on their own\t%d\t0\t\n", len(r.NodeExits))
+	fmt.Fprintf(w, "dead events in the outboxes\t%d\t0\t\n", r.DeadEvents)
+	fmt.Fprintf(w, "invariant violations\t%d\t0\t\n", r.Violations)
+	fmt.Fprintf(w, "sagas not ended\t%d\t0\t\n", r.Unended)
+	w.Flush()
+	fmt.Fprintf(out, "wall time %v\n", r.Elapsed.Round(time.Second))
+	for _, n := range r.DeadNotes {
+		fmt.Fprintf(out, "dead: %s\n", n)
+	}
+	writeExits(out, "shop processes", r.SelfExits, h.offset)
+	writeExits(out, "NATS nodes", r.NodeExits, h.offset)
+	r.Report.Write(out)
+}
+
+func statusList(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}

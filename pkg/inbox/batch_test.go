@@ -1,0 +1,85 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// backlog publishes n events over aggregates (each aggregate's in order)
+// before any consumer runs, so that workers find batches waiting.
+func backlog(t *testing.T, e *env, aggregates, perAggregate int) {
+	t.Helper()
+	for seq := 1; seq <= perAggregate; seq++ {
+		for a := range aggregates {
+			e.publish(t, newEvent(fmt.Sprint("b-", a), int64(seq)))
+		}
+	}
+}
+
+func TestBatchesApplyManyDeliveriesInOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	backlog(t, e, 20, 10)
+	c := e.consumer(t, e.pool, e.js, e.config(t, record("")))
+	run(t, c)
+	eventually(t, "every event is applied", func() bool { return e.count(t, `SELECT count(*) FROM effects`) == 200 })
+	for a := range 20 {
+		wantSeqs(t, e, fmt.Sprint("b-", a), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	}
+	got := c.Counters()
+	if got.Processed != 200 || got.Batches == 0 || got.Duplicates != 0 {
+		t.Errorf("counters %+v, want 200 processed in some batches, no duplicates", got)
+	}
+}
+
+// One poison message in a batch rolls the batch back; the worker retries it
+// one delivery at a time, so only that message becomes a dead letter.
+func TestPoisonInABatchIsIsolated(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	backlog(t, e, 10, 5)
+	c := e.consumer(t, e.pool, e.js, e.config(t, func(ctx context.Context, tx pgx.Tx, m Message) error {
+		if m.AggregateID == "b-3" && m.Seq == 2 {
+			return Poison(errors.New("cannot apply this one"))
+		}
+		return record("")(ctx, tx, m)
+	}))
+	run(t, c)
+	// b-3 stops at its dead seq 2 (3..5 park behind it); the rest apply.
+	eventually(t, "the others are applied", func() bool { return e.count(t, `SELECT count(*) FROM effects`) == 9*5+1 })
+	eventually(t, "settled", func() bool { return e.settled(t) })
+	dead, err := ListDeadLetters(context.Background(), e.db.Pool, testConsumer, 10)
+	if err != nil || len(dead) != 1 || dead[0].Header.Get("Aggregate-Id") != "b-3" || dead[0].Header.Get("Aggregate-Seq") != "2" {
+		t.Fatalf("dead letters %+v, %v; want b-3/2 alone", dead, err)
+	}
+	wantSeqs(t, e, "b-3", 1)
+}
+
+// A crash after a batch's commit, before its acks: JetStream redelivers
+// every delivery of it, and each is absorbed as a duplicate.
+func TestCrashAfterBatchCommitIsAbsorbed(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	backlog(t, e, 10, 5)
+	cfg := e.config(t, record(""))
+	cfg.AckWait = time.Second // the redelivery comes after AckWait
+	c := e.consumer(t, e.pool, e.js, cfg)
+	var crashes atomic.Int32
+	c.crash = func(p crashPoint, m Message) bool { return p == afterCommit && crashes.Add(1) == 1 }
+	run(t, c)
+	eventually(t, "everything applied and settled", func() bool {
+		return e.count(t, `SELECT count(*) FROM effects`) == 50 && e.settled(t)
+	})
+	if n := e.count(t, `SELECT count(*) FROM (SELECT event_id FROM effects GROUP BY event_id HAVING count(*) > 1) d`); n != 0 {
+		t.Fatalf("%d events applied twice", n)
+	}
+	if got := c.Counters(); got.Duplicates < 1 {
+		t.Errorf("counters %+v, want the crashed commit's deliveries absorbed as duplicates", got)
+	}
+}
