@@ -6,9 +6,24 @@
 #
 # "Once": a SKU the inventory already knows is left alone, so a second
 # `docker compose up` does not reset stock that orders have since used.
+#
+# A restock is an operator's request: when the inventory service has an
+# OPERATOR_TOKEN, the same OPERATOR_TOKEN here is sent as a bearer token.
 set -eu
 
 INVENTORY_URL=${INVENTORY_URL:-http://inventory:8082}
+OPERATOR_TOKEN=${OPERATOR_TOKEN:-}
+
+# restock SKU JSON
+restock() {
+	if [ -n "$OPERATOR_TOKEN" ]; then
+		curl -fsS -o /dev/null -X PUT -H 'Content-Type: application/json' \
+			-H "Authorization: Bearer $OPERATOR_TOKEN" -d "$2" "$INVENTORY_URL/stock/$1"
+	else
+		curl -fsS -o /dev/null -X PUT -H 'Content-Type: application/json' \
+			-d "$2" "$INVENTORY_URL/stock/$1"
+	fi
+}
 
 # seed SKU ON_HAND PRICE (price in cents)
 seed() {
@@ -18,8 +33,7 @@ seed() {
 		echo "$1: already stocked, left alone"
 		;;
 	404)
-		curl -fsS -o /dev/null -X PUT -H 'Content-Type: application/json' \
-			-d "{\"on_hand\":$2,\"price\":$3}" "$INVENTORY_URL/stock/$1"
+		restock "$1" "{\"on_hand\":$2,\"price\":$3}"
 		echo "$1: stocked $2 at $3 cents"
 		;;
 	*)

@@ -96,7 +96,8 @@ func runLoadgen(ctx context.Context, args []string, getenv func(string) string, 
 Drives orders through the public HTTP API of a local shop: each order is a
 POST /orders with its own Idempotency-Key (a timed-out request is retried with
 the same key); a fraction is paid through POST /payments/{id}/simulate once the
-order waits for payment. At the end it prints throughput and latency
+order waits for payment (the payment service serves it only with its fake
+provider on: shop all -demo, or PAYMENT_FAKE_PROVIDER=true). At the end it prints throughput and latency
 percentiles of order creation and of order-to-COMPLETED. Only local targets
 are allowed.
 
@@ -410,7 +411,9 @@ func (g *loadgen) follow(ctx context.Context, i int, r *orderRun, sem chan struc
 }
 
 // simulate asks the fake provider to pay. The payment service learns of the
-// order from an event, so a 404 or 409 just after WAIT_PAY means "not yet".
+// order from an event, so a 404 or 409 just after WAIT_PAY means "not yet";
+// a 404 that is no problem+json (net/http's plain "404 page not found")
+// means the route is absent: the payment service's fake provider is off.
 func (g *loadgen) simulate(ctx context.Context, id string, sem chan struct{}) (bool, error) {
 	select {
 	case sem <- struct{}{}:
@@ -424,6 +427,9 @@ func (g *loadgen) simulate(ctx context.Context, id string, sem chan struct{}) (b
 		return false, nil // try again on the next round
 	case status == http.StatusOK || status == http.StatusAccepted:
 		return true, nil
+	case status == http.StatusNotFound && bytes.HasPrefix(resp, []byte("404 page not found")):
+		return false, fmt.Errorf("POST /payments/%s/simulate: the payment service does not serve it: "+
+			"its fake provider is off (run it with PAYMENT_FAKE_PROVIDER=true, as shop all -demo does, or use -pay 0)", id)
 	case status == http.StatusNotFound || status == http.StatusConflict || status >= 500:
 		return false, nil
 	}

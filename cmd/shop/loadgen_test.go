@@ -38,10 +38,11 @@ func startShop(t *testing.T) *testShop {
 	}
 	ns := natstest.New(t)
 	vars := map[string]string{
-		"DATABASE_URL":      dbURL,
-		"NATS_URL":          ns.URL(),
-		"FULFILLMENT_DELAY": "100ms",
-		"DASHBOARD_ADDR":    freeAddr(t), // not the machine's :8080
+		"DATABASE_URL":          dbURL,
+		"NATS_URL":              ns.URL(),
+		"FULFILLMENT_DELAY":     "100ms",
+		"DASHBOARD_ADDR":        freeAddr(t), // not the machine's :8080
+		"PAYMENT_FAKE_PROVIDER": "true",      // loadgen pays through /simulate
 	}
 	for _, name := range app.Names {
 		vars[strings.ToUpper(name)+"_ADDR"] = freeAddr(t)

@@ -261,10 +261,8 @@ func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, repair, 
 		}
 	}
 	if repair {
-		rcfg := reconcile.Config{PaymentTimeout: cfg.PaymentTimeout, Repair: true}
-		if js != nil {
-			rcfg.JetStream, rcfg.Retention = js, app.OutboxRetention
-		}
+		rcfg := app.ReconcileConfig(cfg)
+		rcfg.JetStream = js // nil when the streams are not audited
 		rep, err := reconcile.Run(ctx, vp, rcfg)
 		if err != nil {
 			return fmt.Errorf("verify -repair: %w", err)

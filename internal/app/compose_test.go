@@ -284,6 +284,9 @@ func TestComposeEnvVars(t *testing.T) {
 		if v == "NATS_REPLICAS" || v == "ORDER_MAX_BACKLOG" {
 			value = "3" // a count
 		}
+		if v == "PAYMENT_FAKE_PROVIDER" {
+			value = "true" // a switch
+		}
 		cfg, err := LoadConfig(func(k string) string {
 			if k == v {
 				return value
@@ -486,11 +489,19 @@ func TestComposeSeed(t *testing.T) {
 	if !slices.Contains(seed.volumes, "./deploy/seed.sh:/seed.sh:ro") || !slices.Equal(seed.entrypoint, []string{"/bin/sh", "/seed.sh"}) {
 		t.Errorf("seed: volumes %q, entrypoint %q: want deploy/seed.sh run as /seed.sh", seed.volumes, seed.entrypoint)
 	}
+	// The seed restocks with the operator token the inventory service is
+	// given, whatever the operator sets.
+	if inv, ok := byName["inventory"].env["OPERATOR_TOKEN"]; !ok || seed.env["OPERATOR_TOKEN"] != inv {
+		t.Errorf("seed: OPERATOR_TOKEN %q, the inventory service's %q (set: %v): want the same", seed.env["OPERATOR_TOKEN"], inv, ok)
+	}
 
 	// deploy/seed.sh stocks the catalogue `shop all -demo` stocks.
 	data, err := os.ReadFile(filepath.Join(repoRoot, "deploy/seed.sh"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `-H "Authorization: Bearer $OPERATOR_TOKEN"`) {
+		t.Error("deploy/seed.sh does not send OPERATOR_TOKEN as a bearer token")
 	}
 	var got []string
 	for _, m := range regexp.MustCompile(`(?m)^seed (\S+) (\d+) (\d+)$`).FindAllStringSubmatch(string(data), -1) {

@@ -50,9 +50,22 @@ type Config struct {
 	// PaymentTimeout is how long an order may wait in WAIT_PAY before the
 	// saga closes it (PAYMENT_TIMEOUT, default 15m).
 	PaymentTimeout time.Duration
+	// ReservationTimeout is how long an order may stay PENDING, inventory
+	// not answering, before the saga closes it (ORDER_RESERVATION_TIMEOUT,
+	// default order.DefaultReservationTimeout, 5m).
+	ReservationTimeout time.Duration
 	// WebhookSecret is the HMAC key of payment provider callbacks
 	// (PAYMENT_WEBHOOK_SECRET, default DefaultWebhookSecret, with a warning).
 	WebhookSecret string
+	// FakeProvider switches on the payment service's demo endpoint POST
+	// /payments/{id}/simulate, where the built-in fake provider charges an
+	// order and signs its callback (PAYMENT_FAKE_PROVIDER, default false;
+	// `shop all -demo` turns it on).
+	FakeProvider bool
+	// OperatorToken is the bearer token the operator's endpoints (PUT
+	// /stock/{sku}) require (OPERATOR_TOKEN). Empty, the default: they are
+	// open, and the inventory service warns.
+	OperatorToken string
 	// FulfillmentDelay is how long after FulfillmentStarted the simulated
 	// carrier delivers (FULFILLMENT_DELAY, default 2s).
 	FulfillmentDelay time.Duration
@@ -92,6 +105,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		NATSURL:       getenv("NATS_URL"),
 		Services:      make(map[string]*ServiceConfig, len(migrations.Services)),
 		WebhookSecret: cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
+		OperatorToken: getenv("OPERATOR_TOKEN"),
 		NATSReplicas:  1,
 		DashboardAddr: cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
 	}
@@ -102,6 +116,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("ORDER_MAX_BACKLOG=%q: want a count of events, 0 to never shed orders", v)
 		}
 		cfg.OrderMaxBacklog = n
+	}
+	if v := getenv("PAYMENT_FAKE_PROVIDER"); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return Config{}, fmt.Errorf("PAYMENT_FAKE_PROVIDER=%q: want true or false", v)
+		}
+		cfg.FakeProvider = on
 	}
 	if v := getenv("NATS_REPLICAS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -116,6 +137,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		dst *time.Duration
 	}{
 		{"PAYMENT_TIMEOUT", 15 * time.Minute, &cfg.PaymentTimeout},
+		{"ORDER_RESERVATION_TIMEOUT", order.DefaultReservationTimeout, &cfg.ReservationTimeout},
 		{"FULFILLMENT_DELAY", 2 * time.Second, &cfg.FulfillmentDelay},
 		{"IDEMPOTENCY_KEY_TTL", 24 * time.Hour, &cfg.IdempotencyKeyTTL},
 	} {
@@ -166,7 +188,10 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 		fs.StringVar(&sc.Addr, name+"-addr", sc.Addr, fmt.Sprintf("HTTP listen `address` of the %s service (%s_ADDR)", name, env))
 	}
 	fs.DurationVar(&cfg.PaymentTimeout, "payment-timeout", cfg.PaymentTimeout, "how long an order may wait for payment (PAYMENT_TIMEOUT)")
+	fs.DurationVar(&cfg.ReservationTimeout, "order-reservation-timeout", cfg.ReservationTimeout, "how long an order may wait for inventory to reserve it (ORDER_RESERVATION_TIMEOUT)")
 	fs.Var(maskedFlag{&cfg.WebhookSecret}, "payment-webhook-secret", "HMAC `key` of payment callbacks (PAYMENT_WEBHOOK_SECRET)")
+	fs.BoolVar(&cfg.FakeProvider, "payment-fake-provider", cfg.FakeProvider, "serve POST /payments/{id}/simulate, the fake provider's demo payments (PAYMENT_FAKE_PROVIDER)")
+	fs.Var(maskedFlag{&cfg.OperatorToken}, "operator-token", "bearer `token` the operator endpoints require, PUT /stock/{sku}; empty: open (OPERATOR_TOKEN)")
 	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
 	fs.StringVar(&cfg.DashboardAddr, "dashboard-addr", cfg.DashboardAddr, "HTTP listen `address` of the dashboard of shop all (DASHBOARD_ADDR)")
@@ -189,8 +214,11 @@ func (cfg Config) LogValue() slog.Value {
 		slog.String("database_url", MaskURL(cfg.DatabaseURL)),
 		slog.String("nats_url", cmp.Or(MaskURL(cfg.NATSURL), "(embedded)")),
 		slog.Duration("payment_timeout", cfg.PaymentTimeout),
+		slog.Duration("reservation_timeout", cfg.ReservationTimeout),
 		slog.Duration("fulfillment_delay", cfg.FulfillmentDelay),
 		slog.Bool("default_webhook_secret", cfg.WebhookSecret == DefaultWebhookSecret),
+		slog.Bool("fake_provider", cfg.FakeProvider),
+		slog.Bool("operator_token_set", cfg.OperatorToken != ""),
 	}
 	for _, name := range migrations.Services {
 		sc := cfg.Services[name]

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestConfig(t *testing.T) {
@@ -17,6 +18,12 @@ func TestConfig(t *testing.T) {
 		}
 		if cfg.DatabaseURL != DefaultDatabaseURL || cfg.NATSURL != "" {
 			t.Errorf("DatabaseURL %q, NATSURL %q", cfg.DatabaseURL, cfg.NATSURL)
+		}
+		if cfg.PaymentTimeout != 15*time.Minute || cfg.ReservationTimeout != 5*time.Minute {
+			t.Errorf("PaymentTimeout %s, ReservationTimeout %s; want 15m and 5m", cfg.PaymentTimeout, cfg.ReservationTimeout)
+		}
+		if cfg.FakeProvider || cfg.OperatorToken != "" {
+			t.Errorf("FakeProvider %v, OperatorToken set %v; want the demo's endpoint off and no token", cfg.FakeProvider, cfg.OperatorToken != "")
 		}
 		for name, want := range map[string]string{"order": ":8081", "inventory": ":8082", "payment": ":8083", "fulfillment": ":8084"} {
 			if got := cfg.Services[name].Addr; got != want {
@@ -59,11 +66,14 @@ func TestConfig(t *testing.T) {
 		}
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)
 		cfg.RegisterFlags(fs)
-		if err := fs.Parse([]string{"-database-url", "postgres://flag@h/db", "-order-addr", ":7001"}); err != nil {
+		if err := fs.Parse([]string{"-database-url", "postgres://flag@h/db", "-order-addr", ":7001", "-order-reservation-timeout", "90s"}); err != nil {
 			t.Fatal(err)
 		}
 		if cfg.DatabaseURL != "postgres://flag@h/db" || cfg.Services["order"].Addr != ":7001" || cfg.NATSURL != "nats://env:4222" {
 			t.Errorf("after flags: %+v, order addr %q", cfg, cfg.Services["order"].Addr)
+		}
+		if cfg.ReservationTimeout != 90*time.Second {
+			t.Errorf("after flags: ReservationTimeout %s, want 90s", cfg.ReservationTimeout)
 		}
 	})
 
@@ -73,6 +83,7 @@ func TestConfig(t *testing.T) {
 			"DATABASE_URL":       "postgres://shop:s3cret@db:5432/shop",
 			"ORDER_DATABASE_URL": "host=db user=shop password=s3cret dbname=orders",
 			"NATS_URL":           "nats://relay:s3cret@nats:4222",
+			"OPERATOR_TOKEN":     "s3cret",
 		}
 		cfg, err := LoadConfig(func(k string) string { return env[k] })
 		if err != nil {
@@ -114,10 +125,12 @@ func TestMaskURL(t *testing.T) {
 
 func TestLoadConfigRefusesBadValues(t *testing.T) {
 	for k, v := range map[string]string{
-		"PAYMENT_TIMEOUT":     "soon",
-		"FULFILLMENT_DELAY":   "-2s",
-		"IDEMPOTENCY_KEY_TTL": "0",
-		"NATS_REPLICAS":       "7",
+		"PAYMENT_TIMEOUT":           "soon",
+		"ORDER_RESERVATION_TIMEOUT": "0s",
+		"FULFILLMENT_DELAY":         "-2s",
+		"IDEMPOTENCY_KEY_TTL":       "0",
+		"PAYMENT_FAKE_PROVIDER":     "yes please",
+		"NATS_REPLICAS":             "7",
 	} {
 		_, err := LoadConfig(func(name string) string {
 			if name == k {

@@ -64,6 +64,7 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[str
 		OrderURL:       urls["order"],
 		PaymentURL:     urls["payment"],
 		PaymentTimeout: cfg.PaymentTimeout,
+		CanPay:         cfg.FakeProvider,
 		Logger:         log,
 	})
 	if err != nil {

@@ -26,7 +26,8 @@ var demoCatalogue = []struct {
 // that place an order, pay it and watch it complete. urls are the base URLs
 // this process's services really listen on (see RunDemo), so it never
 // stocks another process that happens to answer on a configured address.
-func seedDemo(ctx context.Context, urls map[string]string, out io.Writer) error {
+// A restock is an operator's call: with a token set, it is sent.
+func seedDemo(ctx context.Context, urls map[string]string, operatorToken string, out io.Writer) error {
 	inv, ord, pay := urls["inventory"], urls["order"], urls["payment"]
 	for _, p := range demoCatalogue {
 		body, _ := json.Marshal(map[string]int{"on_hand": p.onHand, "price": p.price})
@@ -35,6 +36,9 @@ func seedDemo(ctx context.Context, urls map[string]string, out io.Writer) error 
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
+		if operatorToken != "" {
+			req.Header.Set("Authorization", "Bearer "+operatorToken)
+		}
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return fmt.Errorf("seed %s: %w", p.sku, err)

@@ -41,17 +41,24 @@ func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Conf
 		if maxBacklog == 0 {
 			maxBacklog = -1 // the variable's 0 means never; order.Config's 0 means its default
 		}
-		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, KeyTTL: cfg.IdempotencyKeyTTL, MaxBacklog: maxBacklog,
+		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, ReservationTimeout: cfg.ReservationTimeout,
+			KeyTTL: cfg.IdempotencyKeyTTL, MaxBacklog: maxBacklog,
 			PublishHorizon: horizon, Logger: log, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
 	case "inventory":
-		return inventory.New(pool, js, inventory.Config{Logger: log, PublishHorizon: horizon, ObserveInboxFunc: observe,
-			FailpointFunc: failpoint.Inject})
+		if cfg.OperatorToken == "" {
+			log.Warn("OPERATOR_TOKEN is not set: PUT /stock/{sku}, an operator's restock, is open to anyone who reaches the inventory service; set one outside the demo")
+		}
+		return inventory.New(pool, js, inventory.Config{Logger: log, OperatorToken: cfg.OperatorToken, PublishHorizon: horizon,
+			ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
 	case "payment":
 		if cfg.WebhookSecret == DefaultWebhookSecret {
 			log.Warn("PAYMENT_WEBHOOK_SECRET is the public demo default: anyone can forge payment callbacks; set your own outside the demo")
 		}
-		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Logger: log, PublishHorizon: horizon, ObserveInboxFunc: observe,
-			FailpointFunc: failpoint.Inject})
+		if cfg.FakeProvider {
+			log.Warn("PAYMENT_FAKE_PROVIDER is on: POST /payments/{id}/simulate lets any client have the fake provider pay any order; demo only")
+		}
+		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Simulate: cfg.FakeProvider, Logger: log,
+			PublishHorizon: horizon, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
 	case "fulfillment":
 		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log, PublishHorizon: horizon, ObserveInboxFunc: observe,
 			FailpointFunc: failpoint.Inject})

@@ -53,15 +53,34 @@ func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.L
 		}
 		pools[name] = pool
 	}
+	rcfg := ReconcileConfig(cfg)
+	rcfg.JetStream = js
 	return &reconcile.Job{
 		Pools: verify.Pools{
 			Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
 		},
-		Config: reconcile.Config{PaymentTimeout: cfg.PaymentTimeout, Repair: true,
-			JetStream: js, Retention: OutboxRetention},
+		Config:   rcfg,
 		Interval: ReconcileInterval,
 		Logger:   log.With("service", "reconcile"),
 	}, close, nil
+}
+
+// reconcileGrace is the reconciler's slack past the saga's own deadlines.
+const reconcileGrace = 5 * time.Minute
+
+// ReconcileConfig is the reconciler's configuration for the shop cfg
+// configures, repairs on: an order is stuck only once the saga's own
+// deadline for its state (ORDER_RESERVATION_TIMEOUT for PENDING,
+// PAYMENT_TIMEOUT for WAIT_PAY) is past by the grace, since until then the
+// saga's timeouts are the ones to end it.
+func ReconcileConfig(cfg Config) reconcile.Config {
+	return reconcile.Config{
+		Pending:        cfg.ReservationTimeout + reconcileGrace,
+		PaymentTimeout: cfg.PaymentTimeout,
+		Grace:          reconcileGrace,
+		Repair:         true,
+		Retention:      OutboxRetention, // the window of the stream audit, when JetStream is set
+	}
 }
 
 // reconcileCollector exposes the last run of job: what it found, by kind,

@@ -28,13 +28,17 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 	return run(ctx, cfg, names, log, nil)
 }
 
-// RunDemo is Run of every service plus the demo: once this process's own
-// services listen and answer, it stocks the demo catalogue through its own
-// inventory service and prints to out how to try the shop, with the
-// addresses it really bound (the dashboard's may be a free port).
+// RunDemo is Run of every service plus the demo: the payment service's
+// fake provider is on (POST /payments/{id}/simulate, the curl it prints and
+// the dashboard's Pay button), and once this process's own services listen
+// and answer, it stocks the demo catalogue through its own inventory
+// service (with cfg.OperatorToken, if one is set) and prints to out how to
+// try the shop, with the addresses it really bound (the dashboard's may be
+// a free port).
 func RunDemo(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error {
+	cfg.FakeProvider = true
 	return run(ctx, cfg, Names, log, func(ctx context.Context, urls map[string]string) {
-		if err := seedDemo(ctx, urls, out); err != nil && ctx.Err() == nil {
+		if err := seedDemo(ctx, urls, cfg.OperatorToken, out); err != nil && ctx.Err() == nil {
 			log.Error("demo seed failed", "err", err)
 		}
 	})

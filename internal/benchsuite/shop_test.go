@@ -185,6 +185,7 @@ func (s *shop) command(args ...string) *exec.Cmd {
 	cmd.Env = []string{
 		"DATABASE_URL=" + s.db.URL,
 		"PAYMENT_WEBHOOK_SECRET=bench-secret",
+		"PAYMENT_FAKE_PROVIDER=true", // the saga row pays through /simulate
 		"FULFILLMENT_DELAY=10ms",
 		"DASHBOARD_ADDR=127.0.0.1:0",
 	}

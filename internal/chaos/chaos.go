@@ -51,6 +51,7 @@ type Config struct {
 const (
 	paymentTimeout = 3 * time.Second
 	webhookSecret  = "chaos-secret"
+	operatorToken  = "chaos-operator-token"
 	// fillerEvents old published rows are put in fulfillment's outbox so
 	// that its retention deletes more than one batch (1000) and passes the
 	// outbox.retention_mid_batch failpoint. Retention runs once a minute.

@@ -60,7 +60,8 @@ func (h *harness) do(ctx context.Context, method, url, key string, header map[st
 func (h *harness) restock(ctx context.Context, skus []string) {
 	inv := h.urls("inventory")[0]
 	for _, sku := range skus {
-		st, b, err := h.do(ctx, http.MethodPut, inv+"/stock/"+sku, "", nil, []byte(`{"on_hand":1000000,"price":250}`))
+		st, b, err := h.do(ctx, http.MethodPut, inv+"/stock/"+sku, "", map[string]string{"Authorization": "Bearer " + operatorToken},
+			[]byte(`{"on_hand":1000000,"price":250}`))
 		if err != nil || st != http.StatusOK {
 			h.fatalf("restock %s: %d %s %v", sku, st, b, err)
 		}

@@ -82,6 +82,8 @@ func (h *harness) env(dbURL, natsURL string) []string {
 		fmt.Sprintf("NATS_REPLICAS=%d", len(h.nats.nodes)),
 		"PAYMENT_TIMEOUT=" + paymentTimeout.String(),
 		"PAYMENT_WEBHOOK_SECRET=" + webhookSecret,
+		"PAYMENT_FAKE_PROVIDER=true", // the driver pays through /simulate
+		"OPERATOR_TOKEN=" + operatorToken,
 		"FULFILLMENT_DELAY=300ms",
 		"DASHBOARD_ADDR=127.0.0.1:0",
 	}

@@ -59,6 +59,11 @@ type Config struct {
 	// PaymentTimeout is the saga's PAYMENT_TIMEOUT, shown on the page: an
 	// order that is not paid closes after it.
 	PaymentTimeout time.Duration
+	// CanPay says the payment service serves POST /payments/{id}/simulate
+	// (its fake provider is on, PAYMENT_FAKE_PROVIDER; `shop all -demo`).
+	// Only then does the page offer "Pay"; without it (the default) POST
+	// /api/demo/pay answers 409 and says why.
+	CanPay bool
 	// Interval is how often the server-sent events push the state (default
 	// 1s).
 	Interval time.Duration
@@ -214,6 +219,11 @@ const payRetry = 5 * time.Second
 // that window payment answers 404 or 409, so the call is retried briefly
 // rather than making the operator click again.
 func (s *Server) handlePay(w http.ResponseWriter, r *http.Request) {
+	if !s.cfg.CanPay {
+		writeJSON(w, http.StatusConflict, map[string]string{"error": "the payment service's fake provider is off: " +
+			"run `shop all -demo`, or set PAYMENT_FAKE_PROVIDER=true, to pay from here"})
+		return
+	}
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "order id must be a UUID"})

@@ -93,7 +93,7 @@ func TestState(t *testing.T) {
 		if err := json.NewDecoder(res.Body).Decode(&raw); err != nil {
 			t.Fatal(err)
 		}
-		for _, key := range []string{"at", "payment_timeout", "counts", "orders", "outbox", "events", "dead_letters"} {
+		for _, key := range []string{"at", "payment_timeout", "can_pay", "counts", "orders", "outbox", "events", "dead_letters"} {
 			if _, ok := raw[key]; !ok {
 				t.Errorf("no %q in the state", key)
 			}
@@ -306,6 +306,20 @@ func TestDemoPay(t *testing.T) {
 			t.Fatalf("got %d %v", status, body)
 		}
 	})
+	t.Run("without the fake provider, says so and calls nothing", func(t *testing.T) {
+		d, err := dashboard.New(dashboard.Config{Pools: map[string]dashboard.DB{"order": failingDB{}},
+			OrderURL: "http://order.invalid", PaymentURL: payment.URL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		off := httptest.NewServer(d)
+		defer off.Close()
+		before := calls.Load()
+		status, body := post(t, off.URL+"/api/demo/pay/"+id)
+		if msg, _ := body["error"].(string); status != http.StatusConflict || !strings.Contains(msg, "PAYMENT_FAKE_PROVIDER") || calls.Load() != before {
+			t.Fatalf("got %d %v, %d calls", status, body, calls.Load()-before)
+		}
+	})
 }
 
 func TestNewValidates(t *testing.T) {
@@ -322,7 +336,7 @@ func TestNewValidates(t *testing.T) {
 func demoServer(t *testing.T, orderURL, paymentURL string) *httptest.Server {
 	t.Helper()
 	d, err := dashboard.New(dashboard.Config{Pools: map[string]dashboard.DB{"order": failingDB{}},
-		OrderURL: orderURL, PaymentURL: paymentURL})
+		OrderURL: orderURL, PaymentURL: paymentURL, CanPay: true})
 	if err != nil {
 		t.Fatal(err)
 	}

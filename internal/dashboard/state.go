@@ -28,6 +28,7 @@ const (
 type State struct {
 	At             time.Time      `json:"at"`
 	PaymentTimeout string         `json:"payment_timeout"` // PAYMENT_TIMEOUT, such as "15m0s"
+	CanPay         bool           `json:"can_pay"`         // the page may offer Pay (Config.CanPay)
 	Counts         map[string]int `json:"counts"`          // orders per saga state; every state present
 	Orders         []Order        `json:"orders"`          // the most recently updated, newest first
 	Outbox         []Backlog      `json:"outbox"`          // one per service
@@ -77,6 +78,7 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 	st := State{
 		At:             time.Now().UTC(),
 		PaymentTimeout: s.cfg.PaymentTimeout.String(),
+		CanPay:         s.cfg.CanPay,
 		Counts:         make(map[string]int, len(States)),
 		Orders:         []Order{},
 		Events:         []Event{},

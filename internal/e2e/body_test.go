@@ -41,6 +41,7 @@ func TestOversizedBodiesAreAlways413(t *testing.T) {
 						req, _ := http.NewRequest(ep.method, ep.url, rd)
 						req.Header.Set("Content-Type", ep.contentType)
 						req.Header.Set("Idempotency-Key", "huge-"+randHex())
+						req.Header.Set("Authorization", "Bearer "+operatorToken) // PUT /stock is an operator's
 						res, err := client.Do(req)
 						if err != nil {
 							t.Fatalf("attempt %d: %v", i+1, err)

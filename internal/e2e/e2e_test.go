@@ -38,6 +38,7 @@ import (
 const (
 	paymentTimeout = 3 * time.Second
 	webhookSecret  = "e2e-secret"
+	operatorToken  = "e2e-operator-token"
 )
 
 // shop is the running system every test in the package talks to.
@@ -78,8 +79,15 @@ func runMain(m *testing.M) int {
 		"NATS_URL":               srv.URL(),
 		"PAYMENT_TIMEOUT":        paymentTimeout.String(),
 		"PAYMENT_WEBHOOK_SECRET": webhookSecret,
-		"FULFILLMENT_DELAY":      "200ms",
-		"DASHBOARD_ADDR":         freeAddr(), // not the machine's :8080
+		// The demo's endpoint is served (the tests pay through it), and the
+		// operator's endpoints want their token, as in a real deployment.
+		"PAYMENT_FAKE_PROVIDER": "true",
+		"OPERATOR_TOKEN":        operatorToken,
+		// Short enough to be armed and cancelled on every order here, long
+		// enough that no order of a busy test waits for inventory that long.
+		"ORDER_RESERVATION_TIMEOUT": "1m",
+		"FULFILLMENT_DELAY":         "200ms",
+		"DASHBOARD_ADDR":            freeAddr(), // not the machine's :8080
 	}
 	for _, name := range app.Names {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr()
@@ -196,7 +204,7 @@ func do(t *testing.T, method, url string, header map[string]string, body any) re
 
 func restock(t *testing.T, sku string, onHand, price int) {
 	t.Helper()
-	r := do(t, "PUT", shop.inventory+"/stock/"+sku, nil, map[string]int{"on_hand": onHand, "price": price})
+	r := do(t, "PUT", shop.inventory+"/stock/"+sku, operator, map[string]int{"on_hand": onHand, "price": price})
 	if r.status != http.StatusOK {
 		t.Fatalf("restock %s: %d %s", sku, r.status, r.raw)
 	}
@@ -221,6 +229,9 @@ func restock(t *testing.T, sku string, onHand, price int) {
 		return reserved == 0
 	})
 }
+
+// operator is the header of an operator's request (PUT /stock/{sku}).
+var operator = map[string]string{"Authorization": "Bearer " + operatorToken}
 
 func placeOrder(t *testing.T, key string, items ...map[string]any) response {
 	t.Helper()

@@ -66,7 +66,8 @@ const (
 	// UnrefundedPayment: a succeeded payment, older than Config.Grace, for
 	// an order that it did not pay (the order is not PAID, FULFILLING or
 	// COMPLETED, or another payment paid it) and that payment has no
-	// refund for.
+	// refund for; or a rejected payment (rejected.go) not refunded within
+	// Config.Grace.
 	UnrefundedPayment Kind = "unrefunded_payment"
 	// HeldReservation: inventory holds stock (RESERVED) for an order whose
 	// saga ended (REJECTED, CLOSED, COMPLETED) more than Config.Grace ago.
@@ -227,6 +228,9 @@ func Run(ctx context.Context, pools verify.Pools, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 	if err := r.unrefundedPayments(); err != nil {
+		return Report{}, err
+	}
+	if err := r.rejectedPayments(); err != nil {
 		return Report{}, err
 	}
 	if err := r.heldReservations(); err != nil {

@@ -151,6 +151,7 @@ func Run(ctx context.Context, pools Pools, retention time.Duration, opts ...Opti
 		v.streams(o.js, retention)
 	}
 	v.effects()
+	v.rejectedPayments()
 	if v.err != nil {
 		return Report{}, v.err
 	}

@@ -22,7 +22,8 @@
 // [Step.Batch] (outbox events through outbox.Writer.Queue), and Apply sends
 // them with the new state and timeouts: a transition is the lock, the
 // func's own reads if any, and one batch. [Saga.QueueStart] puts the new
-// instance into the batch that writes the business row starting it.
+// instance, and the timeouts of its first state ([Timeout]), into the batch
+// that writes the business row starting it.
 //
 // A [Scanner] fires durable timeouts: a due timeout is applied as an event of
 // type "timeout:<name>" ([TimeoutEvent]).
@@ -40,8 +41,11 @@
 //     error, because retrying or dead-lettering could never make it fit and
 //     would only hold the consumer back.
 //   - Crash while a timeout is pending: timeouts are rows, set and cancelled
-//     in the transition's transaction; a timeout that fell due while no
-//     process ran fires on the next scan.
+//     in the transition's transaction (or armed with the instance at Start);
+//     a timeout that fell due while no process ran fires on the next scan.
+//   - An instance waiting for an answer that never comes (the first state's
+//     event lost, its producer down for good): a Timeout given to Start
+//     bounds the wait from the very first state.
 //   - Two scanners: each claims with FOR UPDATE SKIP LOCKED, deletes the
 //     timeout row and applies it in one short transaction, so a timeout fires
 //     once; a scanner that crashes mid-way rolls back and leaves it to fire.

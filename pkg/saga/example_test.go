@@ -53,8 +53,8 @@ func ExampleSaga_Apply() {
 	_ = handler
 }
 
-// The business row that starts a saga and the instance go in one batch: one
-// round trip, one transaction.
+// The business row that starts a saga, the instance and the pickup deadline
+// of its first state go in one batch: one round trip, one transaction.
 func ExampleSaga_QueueStart() {
 	ctx := context.Background()
 	var pool *pgxpool.Pool
@@ -62,7 +62,8 @@ func ExampleSaga_QueueStart() {
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO parcels (id) VALUES ($1)`, "p-1")
-		if err := parcel.QueueStart(b, "p-1", "WAITING", nil); err != nil {
+		pickup := saga.Timeout{Name: "pickup", Due: time.Now().Add(time.Hour)}
+		if err := parcel.QueueStart(b, "p-1", "WAITING", nil, pickup); err != nil {
 			return err
 		}
 		return tx.SendBatch(ctx, b).Close() // errors.Is(err, saga.ErrExists) for a taken id

@@ -124,32 +124,46 @@ func New(typ string, transitions ...Transition) (*Saga, error) {
 // Type is the saga's type name.
 func (s *Saga) Type() string { return s.typ }
 
+// Timeout is a durable timeout armed when an instance starts, for a first
+// state that must not last for ever: it fires as TimeoutEvent(Name) at Due
+// unless a transition cancels it first ([Step.CancelTimeout]).
+type Timeout struct {
+	Name string
+	Due  time.Time
+}
+
 // Start creates instance id in state inside tx, the caller's transaction, so
-// the saga exists exactly when the business row that starts it does. data
-// is stored as JSON (nil: {}). An instance with the id that exists already
-// is ErrExists.
-func (s *Saga) Start(ctx context.Context, tx pgx.Tx, id, state string, data any) error {
+// the saga exists exactly when the business row that starts it does, and
+// with it its timeouts. data is stored as JSON (nil: {}). An instance with
+// the id that exists already is ErrExists.
+func (s *Saga) Start(ctx context.Context, tx pgx.Tx, id, state string, data any, timeouts ...Timeout) error {
 	b := &pgx.Batch{}
-	if err := s.QueueStart(b, id, state, data); err != nil {
+	if err := s.QueueStart(b, id, state, data, timeouts...); err != nil {
 		return err
 	}
 	return tx.SendBatch(ctx, b).Close()
 }
 
-// QueueStart queues the insert of [Saga.Start] into b, for a caller that
-// sends the business rows starting the saga as one batch: the instance then
-// costs no round trip of its own. Start's guarantee holds only if b is sent
-// on the transaction that holds those rows.
+// QueueStart queues the inserts of [Saga.Start] into b, for a caller that
+// sends the business rows starting the saga as one batch: the instance and
+// its timeouts then cost no round trip of their own. Start's guarantee
+// holds only if b is sent on the transaction that holds those rows.
 //
-// QueueStart fails only when data does not encode; then it has queued
-// nothing. The insert's errors surface from the batch's Close, wrapping
-// ErrExists when the id is taken; the caller rolls the transaction back.
-func (s *Saga) QueueStart(b *pgx.Batch, id, state string, data any) error {
+// QueueStart fails only when data does not encode or a timeout has no name;
+// then it has queued nothing. The insert's errors surface from the batch's
+// Close, wrapping ErrExists when the id is taken; the caller rolls the
+// transaction back.
+func (s *Saga) QueueStart(b *pgx.Batch, id, state string, data any, timeouts ...Timeout) error {
 	raw := []byte("{}")
 	if data != nil {
 		var err error
 		if raw, err = json.Marshal(data); err != nil {
 			return fmt.Errorf("saga %s: encode data: %w", s.typ, err)
+		}
+	}
+	for _, t := range timeouts {
+		if t.Name == "" {
+			return fmt.Errorf("saga %s %s: a start timeout needs a name", s.typ, id)
 		}
 	}
 	q := b.Queue(`INSERT INTO saga_instances (id, type, state, data) VALUES ($1, $2, $3, $4)`, id, s.typ, state, raw)
@@ -165,6 +179,10 @@ func (s *Saga) QueueStart(b *pgx.Batch, id, state string, data any) error {
 			return fmt.Errorf("saga %s %s: start: %w", s.typ, id, err)
 		}
 		return nil
+	}
+	// After the instance: the timeouts reference it.
+	for _, t := range timeouts {
+		b.Queue(`INSERT INTO saga_timeouts (saga_id, name, due_at) VALUES ($1, $2, $3)`, id, t.Name, t.Due)
 	}
 	return nil
 }

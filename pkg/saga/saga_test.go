@@ -222,6 +222,67 @@ func TestQueueStart(t *testing.T) {
 	})
 }
 
+// Timeouts given to Start are armed with the instance: a first state that
+// waits for an answer is bounded from the start, and a transition out of it
+// cancels the wait like any other timeout.
+func TestStartTimeouts(t *testing.T) {
+	t.Parallel()
+	e := setup(t, time.Hour)
+	ctx := context.Background()
+	door, err := saga.New("door",
+		saga.Transition{From: "AJAR", Event: "Close", To: "SHUT",
+			Func: func(_ context.Context, _ pgx.Tx, st *saga.Step) error { st.CancelTimeout("ajar"); return nil }},
+		saga.Transition{From: "AJAR", Event: saga.TimeoutEvent("ajar"), To: "SLAMMED"},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(id string, due time.Time) {
+		t.Helper()
+		e.inTx(t, func(ctx context.Context, tx pgx.Tx) error {
+			return door.Start(ctx, tx, id, "AJAR", nil, saga.Timeout{Name: "ajar", Due: due})
+		})
+	}
+	past, future := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
+	start("due", past)
+	start("closed", past)
+	e.inTx(t, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := door.Apply(ctx, tx, "closed", saga.Event{Type: "Close"})
+		return err
+	})
+	start("later", future)
+
+	sc, err := saga.NewScanner(e.db.Pool, saga.ScannerConfig{}, door)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		fired, err := sc.FireOne(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fired {
+			break
+		}
+	}
+	if sc.Fired() != 1 {
+		t.Fatalf("%d timeouts fired, want the one still due", sc.Fired())
+	}
+	e.wantState(t, "due", "SLAMMED", 2)
+	e.wantState(t, "closed", "SHUT", 2)
+	e.wantState(t, "later", "AJAR", 1)
+	if n := e.count(t, `SELECT count(*) FROM saga_timeouts WHERE saga_id = 'later' AND name = 'ajar'`); n != 1 {
+		t.Fatal("the later instance lost its start timeout")
+	}
+
+	t.Run("a timeout without a name queues nothing", func(t *testing.T) {
+		b := &pgx.Batch{}
+		if err := door.QueueStart(b, "x", "AJAR", nil, saga.Timeout{Due: future}); err == nil || b.Len() != 0 {
+			t.Fatalf("err %v, %d statements queued; want an error and none", err, b.Len())
+		}
+	})
+}
+
 func TestQueuedWritesGoWithTheTransition(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, "order")

@@ -21,10 +21,12 @@ var skuPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // a safe NATS subject token.
 func validSKU(sku string) bool { return skuPattern.MatchString(sku) }
 
-// Routes mounts GET and PUT /stock/{sku} on r.
+// Routes mounts GET and PUT /stock/{sku} on r. PUT is an operator's
+// restock: with an operator token configured it needs that token, checked
+// before the body is read, so a refused request writes nothing.
 func (s *Service) Routes(r chi.Router) {
 	r.Get("/stock/{sku}", s.getStock)
-	r.Put("/stock/{sku}", s.putStock)
+	r.With(httpx.RequireBearer(s.operator, s.log)).Put("/stock/{sku}", s.putStock)
 }
 
 // putStockRequest is an operator's restock. Pointers tell a missing field

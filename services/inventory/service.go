@@ -49,6 +49,10 @@ const OrdersStream = "ORDERS"
 type Config struct {
 	// Logger receives the service's logs; nil discards them.
 	Logger *slog.Logger
+	// OperatorToken, when set, is the bearer token the operator's
+	// endpoints (PUT /stock/{sku}) require (OPERATOR_TOKEN). Empty: they
+	// are open to anyone who reaches the service, as in the demo.
+	OperatorToken string
 	// PublishHorizon is how long after an event's first publish its
 	// producer's relay may still publish a copy; the inbox keeps event ids
 	// longer. internal/app passes the RetryHorizon of the relays it really
@@ -70,6 +74,7 @@ type Service struct {
 	pool     *pgxpool.Pool
 	js       jetstream.JetStream
 	log      *slog.Logger
+	operator string // Config.OperatorToken
 	outbox   *outbox.Writer
 	consumer *inbox.Consumer
 }
@@ -86,9 +91,10 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Service{
-		pool: pool,
-		js:   js,
-		log:  log,
+		pool:     pool,
+		js:       js,
+		log:      log,
+		operator: cfg.OperatorToken,
 		// Under a burst of reservations one NOTIFY per 5ms is plenty: a woken
 		// relay drains everything committed so far.
 		outbox: &outbox.Writer{NotifyInterval: 5 * time.Millisecond},

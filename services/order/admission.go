@@ -21,7 +21,8 @@ import (
 // so fewer of them complete, not more. While the saga's streams hold more
 // than a limit of events their consumers have not yet settled, POST /orders
 // answers 503 with Retry-After and writes nothing: the client retries with
-// the same Idempotency-Key.
+// the same Idempotency-Key. A retry whose key has a stored response is not
+// new work and still gets that response (createOrder).
 //
 // The backlog is read from JetStream (the saga's own consumers, listed in
 // sagaConsumers: messages not yet delivered plus those delivered and not yet

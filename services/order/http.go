@@ -68,13 +68,21 @@ func (s *Service) createOrder(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteProblem(w, r, s.log, err)
 		return
 	}
-	// Shed while the saga lags: refused before any database work, so a
-	// refused request costs next to nothing and writes nothing.
+	var res reply
+	var err error
 	if busy, shed := s.admission.shed(); shed {
-		writeOverloaded(w, r, s.log, busy)
-		return
+		// Shed while the saga lags, but only new work: a retry of an order
+		// that committed (its answer was lost) gets its stored response,
+		// or the client would see 503 for as long as shedding lasts about
+		// an order it has. One key lookup, no lock, no write; a new key
+		// is refused before anything is written.
+		if res, err = s.replay(r.Context(), key, req.hash()); err == nil && !res.replayed {
+			writeOverloaded(w, r, s.log, busy)
+			return
+		}
+	} else {
+		res, err = s.create(r.Context(), key, req)
 	}
-	res, err := s.create(r.Context(), key, req)
 	if err != nil {
 		httpx.WriteProblem(w, r, s.log, err)
 		return
@@ -216,11 +224,15 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 		return reply{}, fmt.Errorf("encode order: %w", err)
 	}
 
-	// The writes, in one round trip: order, history, saga, OrderCreated and
-	// the key commit together, or (any of them failing) not at all.
+	// The writes, in one round trip: order, history, saga and its
+	// reservation timeout, OrderCreated and the key commit together, or
+	// (any of them failing) not at all.
 	b = &pgx.Batch{}
 	queueInsertOrder(b, o)
-	if err := s.saga.QueueStart(b, o.ID.String(), Pending, nil); err != nil {
+	// The reservation deadline is armed with the order: if inventory never
+	// answers, the saga closes it instead of leaving it PENDING for ever.
+	reserveBy := saga.Timeout{Name: reservationTimeout, Due: o.CreatedAt.Add(s.cfg.ReservationTimeout)}
+	if err := s.saga.QueueStart(b, o.ID.String(), Pending, nil, reserveBy); err != nil {
 		return reply{}, err
 	}
 	if err := s.outbox.Queue(b, orderCreated(o)); err != nil {
@@ -240,6 +252,26 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 	}
 	s.log.Info("order created", "order_id", o.ID)
 	return res, nil
+}
+
+// replay answers a request from its key's stored response without a
+// transaction: it returns the stored reply (replayed), errKeyReused when
+// the key was used with another request, and a zero reply when the key
+// has no live record. It is what POST /orders can still do while it sheds.
+// A lookup that fails counts as no record: the request is shed (503 with
+// Retry-After), the answer it would have had anyway.
+func (s *Service) replay(ctx context.Context, key string, hash []byte) (reply, error) {
+	stored, err := lookupKey(ctx, s.pool, key)
+	switch {
+	case err != nil:
+		s.log.Warn("idempotency key not looked up while shedding; shedding the request", "err", err)
+		return reply{}, nil
+	case !stored.found || stored.expired:
+		return reply{}, nil
+	case string(stored.hash) != string(hash):
+		return reply{}, errKeyReused
+	}
+	return reply{status: stored.status, body: stored.response, replayed: true}, nil
 }
 
 // skus lists the request's SKUs, in request order.

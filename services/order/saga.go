@@ -16,15 +16,17 @@ import (
 
 // The saga's own event types, besides the upstream events of docs/events.md.
 const (
-	evCancel       = "CustomerCancel" // POST /orders/{id}/cancel
-	paymentTimeout = "payment"        // the timeout set on entering WAIT_PAY
+	evCancel           = "CustomerCancel" // POST /orders/{id}/cancel
+	reservationTimeout = "reservation"    // the timeout armed with the order (PENDING)
+	paymentTimeout     = "payment"        // the timeout set on entering WAIT_PAY
 )
 
 // Reasons recorded in order_history and sent in OrderClosed.
 const (
-	reasonPaymentTimeout = "payment_timeout"
-	reasonCustomerCancel = "customer_cancel"
-	reasonPaymentFailed  = "payment_failed"
+	reasonReservationTimeout = "reservation_timeout"
+	reasonPaymentTimeout     = "payment_timeout"
+	reasonCustomerCancel     = "customer_cancel"
+	reasonPaymentFailed      = "payment_failed"
 )
 
 // sagaData is what the order saga remembers beyond its state: the payment
@@ -53,6 +55,12 @@ func (s *Service) transitions() []saga.Transition {
 		{From: Pending, Event: "InventoryReserved", To: WaitPay, Func: s.awaitPayment},
 		{From: Pending, Event: "InventoryRejected", To: Rejected, Func: s.reject},
 		{From: Pending, Event: evCancel, To: Closed, Func: s.closeFunc(reasonCustomerCancel)},
+		// Inventory never answered. OrderClosed follows OrderCreated in
+		// ORDERS, and inventory reads both in sequence: a reservation it
+		// makes later is released when it reads the close (or it leaves a
+		// tombstone and never reserves), so the stock comes back and the
+		// late InventoryReserved is recorded as unexpected here.
+		{From: Pending, Event: saga.TimeoutEvent(reservationTimeout), To: Closed, Func: s.closeFunc(reasonReservationTimeout)},
 		{From: WaitPay, Event: "PaymentSucceeded", To: Paid, Func: s.paid},
 		{From: WaitPay, Event: "PaymentFailed", To: Closed, Func: s.closeFunc(reasonPaymentFailed)},
 		{From: WaitPay, Event: saga.TimeoutEvent(paymentTimeout), To: Closed, Func: s.closeFunc(reasonPaymentTimeout)},
@@ -107,7 +115,9 @@ func stepOrder(st *saga.Step) (uuid.UUID, error) {
 }
 
 // awaitPayment: PENDING → WAIT_PAY. The pay-by time is both the payload's
-// promise and the durable timeout, so they agree.
+// promise and the durable timeout, so they agree. The reservation timeout
+// goes in the same transaction: a reservation and its timeout can never
+// both take effect.
 func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
 	if err != nil {
@@ -118,6 +128,7 @@ func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) er
 		return fmt.Errorf("read order %s: %w", id, err)
 	}
 	payBy := now().Add(s.cfg.PaymentTimeout)
+	st.CancelTimeout(reservationTimeout)
 	st.SetTimeout(paymentTimeout, payBy)
 	queueStatus(st.Batch(), id, st.To, "inventory_reserved")
 	return s.outbox.Queue(st.Batch(), event(id, "OrderAwaitingPayment", map[string]any{
@@ -142,18 +153,21 @@ func (s *Service) reject(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 	if reason == "" {
 		reason = "inventory_rejected"
 	}
+	st.CancelTimeout(reservationTimeout)
 	queueStatus(st.Batch(), id, st.To, reason)
 	return s.outbox.Queue(st.Batch(), event(id, "OrderRejected", map[string]any{"order_id": id, "reason": reason}))
 }
 
 // closeFunc: PENDING or WAIT_PAY → CLOSED. OrderClosed makes inventory
 // release the stock (or not reserve it, if its reservation is still to come).
+// Whichever timeout the state had goes with it.
 func (s *Service) closeFunc(reason string) saga.TransitionFunc {
 	return func(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 		id, err := stepOrder(st)
 		if err != nil {
 			return err
 		}
+		st.CancelTimeout(reservationTimeout)
 		st.CancelTimeout(paymentTimeout)
 		queueStatus(st.Batch(), id, st.To, reason)
 		return s.outbox.Queue(st.Batch(), event(id, "OrderClosed", map[string]any{"order_id": id, "reason": reason}))

@@ -20,9 +20,15 @@ func TestSagaHappyPath(t *testing.T) {
 	e := setup(t, Config{})
 	e.stock(t, "SKU-1", 250)
 	o := e.create(t, "SKU-1", 4)
+	if got := e.timeouts(t, o.ID); got != reservationTimeout {
+		t.Fatalf("timeouts of a new order: %q, want the reservation deadline", got)
+	}
 
 	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 4}}})
 	e.waitStatus(t, o.ID, WaitPay)
+	if got := e.timeouts(t, o.ID); got != paymentTimeout {
+		t.Fatalf("timeouts in WAIT_PAY: %q, want the payment deadline only", got)
+	}
 	p := e.payload(t, o.ID, "OrderAwaitingPayment")
 	payBy, err := time.Parse(time.RFC3339, p["pay_by"].(string))
 	if err != nil || p["total"] != float64(1000) || time.Until(payBy) < 14*time.Minute {
@@ -71,6 +77,9 @@ func TestSagaRejected(t *testing.T) {
 	if statuses(got) != "PENDING REJECTED" || got.History[1].Reason != "insufficient_stock" {
 		t.Fatalf("history %+v", got.History)
 	}
+	if got := e.timeouts(t, o.ID); got != "" {
+		t.Fatalf("timeouts of a rejected order: %q, want none", got)
+	}
 	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderRejected")
 	if p := e.payload(t, o.ID, "OrderRejected"); p["reason"] != "insufficient_stock" {
 		t.Fatalf("OrderRejected %v", p)
@@ -106,6 +115,52 @@ func TestSagaPaymentTimeout(t *testing.T) {
 	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderClosed")
 	if p := e.payload(t, o.ID, "OrderClosed"); p["reason"] != reasonPaymentTimeout {
 		t.Fatalf("OrderClosed %v", p)
+	}
+}
+
+// An order inventory never answers is closed when its reservation
+// timeout falls due; a reservation that arrives after that changes
+// nothing here (inventory releases it when it reads the OrderClosed that
+// follows the OrderCreated it reserved for).
+func TestSagaReservationTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{ReservationTimeout: time.Second})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	got := e.waitStatus(t, o.ID, Closed)
+	if statuses(got) != "PENDING CLOSED" || got.History[1].Reason != reasonReservationTimeout {
+		t.Fatalf("history %+v", got.History)
+	}
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderClosed")
+	if p := e.payload(t, o.ID, "OrderClosed"); p["reason"] != reasonReservationTimeout {
+		t.Fatalf("OrderClosed %v", p)
+	}
+	if got := e.timeouts(t, o.ID); got != "" {
+		t.Fatalf("timeouts of a closed order: %q, want none", got)
+	}
+
+	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 1}}})
+	eventually(t, "the late reservation to be recorded", func() bool {
+		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'InventoryReserved' AND state = 'CLOSED'`, o.ID.String()) == 1
+	})
+	if got := e.get(t, o.ID); got.Status != Closed || statuses(got) != "PENDING CLOSED" {
+		t.Fatalf("after the late reservation: %s %s", got.Status, statuses(got))
+	}
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderClosed")
+}
+
+// Every way out of PENDING takes the reservation deadline with it, so it
+// can never close an order that moved on.
+func TestReservationTimeoutCancelledOnLeavingPending(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	cancelled := e.create(t, "SKU-1", 1)
+	if res := e.do(t, http.MethodPost, "/orders/"+cancelled.ID.String()+"/cancel", "", "", nil); res.status != http.StatusAccepted {
+		t.Fatalf("cancel: %d", res.status)
+	}
+	if got := e.timeouts(t, cancelled.ID); got != "" {
+		t.Fatalf("timeouts of an order cancelled while PENDING: %q, want none", got)
 	}
 }
 

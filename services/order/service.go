@@ -12,7 +12,8 @@
 //     encoded again as JSON (fields in struct order, lines in request order),
 //     so the same request spelled differently is the same request.
 //   - A replay returns the response stored with the key (201 and the order as
-//     it was created), not the order's current state, as payment APIs do.
+//     it was created, in the very bytes first sent), not the order's current
+//     state, as payment APIs do; it does so even while new orders are shed.
 //   - A SKU listed on two lines is refused with 422 rather than merged.
 //   - Keys must be 1..255 printable ASCII characters (400 otherwise).
 //   - The customer's cancel is the saga event "CustomerCancel"; a refund is
@@ -41,7 +42,11 @@ import (
 // Config configures the order service. Zero fields take their defaults.
 type Config struct {
 	PaymentTimeout time.Duration // PAYMENT_TIMEOUT: how long an order may wait in WAIT_PAY; default 15m
-	KeyTTL         time.Duration // how long an Idempotency-Key is remembered; default 24h
+	// ReservationTimeout (ORDER_RESERVATION_TIMEOUT) is how long an order
+	// may stay PENDING, waiting for inventory to answer, before the saga
+	// closes it; default DefaultReservationTimeout.
+	ReservationTimeout time.Duration
+	KeyTTL             time.Duration // how long an Idempotency-Key is remembered; default 24h
 	// MaxBacklog is how many events the saga's consumers may have left to
 	// settle before POST /orders answers 503 (see admission); default
 	// DefaultMaxBacklog, negative: never shed.
@@ -74,6 +79,7 @@ func (c *Config) failpoint(name string) error {
 
 func (c *Config) setDefaults() {
 	c.PaymentTimeout = cmp.Or(c.PaymentTimeout, 15*time.Minute)
+	c.ReservationTimeout = cmp.Or(c.ReservationTimeout, DefaultReservationTimeout)
 	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
 	c.MaxBacklog = cmp.Or(c.MaxBacklog, DefaultMaxBacklog)
 	if c.Logger == nil {
@@ -82,11 +88,22 @@ func (c *Config) setDefaults() {
 }
 
 func (c *Config) validate() error {
-	if c.PaymentTimeout < 0 || c.KeyTTL < 0 {
-		return fmt.Errorf("order: PaymentTimeout (%s) and KeyTTL (%s) must not be negative", c.PaymentTimeout, c.KeyTTL)
+	if c.PaymentTimeout < 0 || c.ReservationTimeout < 0 || c.KeyTTL < 0 {
+		return fmt.Errorf("order: PaymentTimeout (%s), ReservationTimeout (%s) and KeyTTL (%s) must not be negative",
+			c.PaymentTimeout, c.ReservationTimeout, c.KeyTTL)
 	}
 	return nil
 }
+
+// DefaultReservationTimeout is Config.ReservationTimeout's default.
+// Inventory answers an OrderCreated in milliseconds; minutes without an
+// answer mean it, its consumer or the broker is down. Five minutes rides
+// out a restart, a NATS failover or a short outage (the outbox and the
+// stream keep the events) without closing orders that would have been
+// reserved, and does not leave a customer waiting indefinitely: after it,
+// the order is CLOSED (reservation_timeout) and whatever inventory
+// reserves later is released again.
+const DefaultReservationTimeout = 5 * time.Minute
 
 // DefaultMaxBacklog is Config.MaxBacklog's default. Each order puts about
 // three events at a time before the saga's consumers (OrderCreated reaches
@@ -136,7 +153,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		// NOTIFY takes a database-wide lock at commit; one wake-up per 5ms
 		// is plenty for the relay, polling covers the rest.
 		outbox:       outbox.Writer{NotifyInterval: 5 * time.Millisecond},
-		scanEvery:    cmp.Or(min(cfg.PaymentTimeout/4, time.Second), time.Millisecond),
+		scanEvery:    cmp.Or(min(cfg.PaymentTimeout/4, cfg.ReservationTimeout/4, time.Second), time.Millisecond),
 		cleanupEvery: max(min(cfg.KeyTTL/2, time.Hour), time.Second),
 	}
 	s.admission = &admission{js: js, limit: cfg.MaxBacklog, every: 200 * time.Millisecond, log: s.log}
@@ -177,12 +194,12 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 // lag; Run runs them.
 func (s *Service) Consumers() []*inbox.Consumer { return s.consumers }
 
-// TimeoutsFired returns how many saga timeouts (payment deadlines) this
-// instance has fired.
+// TimeoutsFired returns how many saga timeouts (reservation and payment
+// deadlines) this instance has fired.
 func (s *Service) TimeoutsFired() int64 { return s.scanner.Fired() }
 
-// Run consumes the INVENTORY, PAYMENT and FULFILLMENT streams, fires payment
-// timeouts, deletes expired idempotency keys and watches the saga's backlog
+// Run consumes the INVENTORY, PAYMENT and FULFILLMENT streams, fires
+// reservation and payment timeouts, deletes expired idempotency keys and watches the saga's backlog
 // for admission until ctx ends; it then
 // returns nil. It returns an error when a part cannot start or fails.
 func (s *Service) Run(ctx context.Context) error {

@@ -194,6 +194,18 @@ func (e *env) waitStatus(t *testing.T, id uuid.UUID, status string) Order {
 	return e.get(t, id)
 }
 
+// timeouts lists the names of the order's armed saga timeouts, sorted and
+// joined by spaces ("" for none).
+func (e *env) timeouts(t *testing.T, id uuid.UUID) string {
+	t.Helper()
+	var s string
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT coalesce(string_agg(name, ' ' ORDER BY name), '') FROM saga_timeouts WHERE saga_id = $1`, id.String()).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // events lists the types of the order's outbox events in sequence order.
 func (e *env) events(t *testing.T, id uuid.UUID) []string {
 	t.Helper()

@@ -2,6 +2,7 @@ package order
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -168,26 +169,63 @@ type storedKey struct {
 	expired  bool // it is past its expiry: treat it as absent, and delete it
 	hash     []byte
 	status   int
-	response []byte
+	response []byte // the bytes the first request was answered with
 }
 
 // queueLookupKey queues the read of key's record and returns the storedKey
 // it fills in when the batch is closed.
 func queueLookupKey(b *pgx.Batch, key string) *storedKey {
 	k := &storedKey{}
-	b.Queue(`SELECT request_hash, status_code, response, expires_at <= now() FROM idempotency_keys WHERE key = $1`, key).
+	b.Queue(`SELECT request_hash, status_code, response, response_normalized, expires_at <= now()
+		FROM idempotency_keys WHERE key = $1`, key).
 		QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&k.hash, &k.status, &k.response, &k.expired)
+			var normalized bool
+			err := row.Scan(&k.hash, &k.status, &k.response, &normalized, &k.expired)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
 			if err != nil {
 				return fmt.Errorf("read idempotency key: %w", err)
 			}
+			if normalized {
+				if k.response, err = reencode(k.response); err != nil {
+					return fmt.Errorf("read idempotency key: %w", err)
+				}
+			}
 			k.found = true
 			return nil
 		})
 	return k
+}
+
+// reencode gives back the bytes of a response stored before migration
+// 00004, when responses were jsonb: Postgres kept its values but not its
+// bytes (keys reordered, spaces added). The response was json.Marshal of
+// an Order, and decoding jsonb's text into an Order and encoding it again
+// yields exactly those bytes: the same fields in struct order, the same
+// RFC 3339 strings, the same escapes.
+func reencode(normalized []byte) ([]byte, error) {
+	var o Order
+	if err := json.Unmarshal(normalized, &o); err != nil {
+		return nil, fmt.Errorf("decode response stored as jsonb: %w", err)
+	}
+	b, err := json.Marshal(o)
+	if err != nil {
+		return nil, fmt.Errorf("encode response stored as jsonb: %w", err)
+	}
+	return b, nil
+}
+
+// lookupKey reads key's record outside any transaction: a committed record
+// never changes (only its expiry deletes it), so no lock is needed to
+// answer a replay from it.
+func lookupKey(ctx context.Context, db db, key string) (*storedKey, error) {
+	b := &pgx.Batch{}
+	k := queueLookupKey(b, key)
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return k, nil
 }
 
 // queueDeleteKey queues the delete of key's record: an expired one, so the
@@ -196,7 +234,8 @@ func queueDeleteKey(b *pgx.Batch, key string) {
 	b.Queue(`DELETE FROM idempotency_keys WHERE key = $1`, key)
 }
 
-// queueInsertKey queues the insert of key's record.
+// queueInsertKey queues the insert of key's record. response is stored as
+// bytes (bytea), so a replay sends exactly what the first request got.
 func queueInsertKey(b *pgx.Batch, key string, hash []byte, status int, response []byte, orderID uuid.UUID, ttl time.Duration) {
 	b.Queue(`INSERT INTO idempotency_keys (key, request_hash, status_code, response, order_id, expires_at)
 		VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 microsecond')`,

@@ -20,6 +20,7 @@ const (
 	EventPaymentSucceeded = "PaymentSucceeded"
 	EventPaymentFailed    = "PaymentFailed"
 	EventPaymentRefunded  = "PaymentRefunded"
+	EventPaymentRejected  = "PaymentRejected"
 )
 
 // PaymentSucceeded is the payload of a PaymentSucceeded event.
@@ -32,6 +33,17 @@ type PaymentSucceeded struct {
 
 // PaymentFailed is the payload of a PaymentFailed event.
 type PaymentFailed struct {
+	OrderID           string    `json:"order_id"`
+	PaymentID         uuid.UUID `json:"payment_id"`
+	ProviderPaymentID string    `json:"provider_payment_id"`
+	Amount            int64     `json:"amount"`
+	Reason            string    `json:"reason"`
+}
+
+// PaymentRejected is the payload of a PaymentRejected event: the provider
+// took Amount for the order, which cannot take it (Reason, one of the
+// Reject* constants); a refund follows as PaymentRefunded.
+type PaymentRejected struct {
 	OrderID           string    `json:"order_id"`
 	PaymentID         uuid.UUID `json:"payment_id"`
 	ProviderPaymentID string    `json:"provider_payment_id"`
@@ -169,6 +181,15 @@ func paymentEvent(p Payment, at time.Time) outbox.Event {
 		OrderID: p.OrderID, PaymentID: p.PaymentID, ProviderPaymentID: p.ProviderPaymentID, Amount: p.Amount,
 		// The callback carries no reason; the provider only said no.
 		Reason: "declined",
+	})
+}
+
+// rejectedEvent is the outbox event of a success that cannot be applied.
+// The order saga does not handle it (its consumer only advances the
+// cursor): it is the fact's record, for verify, shop trace and any reader.
+func rejectedEvent(p Payment, at time.Time) outbox.Event {
+	return orderEventOf(p.OrderID, EventPaymentRejected, at, PaymentRejected{
+		OrderID: p.OrderID, PaymentID: p.PaymentID, ProviderPaymentID: p.ProviderPaymentID, Amount: p.Amount, Reason: p.RejectReason,
 	})
 }
 

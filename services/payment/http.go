@@ -13,10 +13,14 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 )
 
-// Routes mounts the payment endpoints on r.
+// Routes mounts the payment endpoints on r; the demo's simulate endpoint
+// only when Config.Simulate is on (without it, the path does not exist:
+// 404).
 func (s *Service) Routes(r chi.Router) {
 	r.Post("/webhooks/payment", s.handleWebhook)
-	r.Post("/payments/{order_id}/simulate", s.handleSimulate)
+	if s.cfg.Simulate {
+		r.Post("/payments/{order_id}/simulate", s.handleSimulate)
+	}
 	r.Get("/payments/{order_id}", s.handleGet)
 }
 
@@ -69,7 +73,14 @@ func (s *Service) handleWebhook(w http.ResponseWriter, r *http.Request) {
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	httpx.WriteJSON(w, http.StatusOK, map[string]any{"payment_id": p.PaymentID, "status": p.Status})
+	// A rejected payment is 200 too: the callback is recorded and its money
+	// is on its way back, so there is nothing for the provider to send
+	// again, and a 4xx would make it retry for days what is already done.
+	res := map[string]any{"payment_id": p.PaymentID, "status": p.Status}
+	if p.Status == StatusRejected {
+		res["reason"] = p.RejectReason
+	}
+	httpx.WriteJSON(w, http.StatusOK, res)
 }
 
 func validateCallback(cb Callback) error {
@@ -87,6 +98,12 @@ func validateCallback(cb Callback) error {
 		// hold) would fail the database with a 500, and a provider retries
 		// a 500 for ever; found by FuzzWebhook.
 		return httpx.Invalid("order_id and provider_payment_id may hold printable characters only")
+	case strings.ContainsAny(cb.OrderID, ".*>") || strings.ContainsFunc(cb.OrderID, unicode.IsSpace):
+		// Payment's events about an order go to payment.<order_id>.<Type>,
+		// and a success for an order payment does not know is recorded and
+		// announced too: an id that cannot be one subject token would make
+		// its event unpublishable. No order of the shop has such an id.
+		return httpx.Invalid("order_id may not contain '.', '*', '>' or spaces: it is no order id of this shop")
 	}
 	return nil
 }

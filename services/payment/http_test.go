@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 )
 
@@ -82,9 +84,14 @@ func TestWebhookRefusals(t *testing.T) {
 		status int
 		code   string
 	}{
-		{"unknown order", `{"order_id":"` + uuid.NewString() + `","provider_payment_id":"p1","status":"succeeded","amount":500}`, "", http.StatusNotFound, "order-not-found"},
-		{"pending order: stock not held yet", `{"order_id":"` + pending + `","provider_payment_id":"p2","status":"succeeded","amount":500}`, "", http.StatusConflict, "order-not-payable"},
-		{"amount mismatch", `{"order_id":"` + payable + `","provider_payment_id":"p3","status":"succeeded","amount":499}`, "", http.StatusUnprocessableEntity, "amount-mismatch"},
+		// A failure moved no money: one that cannot be applied is refused
+		// and writes nothing (a success is recorded and refunded, see
+		// TestRejectedPaymentsAreRecordedAndRefunded).
+		{"failure for an unknown order", `{"order_id":"` + uuid.NewString() + `","provider_payment_id":"p1","status":"failed","amount":500}`, "", http.StatusNotFound, "order-not-found"},
+		{"failure for a pending order: stock not held yet", `{"order_id":"` + pending + `","provider_payment_id":"p2","status":"failed","amount":500}`, "", http.StatusConflict, "order-not-payable"},
+		{"failure of another amount", `{"order_id":"` + payable + `","provider_payment_id":"p3","status":"failed","amount":499}`, "", http.StatusUnprocessableEntity, "amount-mismatch"},
+		{"order id that is no subject token", `{"order_id":"o.1","provider_payment_id":"p10","status":"succeeded","amount":500}`, "", http.StatusUnprocessableEntity, "invalid-request"},
+		{"order id with a space", `{"order_id":"o 1","provider_payment_id":"p11","status":"succeeded","amount":500}`, "", http.StatusUnprocessableEntity, "invalid-request"},
 		{"bad JSON", `{"order_id":`, "", http.StatusBadRequest, "malformed-json"},
 		{"unknown field", `{"order_id":"` + payable + `","provider_payment_id":"p4","status":"succeeded","amount":500,"x":1}`, "", http.StatusBadRequest, "malformed-json"},
 		{"wrong type", `{"order_id":"` + payable + `","provider_payment_id":"p5","status":"succeeded","amount":"500"}`, "", http.StatusBadRequest, "malformed-json"},
@@ -301,6 +308,39 @@ func TestSimulate(t *testing.T) {
 	wantProblem(t, e.do(t, http.MethodGet, "/payments/"+uuid.NewString(), nil, nil), http.StatusNotFound, "order-not-found")
 }
 
+// The demo's simulate endpoint exists only with the fake provider switched
+// on: off (New's default), any client could otherwise have the provider
+// sign a "succeeded" callback for any order.
+func TestSimulateOnlyWithTheFakeProvider(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t) // Simulate on, as the other tests need it
+	order := e.intent(t, StatePayable, 4200)
+	off, err := New(e.db.Pool, e.js, Config{WebhookSecret: testSecret, Provider: e.provider})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := chi.NewRouter()
+	off.Routes(r)
+	req := httptest.NewRequest(http.MethodPost, "/payments/"+order+"/simulate", strings.NewReader(`{"outcome":"succeeded"}`))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	r.ServeHTTP(rec, req)
+	if rec.Code != http.StatusNotFound || rec.Header().Get("Content-Type") == "application/problem+json" {
+		t.Fatalf("simulate with the fake provider off: %d %q %s, want the router's 404", rec.Code, rec.Header().Get("Content-Type"), rec.Body)
+	}
+	if n := e.count(t, `SELECT count(*) FROM payments`); n != 0 {
+		t.Fatalf("%d payments", n)
+	}
+	// The webhook and the operator's view are there either way.
+	rec = httptest.NewRecorder()
+	r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/payments/"+order, nil))
+	wantStatus(t, rec, http.StatusOK)
+
+	// On: the same request pays.
+	wantStatus(t, e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"succeeded"}`),
+		http.Header{"Content-Type": {"application/json"}}), http.StatusOK)
+}
+
 // The callback transaction begins in the batch of its first reads, so every
 // way out of it, refusals and replays included, must end it: a connection
 // left in an open transaction would never return to the pool.
@@ -315,6 +355,8 @@ func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
 	mismatch := ok
 	mismatch.ProviderPaymentID, mismatch.Amount = "pay_conn_2", 299
 
+	failedMismatch := mismatch
+	failedMismatch.ProviderPaymentID, failedMismatch.Status = "pay_conn_3", StatusFailed
 	for _, tc := range []struct {
 		name   string
 		cb     Callback
@@ -323,16 +365,19 @@ func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
 		{"recorded", ok, http.StatusOK},
 		{"replayed", ok, http.StatusOK},
 		{"conflict", conflict, http.StatusConflict},
-		{"amount mismatch", mismatch, http.StatusUnprocessableEntity},
-		{"not payable", Callback{OrderID: pending, ProviderPaymentID: "pay_p", Status: StatusSucceeded, Amount: 300}, http.StatusConflict},
-		{"unknown order", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusNotFound},
+		{"amount mismatch: rejected", mismatch, http.StatusOK},
+		{"not payable: rejected", Callback{OrderID: pending, ProviderPaymentID: "pay_p", Status: StatusSucceeded, Amount: 300}, http.StatusOK},
+		{"unknown order: rejected", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusOK},
+		{"same provider id for another order: conflict", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusConflict},
+		{"failure of another amount: refused", failedMismatch, http.StatusUnprocessableEntity},
+		{"failure for an unknown order: refused", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_f", Status: StatusFailed, Amount: 300}, http.StatusNotFound},
 	} {
 		if rec := e.signed(t, tc.cb); rec.Code != tc.status {
 			t.Fatalf("%s: status %d %s, want %d", tc.name, rec.Code, rec.Body, tc.status)
 		}
 		eventually(t, tc.name+": the connection released", func() bool { return e.db.Pool.Stat().AcquiredConns() == 0 })
 	}
-	if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
-		t.Fatalf("%d payments, want 1", n)
+	if n := e.count(t, `SELECT count(*) FROM payments`); n != 4 {
+		t.Fatalf("%d payments, want 4 (one applied, three rejected)", n)
 	}
 }

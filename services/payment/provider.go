@@ -16,6 +16,10 @@ import (
 // which is exactly the case the idempotency key exists for.
 var ErrProviderTimeout = errors.New("payment provider: request timed out (outcome unknown)")
 
+// ErrProviderUnavailable is what the fake provider returns when told to
+// fail (FailRefunds): nothing was refunded, and a retry may succeed.
+var ErrProviderUnavailable = errors.New("payment provider: unavailable, nothing refunded")
+
 // ErrKeyReused is returned when an idempotency key comes back with a
 // different amount: the provider refuses rather than guess which was meant.
 var ErrKeyReused = errors.New("payment provider: idempotency key reused with different parameters")
@@ -28,6 +32,7 @@ type FakeProvider struct {
 	refunds      map[string]*fakeRefund // by idempotency key
 	calls        int                    // Refund calls, successful or not
 	timeoutAfter int                    // how many of the next refunds do the work and then time out
+	down         bool                   // refunds fail without doing anything
 }
 
 type fakeRefund struct {
@@ -74,6 +79,9 @@ func (p *FakeProvider) Refund(ctx context.Context, key string, amount int64) (st
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++
+	if p.down {
+		return "", ErrProviderUnavailable
+	}
 	r, ok := p.refunds[key]
 	if !ok {
 		r = &fakeRefund{id: "re_" + randomHex(12), amount: amount}
@@ -95,6 +103,15 @@ func (p *FakeProvider) TimeoutAfterWork(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.timeoutAfter = n
+}
+
+// SetDown makes every Refund call fail with ErrProviderUnavailable,
+// refunding nothing, until it is called with false: a provider that cannot
+// refund for a while. For tests.
+func (p *FakeProvider) SetDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
 }
 
 // Refunds returns how many refunds the provider has made: one per key.

@@ -1,7 +1,10 @@
 // Package payment is the payment service: it learns payment intents from the
 // order events, accepts the provider's signed callbacks, emits
 // PaymentSucceeded / PaymentFailed, and refunds through the provider when the
-// order saga asks, exactly once even when the provider's answer is lost.
+// order saga asks, exactly once even when the provider's answer is lost. A
+// success it cannot apply to its order (another amount, stock not held yet,
+// an order it does not know) is recorded as rejected (PaymentRejected) and
+// refunded the same way, without the saga.
 package payment
 
 import (
@@ -33,10 +36,16 @@ var (
 
 // Config configures a Service.
 type Config struct {
-	WebhookSecret string           // HMAC key of provider callbacks; required
-	Provider      *FakeProvider    // nil: a new FakeProvider
-	Logger        *slog.Logger     // nil: discard
-	Now           func() time.Time // nil: time.Now; tests move the clock to expire signatures
+	WebhookSecret string        // HMAC key of provider callbacks; required
+	Provider      *FakeProvider // nil: a new FakeProvider
+	// Simulate serves POST /payments/{order_id}/simulate, which has the
+	// fake provider charge an order and sign its callback: a demo's
+	// stand-in for a customer paying (PAYMENT_FAKE_PROVIDER). Default off:
+	// a process facing a real provider must not let any client mint
+	// signed "succeeded" callbacks for any order.
+	Simulate bool
+	Logger   *slog.Logger     // nil: discard
+	Now      func() time.Time // nil: time.Now; tests move the clock to expire signatures
 
 	// PublishHorizon is how long after an event's first publish its
 	// producer's relay may still publish a copy; the inbox keeps event ids
@@ -156,16 +165,42 @@ func (s *Service) Run(ctx context.Context) error {
 
 // recordCallback applies a verified, well-formed provider callback: it
 // records the payment and its event in one transaction, or finds it
-// recorded already (a replay) and changes nothing.
+// recorded already (a replay) and changes nothing. A success that cannot be
+// applied to its order is recorded as rejected, with its refund (see
+// recordCallbackTx).
 func (s *Service) recordCallback(ctx context.Context, cb Callback) (p Payment, replayed bool, err error) {
 	p, replayed, err = s.recordCallbackTx(ctx, cb)
 	if isUniqueViolation(err) {
 		// A twin with the same provider payment id committed between our
-		// check and our insert (possible only across orders, since callbacks
-		// of one order take the intent lock): a second look sees it.
+		// check and our insert (possible only across orders, or for an
+		// order payment does not know, since callbacks of one known order
+		// take the intent lock): a second look sees it.
 		p, replayed, err = s.recordCallbackTx(ctx, cb)
 	}
 	return p, replayed, err
+}
+
+// unapplicable says why cb cannot be applied to in (nil: an order payment
+// does not know), or "" when it can. Any state but PENDING takes a payment
+// of the right amount: a success for a CLOSED or already PAID order means
+// money was taken, and the order saga turns its event into a refund request.
+func unapplicable(in *Intent, cb Callback) string {
+	switch {
+	case in == nil:
+		return RejectUnknownOrder
+	case in.State == StatePending:
+		return RejectNotPayable
+	case cb.Amount != in.Amount:
+		return RejectAmountMismatch
+	}
+	return ""
+}
+
+// refusals are the errors of a failed callback that cannot be applied.
+var refusals = map[string]error{
+	RejectUnknownOrder:   ErrNotFound,
+	RejectNotPayable:     ErrNotPayable,
+	RejectAmountMismatch: ErrAmountMismatch,
 }
 
 func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, bool, error) {
@@ -174,23 +209,23 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, b
 		return Payment{}, false, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	// Replay first: a callback accepted once is answered the same way
-	// whatever the order has done since.
+	// Replay first: a callback recorded once is answered the same way
+	// whatever the order has done since (a rejected one stays rejected,
+	// and is not refunded twice).
 	if recorded != nil {
-		if recorded.OrderID != cb.OrderID || recorded.Status != cb.Status || recorded.Amount != cb.Amount {
+		if !recorded.answers(cb) {
 			return Payment{}, false, ErrPaymentConflict
 		}
 		return *recorded, true, nil
 	}
-	if in.State == StatePending {
-		return Payment{}, false, ErrNotPayable
+	reason := unapplicable(in, cb)
+	if reason != "" && cb.Status != StatusSucceeded {
+		// No money moved, so there is nothing to keep or give back: the
+		// callback is refused and writes nothing, and the provider may send
+		// it again once it applies (payment learns the order, its stock is
+		// held).
+		return Payment{}, false, refusals[reason]
 	}
-	if cb.Amount != in.Amount {
-		return Payment{}, false, ErrAmountMismatch
-	}
-	// Any other state is accepted: a success for a CLOSED or already
-	// PAID order means money was taken, and the order saga turns the
-	// event into a refund request. Refusing it would lose that money.
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Payment{}, false, fmt.Errorf("new payment id: %w", err)
@@ -204,10 +239,36 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, b
 		Amount:            cb.Amount,
 		CreatedAt:         now,
 	}
-	// The payment and its event travel in one round trip.
+	// The payment and its event (and a rejected payment's refund) travel in
+	// one round trip.
 	b := &pgx.Batch{}
+	ev := paymentEvent(p, now)
+	var refund *Refund
+	if reason != "" {
+		// Failure window: money the provider took that the order cannot
+		// take. Refused, as it once was, it stayed with the provider and
+		// nothing here knew of it. It is recorded as rejected, with a
+		// refund in the same transaction; the refund loop asks the
+		// provider with the payment id as the idempotency key, so however
+		// often the callback or the refund call is repeated, the money
+		// goes back once. Until it has, verify and the reconciler report
+		// it.
+		p.Status, p.RejectReason = StatusRejected, reason
+		ev = rejectedEvent(p, now)
+		if p.Amount > 0 { // nothing was taken, nothing to give back
+			refundID, err := uuid.NewV7()
+			if err != nil {
+				return Payment{}, false, fmt.Errorf("new refund id: %w", err)
+			}
+			refund = &Refund{RefundID: refundID, OrderID: p.OrderID, PaymentID: p.PaymentID,
+				IdempotencyKey: p.PaymentID, Amount: p.Amount}
+		}
+	}
 	queueInsertPayment(b, p)
-	if err := s.outbox.Queue(b, paymentEvent(p, now)); err != nil {
+	if refund != nil {
+		queueInsertRefund(b, *refund) // after the payment it references
+	}
+	if err := s.outbox.Queue(b, ev); err != nil {
 		return Payment{}, false, err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -215,6 +276,16 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, b
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return Payment{}, false, fmt.Errorf("commit payment: %w", err)
+	}
+	if p.Status == StatusRejected {
+		var total any // what the order costs, as far as payment knows
+		if in != nil {
+			total = in.Amount
+		}
+		s.log.Warn("payment rejected; refunding", "order_id", p.OrderID, "payment_id", p.PaymentID,
+			"reason", reason, "amount", p.Amount, "order_total", total)
+		s.kickRefunds()
+		return p, false, nil
 	}
 	s.log.Info("payment recorded", "order_id", p.OrderID, "payment_id", p.PaymentID, "status", p.Status, "amount", p.Amount)
 	return p, false, nil

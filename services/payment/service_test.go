@@ -62,6 +62,7 @@ func newEnv(t *testing.T) *env {
 	svc, err := New(e.db.Pool, e.js, Config{
 		WebhookSecret: testSecret,
 		Provider:      e.provider,
+		Simulate:      true,
 		Logger:        slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Now:           e.clock,
 	})

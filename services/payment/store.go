@@ -27,10 +27,21 @@ const (
 	StateClosed  = "CLOSED" // closed or rejected
 )
 
-// Payment statuses, as the provider reports them.
+// Payment statuses: the two a provider reports, and the one this service
+// gives a success it cannot apply.
 const (
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed"
+	// StatusRejected is money the provider took that cannot be applied to
+	// the order (RejectReason says why): recorded, and refunded.
+	StatusRejected = "rejected"
+)
+
+// Why a captured payment is rejected.
+const (
+	RejectAmountMismatch = "amount_mismatch" // the amount differs from the order total
+	RejectNotPayable     = "not_payable"     // the order's stock is not held yet
+	RejectUnknownOrder   = "unknown_order"   // payment has not heard of the order
 )
 
 // Refund states.
@@ -47,7 +58,7 @@ type Intent struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// Payment is one accepted provider callback.
+// Payment is one recorded provider callback.
 type Payment struct {
 	PaymentID         uuid.UUID `json:"payment_id"`
 	OrderID           string    `json:"order_id"`
@@ -55,9 +66,22 @@ type Payment struct {
 	Status            string    `json:"status"`
 	Amount            int64     `json:"amount"`
 	CreatedAt         time.Time `json:"created_at"`
+	RejectReason      string    `json:"reject_reason,omitempty"` // StatusRejected only
 }
 
-// Refund is one refund asked for by the order saga.
+// answers tells whether cb is a replay of the callback p was recorded
+// from: a rejected payment was a success.
+func (p Payment) answers(cb Callback) bool {
+	status := p.Status
+	if status == StatusRejected {
+		status = StatusSucceeded
+	}
+	return p.OrderID == cb.OrderID && status == cb.Status && p.Amount == cb.Amount
+}
+
+// Refund is one refund asked for by the order saga (its key is the
+// RefundRequested event id), or of a rejected payment (its key is the
+// payment id).
 type Refund struct {
 	RefundID         uuid.UUID `json:"refund_id"`
 	OrderID          string    `json:"order_id"`
@@ -86,7 +110,7 @@ func getIntent(ctx context.Context, db DB, orderID string) (Intent, error) {
 	return in, nil
 }
 
-const paymentColumns = `payment_id, order_id, provider_payment_id, status, amount, created_at`
+const paymentColumns = `payment_id, order_id, provider_payment_id, status, amount, created_at, coalesce(reject_reason, '')`
 
 func paymentByID(ctx context.Context, db DB, id uuid.UUID) (Payment, error) {
 	return onePayment(ctx, db, `SELECT `+paymentColumns+` FROM payments WHERE payment_id = $1`, id)
@@ -115,13 +139,14 @@ func collectInto[T any](dst *[]T) func(pgx.Rows) error {
 
 // beginCallback begins the transaction that records a callback and, in the
 // same round trip, reads what the callback is checked against: its order's
-// intent and the payment already recorded under its provider payment id
-// (nil if none). The intent is read FOR UPDATE, which serializes callbacks
-// of one order: a twin of a callback waits there, and the payment read, a
-// statement of its own that takes its snapshot only once the lock is held,
-// then finds the first one's payment (a replay). With no intent it returns
-// ErrNotFound and no transaction.
-func beginCallback(ctx context.Context, pool *pgxpool.Pool, cb Callback) (tx pgx.Tx, in Intent, recorded *Payment, err error) {
+// intent (nil if payment does not know the order) and the payment already
+// recorded under its provider payment id (nil if none). The intent is read
+// FOR UPDATE, which serializes callbacks of one order: a twin of a callback
+// waits there, and the payment read, a statement of its own that takes its
+// snapshot only once the lock is held, then finds the first one's payment
+// (a replay). Twins for an unknown order have no row to wait on; the unique
+// provider payment id stops the second (see recordCallback).
+func beginCallback(ctx context.Context, pool *pgxpool.Pool, cb Callback) (tx pgx.Tx, in *Intent, recorded *Payment, err error) {
 	var intents []Intent
 	var payments []Payment
 	b := &pgx.Batch{}
@@ -132,20 +157,17 @@ func beginCallback(ctx context.Context, pool *pgxpool.Pool, cb Callback) (tx pgx
 		Query(collectInto(&payments))
 	br := pool.SendBatch(ctx, b)
 	tx = br.Tx()
-	switch err = br.Close(); {
-	case err != nil:
-		err = fmt.Errorf("read intent and payment: %w", err)
-	case len(intents) == 0:
-		err = ErrNotFound
-	}
-	if err != nil {
+	if err = br.Close(); err != nil {
 		_ = tx.Rollback(ctx) // gives the connection back to the pool
-		return nil, Intent{}, nil, err
+		return nil, nil, nil, fmt.Errorf("read intent and payment: %w", err)
+	}
+	if len(intents) > 0 {
+		in = &intents[0]
 	}
 	if len(payments) > 0 {
 		recorded = &payments[0] // provider_payment_id is unique
 	}
-	return tx, intents[0], recorded, nil
+	return tx, in, recorded, nil
 }
 
 // orderView is what payment knows of an order: its intent, payments and
@@ -181,9 +203,9 @@ func readOrderView(ctx context.Context, pool *pgxpool.Pool, orderID string) (ord
 // queueInsertPayment queues into b the insert of p.
 func queueInsertPayment(b *pgx.Batch, p Payment) {
 	b.Queue(`
-		INSERT INTO payments (payment_id, order_id, provider_payment_id, status, amount, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6)`,
-		p.PaymentID, p.OrderID, p.ProviderPaymentID, p.Status, p.Amount, p.CreatedAt)
+		INSERT INTO payments (payment_id, order_id, provider_payment_id, status, amount, created_at, reject_reason)
+		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''))`,
+		p.PaymentID, p.OrderID, p.ProviderPaymentID, p.Status, p.Amount, p.CreatedAt, p.RejectReason)
 }
 
 // The intent writes below run in the inbox transaction of the ORDERS event
@@ -237,19 +259,28 @@ func markClosed(ctx context.Context, tx pgx.Tx, orderID string) error {
 	return nil
 }
 
-// insertRefund records a requested refund. It does nothing when the payment
-// already has one (the saga asked twice) or the key is known (a redelivered
-// event): one payment is refunded at most once.
+// insertRefundSQL records a requested refund. It does nothing when the
+// payment already has one (the saga asked twice) or the key is known (a
+// redelivered event): one payment is refunded at most once.
+const insertRefundSQL = `
+	INSERT INTO refunds (refund_id, order_id, payment_id, idempotency_key, amount, state)
+	VALUES ($1, $2, $3, $4, $5, 'REQUESTED')
+	ON CONFLICT DO NOTHING`
+
+// insertRefund records a requested refund (insertRefundSQL) and reports
+// whether it is new.
 func insertRefund(ctx context.Context, tx pgx.Tx, r Refund) (bool, error) {
-	tag, err := tx.Exec(ctx, `
-		INSERT INTO refunds (refund_id, order_id, payment_id, idempotency_key, amount, state)
-		VALUES ($1, $2, $3, $4, $5, 'REQUESTED')
-		ON CONFLICT DO NOTHING`,
-		r.RefundID, r.OrderID, r.PaymentID, r.IdempotencyKey, r.Amount)
+	tag, err := tx.Exec(ctx, insertRefundSQL, r.RefundID, r.OrderID, r.PaymentID, r.IdempotencyKey, r.Amount)
 	if err != nil {
 		return false, fmt.Errorf("insert refund: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// queueInsertRefund queues into b the insert of a requested refund
+// (insertRefundSQL), for a transaction that sends its writes as one batch.
+func queueInsertRefund(b *pgx.Batch, r Refund) {
+	b.Queue(insertRefundSQL, r.RefundID, r.OrderID, r.PaymentID, r.IdempotencyKey, r.Amount)
 }
 
 const refundColumns = `refund_id, order_id, payment_id, idempotency_key, amount, state, provider_refund_id, attempts, last_error`

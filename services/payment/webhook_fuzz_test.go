@@ -114,7 +114,8 @@ type noJetStream struct{ jetstream.JetStream }
 // the body decoder and the database. It must never panic or answer 500;
 // every refusal is a problem+json (401 for any signature that does not
 // verify, else 400/404/409/413/415/422) and writes nothing; only a 200 that
-// is not a replay adds a payment and an outbox event.
+// is not a replay adds a payment and an outbox event, and a refund when it
+// is a rejected success of more than nothing.
 //
 //	go test -run '^$' -fuzz '^FuzzWebhook$' -fuzztime 60s ./services/payment/
 func FuzzWebhook(f *testing.F) {
@@ -137,9 +138,10 @@ func FuzzWebhook(f *testing.F) {
 	f.Add(bytes.Repeat([]byte(" "), httpx.MaxBody+1), "application/json", "")
 	f.Add([]byte(`{"order_id":"o-1","provider_payment_id":"p-2","status":"failed","amount":1999}`), "text/plain", "")
 
-	counts := func(t *testing.T) [2]int {
-		var c [2]int
-		if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM outbox)`).Scan(&c[0], &c[1]); err != nil {
+	counts := func(t *testing.T) [3]int {
+		var c [3]int
+		if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM outbox), (SELECT count(*) FROM refunds)`).
+			Scan(&c[0], &c[1], &c[2]); err != nil {
 			t.Fatal(err)
 		}
 		return c
@@ -167,12 +169,22 @@ func FuzzWebhook(f *testing.F) {
 			if err := httpx.DecodeBytes(body, &cb); err != nil || validateCallback(cb) != nil {
 				t.Fatalf("accepted a body the decoder refuses: %q", body)
 			}
-			want := [2]int{before[0] + 1, before[1] + 1}
+			var res struct{ Status, Reason string }
+			if err := json.Unmarshal(rec.Body.Bytes(), &res); err != nil {
+				t.Fatalf("answer %s: %v", rec.Body, err)
+			}
+			if (res.Status == StatusRejected) != (res.Reason != "") || res.Status == StatusRejected && cb.Status != StatusSucceeded {
+				t.Fatalf("callback %q answered %s", body, rec.Body)
+			}
+			want := [3]int{before[0] + 1, before[1] + 1, before[2]}
+			if res.Status == StatusRejected && cb.Amount > 0 {
+				want[2]++
+			}
 			if rec.Header().Get("Idempotent-Replayed") == "true" {
 				want = before
 			}
 			if after != want {
-				t.Fatalf("200 (replayed %q): payments/outbox %v -> %v", rec.Header().Get("Idempotent-Replayed"), before, after)
+				t.Fatalf("200 %s (replayed %q): payments/outbox/refunds %v -> %v", rec.Body, rec.Header().Get("Idempotent-Replayed"), before, after)
 			}
 			return
 		}
@@ -193,7 +205,7 @@ func FuzzWebhook(f *testing.F) {
 			t.Fatalf("bad signature %q answered %d, want 401", header, status)
 		}
 		if after != before {
-			t.Fatalf("refusal %d wrote: payments/outbox %v -> %v", status, before, after)
+			t.Fatalf("refusal %d wrote: payments/outbox/refunds %v -> %v", status, before, after)
 		}
 	})
 }

@@ -8,6 +8,7 @@ const STATES = ["PENDING", "WAIT_PAY", "PAID", "FULFILLING", "COMPLETED", "REJEC
 const $ = (sel) => document.querySelector(sel);
 const cards = new Map(); // order id -> <li>
 const mine = new Set();  // orders placed from this page
+let canPay = false;      // the payment service's fake provider is on (state.can_pay)
 const columns = {};
 
 function el(tag, props = {}, ...children) {
@@ -58,7 +59,7 @@ function card(o) {
   c.querySelector(".total").textContent = money(o.total);
   c.querySelector(".meta").textContent = "updated " + ago(o.updated_at);
   const pay = c.querySelector(".pay");
-  pay.hidden = o.status !== "WAIT_PAY";
+  pay.hidden = !canPay || o.status !== "WAIT_PAY";
   return c;
 }
 
@@ -72,6 +73,7 @@ function td(text, className = "") {
 
 function render(st) {
   $("#timeout").textContent = st.payment_timeout;
+  canPay = st.can_pay === true;
   const seen = new Set();
   const by = Object.fromEntries(STATES.map((s) => [s, []]));
   for (const o of st.orders) (by[o.status] ||= []).push(o);
@@ -122,7 +124,9 @@ async function placeOrder() {
   try {
     const o = await post("/api/demo/order");
     mine.add(o.order_id);
-    say("Placed order " + o.order_id + " (" + (o.status || "PENDING") + "). Pay it once it is in WAIT_PAY.", false, o.order_id);
+    say("Placed order " + o.order_id + " (" + (o.status || "PENDING") + "). " +
+      (canPay ? "Pay it once it is in WAIT_PAY." : "Paying needs the fake provider (shop all -demo); unpaid, it closes after the payment timeout."),
+      false, o.order_id);
     refresh();
   } catch (e) {
     say("Could not place an order: " + e.message + " (is SKU-1 stocked? `shop all -demo` stocks it)", true);
