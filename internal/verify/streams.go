@@ -211,9 +211,10 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, from time.
 	}
 	// An ephemeral consumer: it shows in the stream's consumer list, with
 	// the rest of the window as its pending count, for as long as it lives
-	// (the order service's admission control counts durable consumers
-	// only). So it is deleted at the end, and the server removes it by
-	// itself after a few idle seconds if this process dies first.
+	// (anything that sums the consumers' backlog would count it; the order
+	// service's admission control counts only the saga's own). So it is
+	// deleted at the end, and the server removes it by itself after a few
+	// idle seconds if this process dies first.
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
 		OptStartTime:      &from,
