@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
@@ -36,13 +39,15 @@ Usage:
   shop migrate [-roles] [service…]
                            apply the migrations of each service's schema (default: all), then exit;
                            -roles also creates each service's least-privilege database role
-  shop verify [-wait 30s] [-repair]
-                           check the contract's invariants against the live schemas;
-                           exit 0 when they hold, 1 with a report when not; -repair first
-                           reconciles (stuck orders, unrefunded payments, held stock)
-                           and republishes lost events
+  shop verify [-wait 30s] [-repair] [-streams=false]
+                           check the contract's invariants against the live schemas and
+                           every service's stream on NATS_URL (each published event still
+                           there); exit 0 when they hold, 1 with a report when not; -repair
+                           first reconciles (stuck orders, unrefunded payments, held stock,
+                           events a stream lost) and republishes lost events
   shop outbox <command>    operator commands: status, show <event-id>, requeue <event-id>,
-                           replay, dead-letters list|requeue; "shop outbox -h" for details
+                           replay, republish --lost, dead-letters list|requeue;
+                           "shop outbox -h" for details
   shop loadgen [-orders N] drive orders through the public HTTP API (local targets only),
                            then print throughput and latency percentiles
 
@@ -112,7 +117,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	cfg.RegisterFlags(fs)
 	wait := fs.Duration("wait", 0, "verify: keep checking up to this long until the invariants hold (events in flight settle)")
-	repair := fs.Bool("repair", false, "verify: first reconcile: report stuck orders, unrefunded payments and held reservations, and republish their lost events")
+	repair := fs.Bool("repair", false, "verify: first reconcile: report stuck orders, unrefunded payments, held reservations and events a stream lost, and republish the lost events")
+	streams := fs.Bool("streams", true, "verify: also audit every service's stream on the NATS server (NATS_URL, default "+app.DefaultNATSURL+") against its outbox; false checks the databases only and says so")
 	demo := fs.Bool("demo", false, "all: stock a small catalogue and print curl commands to try")
 	roles := fs.Bool("roles", false, "migrate: also create or update each service's database role shop_<service> (passwords from <SERVICE>_ROLE_PASSWORD or SHOP_ROLE_PASSWORD)")
 	if err := fs.Parse(args); err != nil {
@@ -137,7 +143,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "migrate":
 		return migrate(ctx, cfg, fs.Args(), *roles, getenv, log)
 	case "verify":
-		return runVerify(ctx, cfg, *wait, *repair, stdout)
+		return runVerify(ctx, cfg, *wait, *repair, *streams, stdout)
 	case "all":
 		if fs.NArg() > 0 {
 			fmt.Fprintf(stderr, "shop all: unexpected arguments %q\n", fs.Args())
@@ -222,7 +228,10 @@ var errViolations = errors.New("invariants violated")
 // runVerify checks the invariants and prints the report. With repair it
 // first runs the reconciler once (internal/reconcile) and prints its
 // findings; the exit status still tells only whether the invariants hold.
-func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, repair bool, stdout io.Writer) error {
+// With streams it audits each service's stream against its outbox on the
+// NATS server of cfg (its default when unset, as a single service does); a
+// server it cannot reach is a failed check in the report, not a pass.
+func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, repair, streams bool, stdout io.Writer) error {
 	pools := map[string]*pgxpool.Pool{}
 	for _, name := range app.Names {
 		pool, err := database.NewPool(ctx, cfg.DatabaseURLOf(name), migrations.Schemas[name], 2)
@@ -235,16 +244,43 @@ func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, repair b
 	vp := verify.Pools{
 		Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
 	}
+	var opts []verify.Option
+	var js jetstream.JetStream
+	var unreachable error
+	natsURL := cmp.Or(cfg.NATSURL, app.DefaultNATSURL)
+	if streams {
+		nc, err := nats.Connect(natsURL, nats.Name("shop verify"), nats.Timeout(5*time.Second))
+		if err == nil {
+			defer nc.Close()
+			js, err = jetstream.New(nc)
+		}
+		if err != nil {
+			unreachable = fmt.Errorf("cannot reach NATS at %s: %w", app.MaskURL(natsURL), err)
+		} else {
+			opts = append(opts, verify.WithStreams(js))
+		}
+	}
 	if repair {
-		rep, err := reconcile.Run(ctx, vp, app.ReconcileConfig(cfg))
+		rcfg := app.ReconcileConfig(cfg)
+		rcfg.JetStream = js // nil when the streams are not audited
+		rep, err := reconcile.Run(ctx, vp, rcfg)
 		if err != nil {
 			return fmt.Errorf("verify -repair: %w", err)
 		}
 		rep.Write(stdout)
 	}
-	report, err := verify.Wait(ctx, vp, app.OutboxRetention, wait)
+	report, err := verify.Wait(ctx, vp, app.OutboxRetention, wait, opts...)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
+	}
+	switch {
+	case !streams:
+		fmt.Fprintln(stdout, "skip invariant 3: the streams were not audited against the outboxes (-streams=false)")
+	case unreachable != nil:
+		// Never a silent pass: the audit that could not run fails.
+		report.Checks = append(report.Checks, verify.Check{Invariant: 3,
+			Name:       "every stream holds every event marked published",
+			Violations: []string{fmt.Sprintf("not audited: %v (-streams=false checks the databases only)", unreachable)}})
 	}
 	report.Write(stdout)
 	if !report.OK() {

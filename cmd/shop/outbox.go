@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,9 +18,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
@@ -39,14 +43,28 @@ Commands:
                                   idempotent: the copies are absorbed as duplicates);
                                   T is RFC 3339 or a duration such as 1h (= now - 1h);
                                   S is a service (order, inventory, …) or "all"
+  republish --lost [--service S] [--nats-url URL]
+                                  publish again every event its outbox marked published
+                                  that its service's stream no longer holds (acked by the
+                                  broker, then lost: an OS crash before the fsync, a disk,
+                                  a deleted message), same id and sequence, each
+                                  aggregate's in order; a consumer that had applied it
+                                  absorbs the copy, the others apply it. Reads each
+                                  stream once, headers only, back to the oldest event the
+                                  outbox keeps (its retention). Within the stream's
+                                  duplicate window (10 minutes after the first publish)
+                                  the copy of a message deleted by hand is dropped: run
+                                  it again after that (a crashed broker forgets the ids
+                                  it lost, so their copies go through at once)
   dead-letters list [--service S] [--consumer C] [--limit N]
                                   unresolved dead letters, oldest first
   dead-letters requeue <id> --service S
                                   ask the consumer to process a dead letter again
 
 Every command takes --json (machine-readable output) and --database-url URL
-(DATABASE_URL; a service's own <SERVICE>_DATABASE_URL is honoured). Flags may come
-before or after the arguments.
+(DATABASE_URL; a service's own <SERVICE>_DATABASE_URL is honoured); republish also
+--nats-url URL (NATS_URL, default ` + app.DefaultNATSURL + `). Flags may come before or
+after the arguments.
 `
 
 // outboxCmd is one invocation of shop outbox.
@@ -90,6 +108,8 @@ func runOutbox(ctx context.Context, args []string, getenv func(string) string, s
 		return c.requeue(ctx, args)
 	case "replay":
 		return c.replay(ctx, args)
+	case "republish":
+		return c.republish(ctx, args)
 	case "dead-letters":
 		if len(args) == 0 {
 			return c.usageErr("missing command: list or requeue")
@@ -577,6 +597,143 @@ func nullIfEmpty(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// ---- republish --lost ----
+
+type lostJSON struct {
+	Service       string    `json:"service"`
+	Stream        string    `json:"stream"`
+	EventID       uuid.UUID `json:"event_id"`
+	EventType     string    `json:"event_type"`
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	AggregateSeq  int64     `json:"aggregate_seq"`
+	PublishedAt   time.Time `json:"published_at"`
+	Republished   bool      `json:"republished"`
+}
+
+type auditJSON struct {
+	Service     string  `json:"service"`
+	Stream      string  `json:"stream"`
+	Published   int     `json:"published"` // events looked for
+	Scanned     int     `json:"scanned"`   // stream messages read
+	Lost        int     `json:"lost"`
+	Republished int     `json:"republished"`
+	Error       *string `json:"error"` // the stream could not be read: not audited
+}
+
+func (c *outboxCmd) republish(ctx context.Context, args []string) error {
+	fs := c.flags("")
+	lost := fs.Bool("lost", false, "republish the events their stream lost (required: the only kind of republish there is; replay republishes chosen ones)")
+	service := fs.String("service", "", "only this `service`'s outbox and stream (default: all)")
+	natsURL := fs.String("nats-url", "", "NATS server `URL` (default: NATS_URL, else "+app.DefaultNATSURL+")")
+	if _, err := c.parse(fs, args, 0, ""); err != nil {
+		return err
+	}
+	if !*lost {
+		return c.usageErr("--lost is required (to publish chosen events again, use replay)")
+	}
+	names, err := c.services(*service)
+	if err != nil {
+		return err
+	}
+	url := cmp.Or(*natsURL, c.cfg.NATSURL, app.DefaultNATSURL)
+	nc, err := nats.Connect(url, nats.Name("shop outbox republish"), nats.Timeout(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("%s: cannot reach NATS at %s: %w", c.name, app.MaskURL(url), err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.name, err)
+	}
+	var pools verify.Pools
+	for _, name := range names {
+		p, err := c.pool(ctx, name)
+		if err != nil {
+			return err
+		}
+		switch name {
+		case "order":
+			pools.Order = p
+		case "inventory":
+			pools.Inventory = p
+		case "payment":
+			pools.Payment = p
+		case "fulfillment":
+			pools.Fulfillment = p
+		}
+	}
+	audits, err := verify.AuditStreams(ctx, pools, js, verify.AuditConfig{Window: app.OutboxRetention, Services: names})
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.name, err)
+	}
+	out := struct {
+		Republished int         `json:"republished"`
+		Lost        []lostJSON  `json:"lost"`
+		Services    []auditJSON `json:"services"`
+	}{Lost: []lostJSON{}}
+	var unaudited []string
+	for _, a := range audits {
+		sum := auditJSON{Service: a.Service, Stream: a.Stream, Published: a.Published, Scanned: a.Scanned, Lost: len(a.Lost)}
+		if a.Err != nil {
+			msg := a.Err.Error()
+			sum.Error = &msg
+			unaudited = append(unaudited, fmt.Sprintf("%s (%s): %v", a.Service, a.Stream, a.Err))
+		}
+		var marked []uuid.UUID
+		if len(a.Lost) > 0 {
+			ids := make([]uuid.UUID, len(a.Lost))
+			for i, l := range a.Lost {
+				ids[i] = l.EventID
+			}
+			p, _ := c.pool(ctx, a.Service)
+			if marked, err = outbox.RepublishAll(ctx, p, ids); err != nil {
+				return fmt.Errorf("%s: %s: %w", c.name, a.Service, err)
+			}
+		}
+		sum.Republished = len(marked)
+		out.Republished += len(marked)
+		for _, l := range a.Lost {
+			out.Lost = append(out.Lost, lostJSON{Service: l.Service, Stream: l.Stream, EventID: l.EventID, EventType: l.Type,
+				AggregateType: l.AggregateType, AggregateID: l.AggregateID, AggregateSeq: l.Seq, PublishedAt: l.PublishedAt,
+				Republished: slices.Contains(marked, l.EventID)})
+		}
+		out.Services = append(out.Services, sum)
+	}
+	if c.json {
+		if err := c.printJSON(out); err != nil {
+			return err
+		}
+	} else {
+		for _, a := range out.Services {
+			if a.Error != nil {
+				fmt.Fprintf(c.stdout, "%s: stream %s NOT AUDITED: %s\n", a.Service, a.Stream, *a.Error)
+				continue
+			}
+			fmt.Fprintf(c.stdout, "%s: stream %s: %d published events looked for, %d messages read, %d lost, %d marked to be published again\n",
+				a.Service, a.Stream, a.Published, a.Scanned, a.Lost, a.Republished)
+			for _, l := range out.Lost {
+				if l.Service != a.Service {
+					continue
+				}
+				what := "republished"
+				if !l.Republished {
+					what = "skipped (no longer a published event: republished meanwhile, or deleted by retention)"
+				}
+				fmt.Fprintf(c.stdout, "  %s %s %s (%s %s, seq %d)\n", what, l.EventType, l.EventID, l.AggregateType, l.AggregateID, l.AggregateSeq)
+			}
+		}
+		if len(out.Services) > 1 {
+			fmt.Fprintf(c.stdout, "total: %d lost event(s) marked to be published again\n", out.Republished)
+		}
+	}
+	if len(unaudited) > 0 {
+		// What could be read was repaired; what could not is no success.
+		return fmt.Errorf("%s: not audited: %s", c.name, strings.Join(unaudited, "; "))
+	}
+	return nil
 }
 
 // ---- dead letters ----

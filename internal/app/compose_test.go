@@ -25,6 +25,8 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/shop-ref/shop/internal/broker"
 )
 
 // repoRoot is where go.mod, the Dockerfile and docker-compose.yml live,
@@ -455,11 +457,11 @@ func TestComposeServices(t *testing.T) {
 			t.Errorf("service %s: healthcheck %q, want wget of the monitoring port's /healthz", n.name, n.healthcheck)
 		}
 	}
-	if c := strings.Join(nats.command, " "); !strings.Contains(c, "-js") || !strings.Contains(c, "-sd /data") || !strings.Contains(c, "-m 8222") {
-		t.Errorf("nats command %q, want JetStream (-js) storing in the volume (-sd /data) with monitoring (-m 8222)", c)
+	if !slices.Equal(nats.command, []string{"nats-server", "-c", "/etc/nats/single.conf"}) {
+		t.Errorf("nats command %q, want nats-server run by deploy/nats/single.conf (TestComposeNATSSync reads it)", nats.command)
 	}
-	if !slices.Contains(nats.volumes, "nats:/data") {
-		t.Errorf("nats volumes %q, want nats:/data", nats.volumes)
+	if !slices.Contains(nats.volumes, "./deploy/nats/single.conf:/etc/nats/single.conf:ro") || !slices.Contains(nats.volumes, "nats:/data") {
+		t.Errorf("nats volumes %q, want deploy/nats/single.conf and nats:/data", nats.volumes)
 	}
 	if len(nats.profs) > 0 || len(pg.profs) > 0 {
 		t.Error("postgres and nats must run without a profile")
@@ -561,6 +563,47 @@ func TestComposeNATSCluster(t *testing.T) {
 		case !slices.Equal(gotRoutes, routes):
 			t.Errorf("%s: routes %q, want %q", name, gotRoutes, routes)
 		}
+	}
+}
+
+// TestComposeNATSSync holds the NATS servers of docker-compose.yml to the
+// shop's fsync policy: the single server (deploy/nats/single.conf, service
+// nats) syncs exactly as the embedded server of `shop all` does
+// (broker.Embedded's default: before every acknowledgement), and every node
+// of the cluster profile (deploy/nats/cluster.conf) syncs before it
+// acknowledges too. A file that drops or changes `sync_interval` fails here.
+func TestComposeNATSSync(t *testing.T) {
+	srv, err := broker.Embedded("127.0.0.1", -1, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop := srv.JetStreamConfig()
+	srv.Shutdown()
+	if !shop.SyncAlways {
+		t.Fatalf("the embedded server of shop all syncs every %v, not before each ack: the policy the deployment files are held to changed", shop.SyncInterval)
+	}
+
+	single, err := server.ProcessConfigFile(filepath.Join(repoRoot, "deploy/nats/single.conf"))
+	if err != nil {
+		t.Fatalf("deploy/nats/single.conf: %v", err)
+	}
+	switch {
+	case single.SyncAlways != shop.SyncAlways || single.SyncInterval != shop.SyncInterval:
+		t.Errorf("deploy/nats/single.conf: sync always %v, every %v; the embedded server of shop all: always %v, every %v",
+			single.SyncAlways, single.SyncInterval, shop.SyncAlways, shop.SyncInterval)
+	case !single.JetStream || single.StoreDir != "/data":
+		t.Errorf("deploy/nats/single.conf: jetstream %v in %q, want JetStream in /data (the volume)", single.JetStream, single.StoreDir)
+	case single.Port != 4222 || single.HTTPPort != 8222:
+		t.Errorf("deploy/nats/single.conf: client port %d, monitoring port %d; want 4222 and 8222", single.Port, single.HTTPPort)
+	}
+
+	t.Setenv("NATS_SERVER_NAME", "nats-1")
+	cluster, err := server.ProcessConfigFile(filepath.Join(repoRoot, "deploy/nats/cluster.conf"))
+	if err != nil {
+		t.Fatalf("deploy/nats/cluster.conf: %v", err)
+	}
+	if !cluster.SyncAlways {
+		t.Errorf("deploy/nats/cluster.conf: fsync every %v, want sync_interval: always (the policy its comment states)", cluster.SyncInterval)
 	}
 }
 

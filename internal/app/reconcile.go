@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shop-ref/shop/internal/database"
@@ -27,10 +29,16 @@ const ReconcileInterval = time.Minute
 // service process (`shop order`) is given only its own credentials in a
 // least-privilege deployment, so it does not run the job.
 
-// newReconcileJob returns the periodic reconcile job of cfg's databases. Its
-// pools connect lazily, so runs simply fail (and are logged) until the
-// services have migrated their schemas. close releases the pools.
-func newReconcileJob(ctx context.Context, cfg Config, log *slog.Logger) (job *reconcile.Job, close func(), err error) {
+// newReconcileJob returns the periodic reconcile job of cfg's databases and
+// of the streams on nc (each stream audited against its outbox, what it
+// lost republished). Its pools connect lazily, so runs simply fail (and are
+// logged) until the services have migrated their schemas. close releases
+// the pools.
+func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (job *reconcile.Job, close func(), err error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
+	}
 	pools := map[string]*pgxpool.Pool{}
 	close = func() {
 		for _, p := range pools {
@@ -45,11 +53,13 @@ func newReconcileJob(ctx context.Context, cfg Config, log *slog.Logger) (job *re
 		}
 		pools[name] = pool
 	}
+	rcfg := ReconcileConfig(cfg)
+	rcfg.JetStream = js
 	return &reconcile.Job{
 		Pools: verify.Pools{
 			Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
 		},
-		Config:   ReconcileConfig(cfg),
+		Config:   rcfg,
 		Interval: ReconcileInterval,
 		Logger:   log.With("service", "reconcile"),
 	}, close, nil
@@ -69,6 +79,7 @@ func ReconcileConfig(cfg Config) reconcile.Config {
 		PaymentTimeout: cfg.PaymentTimeout,
 		Grace:          reconcileGrace,
 		Repair:         true,
+		Retention:      OutboxRetention, // the window of the stream audit, when JetStream is set
 	}
 }
 
@@ -84,7 +95,7 @@ func newReconcileCollector(job *reconcile.Job) *reconcileCollector {
 	return &reconcileCollector{
 		job: job,
 		found: prometheus.NewDesc("shop_reconcile_findings",
-			"What the last reconcile run found that retries did not fix, by kind: stuck_order, unrefunded_payment, held_reservation.",
+			"What the last reconcile run found that retries did not fix, by kind: stuck_order, unrefunded_payment, held_reservation, lost_event.",
 			[]string{"kind"}, nil),
 		republished: prometheus.NewDesc("shop_reconcile_republished_events",
 			"Lost events the last reconcile run republished from their producer's outbox.", nil, nil),

@@ -100,7 +100,7 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 	if runsAll(names) {
 		// The reconciler reads every schema (see reconcile.go), so only
 		// `shop all` runs it; its counts are served by the order service.
-		job, closeJob, err := newReconcileJob(ctx, cfg, log)
+		job, closeJob, err := newReconcileJob(ctx, cfg, nc, log)
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,9 @@
 // relay's database work alone) and each part of the system against them —
 // the relay, the write path, latency at a steady rate, POST /orders over
 // HTTP, the whole saga through a real `shop all` process, cost growth with
-// large tables and the peak memory of `shop all` — and prints one table in
+// large tables, the peak memory of `shop all`, and what durability costs
+// (the relay and the saga with and without NATS's fsync before every ack,
+// the stream audit of `shop verify`) — and prints one table in
 // which every row is the median, minimum and maximum of several runs. Beside
 // the rows whose bound is in question it prints how busy the machine's CPU
 // was meanwhile: a row at ~100 % is bound by CPU, not by waiting.

@@ -29,8 +29,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 )
 
@@ -70,6 +72,7 @@ type shop struct {
 	dir     string
 	db      pgtest.Database
 	env     []string // extra environment of the shop's commands
+	nats    string   // NATS_URL given in env; empty: the shop's embedded server
 	admin   *pgxpool.Pool
 	cmd     *exec.Cmd
 	exited  chan struct{}
@@ -95,6 +98,11 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := &shop{tb: tb, bin: shopBinary(tb), addrs: map[string]string{}, env: env}
+	for _, kv := range env {
+		if url, ok := strings.CutPrefix(kv, "NATS_URL="); ok {
+			s.nats = url
+		}
+	}
 	var err error
 	if s.dir, err = os.MkdirTemp("", "benchsuite-shop-"); err != nil {
 		tb.Fatal(err)
@@ -314,7 +322,9 @@ type sagaResult struct {
 
 var schemas = []string{"orders", "inventory", "payment", "fulfillment"}
 
-// saga starts a fresh `shop all` and offers *sagaRate orders/s for
+// saga starts a fresh `shop all` (with its embedded NATS server, or with
+// natsOpts a NATS server in the benchmark process configured by them) and
+// offers *sagaRate orders/s for
 // *sagaSeconds from 32 concurrent clients over HTTP (POST /orders, 16 SKUs
 // in turn). The driver learns where each order is from the broker instead
 // of polling GET /orders (a core subscription to orders.> on the shop's
@@ -323,9 +333,13 @@ var schemas = []string{"orders", "inventory", "payment", "fulfillment"}
 // the sustained COMPLETED rate over the last three quarters of the window,
 // order → COMPLETED p99, the backlog when the offered load ends, and the
 // process's peak RSS (VmHWM).
-func saga(b *testing.B, sz sizes) sagaResult {
+func saga(b *testing.B, sz sizes, natsOpts ...broker.Option) sagaResult {
 	return scoped(b, func(tb testing.TB) sagaResult {
-		s := startShop(tb, "saga")
+		var env []string
+		if len(natsOpts) > 0 {
+			env = append(env, "NATS_URL="+natstest.New(tb, natsOpts...).URL())
+		}
+		s := startShop(tb, "saga", env...)
 		secs := *sagaSeconds
 		if *quick {
 			secs = 4
@@ -578,8 +592,12 @@ func (s *shop) waitIdle(tb testing.TB, limit time.Duration) {
 
 var reNATS = regexp.MustCompile(`embedded nats started"? url=(\S+)`)
 
-// natsURL reads the embedded server's URL from the shop's log.
+// natsURL is the URL of the shop's NATS server: the one it was given, or
+// its embedded server's, read from its log.
 func (s *shop) natsURL(tb testing.TB) string {
+	if s.nats != "" {
+		return s.nats
+	}
 	b, err := os.ReadFile(filepath.Join(s.dir, "shop.log"))
 	if err != nil {
 		tb.Fatal(err)

@@ -1,5 +1,22 @@
 // Package broker holds the NATS plumbing shared by the services, the demo and
 // the tests: an embedded JetStream server and the streams of the contract.
+//
+// # When an acknowledged message is durable
+//
+// JetStream acknowledges a publish once the message is in its store, and by
+// default it fsyncs that store only every two minutes (nats-server's
+// sync_interval). A process crash loses nothing — the data is in the
+// operating system's page cache — but an OS crash or a power loss loses
+// what was acknowledged since the last fsync, and the outbox relay, which
+// marks an event published on its PubAck, never sends it again (Jepsen
+// lost acknowledged writes of NATS 2.12.1 this way, with three replicas
+// under a coordinated power loss). So every server the shop starts or
+// ships fsyncs before it acknowledges: [Embedded] by default, and
+// docker-compose.yml's servers through deploy/nats/*.conf
+// (`sync_interval: always`; internal/app/compose_test.go holds the files to
+// it). What it costs is measured by `make bench` (docs/performance.md).
+// What a broker loses anyway — a disk, a hand that deletes messages — is
+// found by internal/verify's stream audit and republished from the outbox.
 package broker
 
 import (
@@ -13,17 +30,47 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// ServerDefaultSyncInterval is nats-server's own default fsync interval,
+// which [Embedded] does not use unless asked to ([WithSyncInterval]).
+const ServerDefaultSyncInterval = 2 * time.Minute
+
+// Option changes how [Embedded] configures its server.
+type Option func(*server.Options)
+
+// WithSyncAlways makes the server fsync every write to a stream before it
+// acknowledges it: an acknowledged message survives an OS crash or a power
+// loss. This is Embedded's default; the option exists to say so.
+func WithSyncAlways() Option {
+	return func(o *server.Options) { o.SyncAlways, o.SyncInterval = true, ServerDefaultSyncInterval }
+}
+
+// WithSyncInterval makes the server fsync its streams every d instead of
+// before each acknowledgement, as nats-server does by default (d =
+// ServerDefaultSyncInterval). Faster; an OS crash or power loss then loses
+// up to d of acknowledged messages, which the relay never republishes by
+// itself. Only for servers whose data does not matter (tests).
+func WithSyncInterval(d time.Duration) Option {
+	return func(o *server.Options) { o.SyncAlways, o.SyncInterval = false, d }
+}
+
 // Embedded starts a NATS server with JetStream inside this process, listening
 // on host:port (port -1 picks a free one) and storing streams under storeDir.
-func Embedded(host string, port int, storeDir string) (*server.Server, error) {
-	s, err := server.NewServer(&server.Options{
+// Unless an option says otherwise it fsyncs before every acknowledgement
+// (WithSyncAlways): this is the server of `shop all`, and an event the relay
+// saw acknowledged must not vanish in an OS crash.
+func Embedded(host string, port int, storeDir string, opts ...Option) (*server.Server, error) {
+	o := &server.Options{
 		Host:      host,
 		Port:      port,
 		JetStream: true,
 		StoreDir:  storeDir,
 		NoSigs:    true,
 		NoLog:     true,
-	})
+	}
+	for _, opt := range append([]Option{WithSyncAlways()}, opts...) {
+		opt(o)
+	}
+	s, err := server.NewServer(o)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}

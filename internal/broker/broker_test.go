@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
@@ -38,5 +39,33 @@ func TestEnsureStreamCreatesOnceAndUpdatesOnlyWhatDiffers(t *testing.T) {
 	}
 	if got := changed.CachedInfo().Config.Subjects; !slices.Equal(got, []string{"orders.>", "legacy.orders.>"}) {
 		t.Fatalf("subjects after update: %v", got)
+	}
+}
+
+// The shop's embedded server fsyncs before every acknowledgement unless told
+// otherwise.
+func TestEmbeddedSyncsAlwaysByDefault(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		opts     []broker.Option
+		always   bool
+		interval time.Duration
+	}{
+		{"default", nil, true, broker.ServerDefaultSyncInterval},
+		{"WithSyncAlways", []broker.Option{broker.WithSyncAlways()}, true, broker.ServerDefaultSyncInterval},
+		{"WithSyncInterval", []broker.Option{broker.WithSyncInterval(time.Second)}, false, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv, err := broker.Embedded("127.0.0.1", -1, t.TempDir(), tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Shutdown()
+			if c := srv.JetStreamConfig(); c.SyncAlways != tc.always || c.SyncInterval != tc.interval {
+				t.Errorf("sync always %v every %v, want %v every %v", c.SyncAlways, c.SyncInterval, tc.always, tc.interval)
+			}
+		})
 	}
 }

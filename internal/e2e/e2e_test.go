@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
@@ -44,6 +46,7 @@ var shop struct {
 	order, inventory, payment, fulfillment string // base URLs
 	natsURL                                string
 	pools                                  verify.Pools
+	js                                     jetstream.JetStream // the shop's broker, for the stream audit
 }
 
 func TestMain(m *testing.M) {
@@ -128,13 +131,24 @@ func runMain(m *testing.M) int {
 		pools[name] = pool
 	}
 	shop.pools = verify.Pools{Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"]}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer nc.Close()
+	if shop.js, err = jetstream.New(nc); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
 	return m.Run()
 }
 
-// checkInvariants waits until the shop is quiet and every invariant holds.
+// checkInvariants waits until the shop is quiet and every invariant holds,
+// the streams' audit against the outboxes included.
 func checkInvariants(t *testing.T) {
 	t.Helper()
-	report, err := verify.Wait(context.Background(), shop.pools, 72*time.Hour, 30*time.Second)
+	report, err := verify.Wait(context.Background(), shop.pools, 72*time.Hour, 30*time.Second, verify.WithStreams(shop.js))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,16 @@
 // missed takes the normal saga path. Events are republished in sequence
 // order, so the relay's per-aggregate ordering holds for the copies too.
 //
+// With Config.JetStream it also audits every service's stream against its
+// outbox (verify.AuditStreams): an event the outbox marked published that
+// the stream no longer holds — acknowledged by the broker, then lost in an
+// OS crash before its fsync, on a failed disk, or deleted by hand — reached
+// no consumer that had not read it yet, and the relay never sends it again
+// by itself. With Repair every such event is republished (outbox.RepublishAll,
+// one statement per service): the relay sends the copies with their ids and
+// sequences, in order per aggregate; a consumer that had applied the event
+// absorbs the copy, one that had not applies it.
+//
 // Everything else is reported only, as log lines and counts (Counts), for a
 // person to look at: an order whose events were all processed and that is
 // still stuck has a bug or a stopped component (the saga timeout scanner,
@@ -37,6 +47,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/verify"
@@ -61,22 +72,36 @@ const (
 	// HeldReservation: inventory holds stock (RESERVED) for an order whose
 	// saga ended (REJECTED, CLOSED, COMPLETED) more than Config.Grace ago.
 	HeldReservation Kind = "held_reservation"
+	// LostEvent: an event its outbox marked published within
+	// Config.Retention that its service's stream no longer holds (only
+	// with Config.JetStream).
+	LostEvent Kind = "lost_event"
 )
 
 // Kinds lists every Kind, in report order.
-var Kinds = []Kind{StuckOrder, UnrefundedPayment, HeldReservation}
+var Kinds = []Kind{StuckOrder, UnrefundedPayment, HeldReservation, LostEvent}
 
 // Finding is one thing the reconciler found.
 type Finding struct {
 	Kind    Kind
-	OrderID string
+	OrderID string // the order concerned; for a LostEvent, its aggregate's id when that is an order, else ""
 	Detail  string // e.g. "PENDING for 12m0s"
+	// Event is the lost event of a LostEvent finding (nil for the others).
+	Event *verify.Lost
 	// Republished counts the events republished for this order by this run
-	// (0: nothing was lost in transit, or repairs were off: report only).
+	// (0: nothing was lost in transit, or repairs were off: report only);
+	// for a LostEvent, 1 when its event was republished.
 	Republished int
 }
 
 func (f Finding) String() string {
+	if f.Event != nil {
+		s := fmt.Sprintf("%s %s", f.Kind, f.Event)
+		if f.Republished > 0 {
+			s += " (republished)"
+		}
+		return s
+	}
 	s := fmt.Sprintf("%s order %s: %s", f.Kind, f.OrderID, f.Detail)
 	if f.Republished > 0 {
 		s += fmt.Sprintf(" (republished %d lost events)", f.Republished)
@@ -89,7 +114,8 @@ type Counts struct {
 	StuckOrders        int
 	UnrefundedPayments int
 	HeldReservations   int
-	Republished        int // events republished by the run
+	LostEvents         int // published events their stream no longer holds
+	Republished        int // events republished by the run, lost ones included
 }
 
 // Of returns the count of one kind.
@@ -101,6 +127,8 @@ func (c Counts) Of(k Kind) int {
 		return c.UnrefundedPayments
 	case HeldReservation:
 		return c.HeldReservations
+	case LostEvent:
+		return c.LostEvents
 	}
 	return 0
 }
@@ -109,15 +137,29 @@ func (c Counts) Of(k Kind) int {
 type Report struct {
 	Findings []Finding
 	Counts   Counts
+	// Audits are the stream audits of the run (with Config.JetStream): a
+	// stream whose audit has an Err was not checked, and lost events in
+	// it were neither found nor repaired.
+	Audits []verify.StreamAudit
 }
 
-// Write prints the report, one line per finding.
+// Write prints the report, one line per finding and per stream that could
+// not be audited.
 func (r Report) Write(w io.Writer) {
 	for _, f := range r.Findings {
 		fmt.Fprintf(w, "RECONCILE %s\n", f)
 	}
-	fmt.Fprintf(w, "reconcile: %d stuck orders, %d unrefunded payments, %d held reservations; %d events republished\n",
-		r.Counts.StuckOrders, r.Counts.UnrefundedPayments, r.Counts.HeldReservations, r.Counts.Republished)
+	for _, a := range r.Audits {
+		if a.Err != nil {
+			fmt.Fprintf(w, "RECONCILE stream %s of %s not audited: %v\n", a.Stream, a.Service, a.Err)
+		}
+		if a.Older > 0 {
+			fmt.Fprintf(w, "RECONCILE stream %s of %s: audited its newest %d events, not %d older ones (shop outbox republish --lost audits them all)\n",
+				a.Stream, a.Service, a.Published, a.Older)
+		}
+	}
+	fmt.Fprintf(w, "reconcile: %d stuck orders, %d unrefunded payments, %d held reservations, %d lost events; %d events republished\n",
+		r.Counts.StuckOrders, r.Counts.UnrefundedPayments, r.Counts.HeldReservations, r.Counts.LostEvents, r.Counts.Republished)
 }
 
 // Config tunes what counts as stuck. Zero fields take the defaults beside
@@ -135,8 +177,21 @@ type Config struct {
 	RepublishAfter time.Duration
 	// Repair republishes lost events; false only reports.
 	Repair bool
-	// Limit bounds the orders repaired per run; default 100.
+	// Limit bounds the orders repaired per run; default 100. Events a
+	// stream lost are all republished, one statement per service.
 	Limit int
+	// JetStream, when set, adds the audit of every service's stream
+	// against its outbox (LostEvent findings, verify.AuditStreams); nil
+	// skips it.
+	JetStream jetstream.JetStream
+	// Retention is the relays' outbox retention: the stream audit looks
+	// for the events published within it. Required with JetStream.
+	Retention time.Duration
+	// AuditNewest bounds the stream audit to the newest this many
+	// published events of each service, so that a run every minute costs
+	// about a second however long the retention and the traffic (`shop
+	// outbox republish --lost` audits all of it); default 100,000.
+	AuditNewest int
 }
 
 func (c *Config) setDefaults() {
@@ -146,6 +201,7 @@ func (c *Config) setDefaults() {
 	c.Grace = cmp.Or(c.Grace, 5*time.Minute)
 	c.RepublishAfter = cmp.Or(c.RepublishAfter, broker.DuplicateWindow+time.Minute)
 	c.Limit = cmp.Or(c.Limit, 100)
+	c.AuditNewest = cmp.Or(c.AuditNewest, 100_000)
 }
 
 // flows are the event flows about an order (docs/events.md): the producer
@@ -159,10 +215,14 @@ var flows = []struct{ producer, service, consumer string }{
 	{"fulfillment", "order", "order-fulfillment"},
 }
 
-// Run finds stuck orders, unrefunded payments and held reservations once
-// and, with cfg.Repair, republishes the events about them that were lost.
+// Run finds stuck orders, unrefunded payments and held reservations once,
+// with cfg.JetStream the events the streams lost, and, with cfg.Repair,
+// republishes the events about them that were lost.
 func Run(ctx context.Context, pools verify.Pools, cfg Config) (Report, error) {
 	cfg.setDefaults()
+	if cfg.JetStream != nil && cfg.Retention <= 0 {
+		return Report{}, errors.New("reconcile: Config.JetStream without Config.Retention (the outbox retention)")
+	}
 	r := &run{ctx: ctx, pools: pools, cfg: cfg, repaired: map[string]int{}}
 	if err := r.stuckOrders(); err != nil {
 		return Report{}, err
@@ -176,7 +236,17 @@ func Run(ctx context.Context, pools verify.Pools, cfg Config) (Report, error) {
 	if err := r.heldReservations(); err != nil {
 		return Report{}, err
 	}
+	if cfg.JetStream != nil {
+		if err := r.lostEvents(); err != nil {
+			return Report{}, err
+		}
+	}
 	if cfg.Repair {
+		// The streams' losses first: the per-order repair below then skips
+		// the events they republished (no longer marked published).
+		if err := r.repairLost(); err != nil {
+			return r.report(), err
+		}
 		if err := r.repair(); err != nil {
 			return r.report(), err
 		}
@@ -189,12 +259,13 @@ type run struct {
 	pools    verify.Pools
 	cfg      Config
 	findings []Finding
+	audits   []verify.StreamAudit
 	repaired map[string]int // order id → events republished
 	total    int
 }
 
 func (r *run) report() Report {
-	rep := Report{Findings: r.findings}
+	rep := Report{Findings: r.findings, Audits: r.audits}
 	for i := range rep.Findings {
 		f := &rep.Findings[i]
 		switch f.Kind {
@@ -204,12 +275,18 @@ func (r *run) report() Report {
 			rep.Counts.UnrefundedPayments++
 		case HeldReservation:
 			rep.Counts.HeldReservations++
+		case LostEvent:
+			rep.Counts.LostEvents++
 		}
 	}
-	// One order may be found by several kinds; its repair is told once.
+	// One order may be found by several kinds; its repair is told once. A
+	// lost event's finding tells its own.
 	told := map[string]bool{}
 	for i := range rep.Findings {
 		f := &rep.Findings[i]
+		if f.Kind == LostEvent {
+			continue
+		}
 		if n := r.repaired[f.OrderID]; n > 0 && !told[f.OrderID] {
 			f.Republished = n
 			told[f.OrderID] = true
@@ -375,12 +452,62 @@ func wrap(what string, err error) error {
 	return nil
 }
 
+// lostEvents audits every stream against its outbox.
+func (r *run) lostEvents() error {
+	audits, err := verify.AuditStreams(r.ctx, r.pools, r.cfg.JetStream,
+		verify.AuditConfig{Window: r.cfg.Retention, Newest: r.cfg.AuditNewest})
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	r.audits = audits
+	for _, a := range audits {
+		for _, l := range a.Lost {
+			f := Finding{Kind: LostEvent, Event: &l, Detail: l.String()}
+			if l.AggregateType == "order" {
+				f.OrderID = l.AggregateID
+			}
+			r.findings = append(r.findings, f)
+		}
+	}
+	return nil
+}
+
+// repairLost republishes every event a stream lost, one statement per
+// service, so that service's relays see all of the copies or none.
+func (r *run) repairLost() error {
+	for _, service := range verify.Services() {
+		var ids []uuid.UUID
+		for _, f := range r.findings {
+			if f.Event != nil && f.Event.Service == service {
+				ids = append(ids, f.Event.EventID)
+			}
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		marked, err := outbox.RepublishAll(r.ctx, r.pool(service), ids)
+		if err != nil {
+			return fmt.Errorf("reconcile: %s: %w", service, err)
+		}
+		for i := range r.findings {
+			if f := &r.findings[i]; f.Event != nil && f.Event.Service == service && slices.Contains(marked, f.Event.EventID) {
+				f.Republished = 1
+			}
+		}
+		r.total += len(marked)
+	}
+	return nil
+}
+
 // repair republishes, for each order found (up to cfg.Limit), the events
 // about it that one service published and the consumer that should have
 // acted on them never processed.
 func (r *run) repair() error {
 	var orders []string
 	for _, f := range r.findings {
+		if f.Kind == LostEvent {
+			continue // repaired by repairLost; the order need not be stuck
+		}
 		if !slices.Contains(orders, f.OrderID) {
 			orders = append(orders, f.OrderID)
 		}
@@ -498,6 +625,11 @@ func (j *Job) Once(ctx context.Context) (Report, error) {
 	}
 	for _, f := range rep.Findings {
 		log.Warn("reconcile: "+string(f.Kind), "order_id", f.OrderID, "detail", f.Detail, "republished", f.Republished)
+	}
+	for _, a := range rep.Audits {
+		if a.Err != nil {
+			log.Warn("reconcile: stream not audited", "service", a.Service, "stream", a.Stream, "err", a.Err)
+		}
 	}
 	c := rep.Counts
 	j.last.Store(&c)

@@ -7,6 +7,11 @@
 // Outbox rows are deleted some time after they are published (the relay's
 // Retention), so the checks that pair business rows with their events look
 // only at what is younger than that window.
+//
+// The consumers' inboxes tell only what reached them: an event the broker
+// acknowledged and then lost, before any consumer read it, leaves no trace
+// in any schema. WithStreams adds the audit of the streams themselves
+// (AuditStreams), which needs the NATS server.
 package verify
 
 import (
@@ -19,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Check is one invariant check and what it found.
@@ -116,12 +122,34 @@ func ConsumedTypes(consumer string) []string {
 
 var services = []string{"order", "inventory", "payment", "fulfillment"}
 
+// Option adds to what Run and Wait check.
+type Option func(*options)
+
+type options struct {
+	js jetstream.JetStream
+}
+
+// WithStreams adds invariant 3 as the broker sees it: every event an
+// outbox marked published within the retention is still held by its
+// service's stream on js (AuditStreams, whose doc says what it reads and
+// costs). A lost event is a violation naming service, event id, aggregate
+// and sequence; a stream that cannot be read (NATS unreachable, no such
+// stream) is a violation too, never a pass.
+func WithStreams(js jetstream.JetStream) Option { return func(o *options) { o.js = js } }
+
 // Run runs every check once. retention is the relay's outbox retention:
 // business rows older than it may have lost their (published) events.
-func Run(ctx context.Context, pools Pools, retention time.Duration) (Report, error) {
+func Run(ctx context.Context, pools Pools, retention time.Duration, opts ...Option) (Report, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	v := &run{ctx: ctx, pools: pools, since: time.Now().Add(-retention)}
 	v.intents()
 	v.delivery()
+	if o.js != nil && v.err == nil {
+		v.streams(o.js, retention)
+	}
 	v.effects()
 	v.rejectedPayments()
 	if v.err != nil {
@@ -132,10 +160,10 @@ func Run(ctx context.Context, pools Pools, retention time.Duration) (Report, err
 
 // Wait runs the checks until they pass or timeout passes, and returns the
 // last report: right after a run of traffic, events are still in flight.
-func Wait(ctx context.Context, pools Pools, retention, timeout time.Duration) (Report, error) {
+func Wait(ctx context.Context, pools Pools, retention, timeout time.Duration, opts ...Option) (Report, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		r, err := Run(ctx, pools, retention)
+		r, err := Run(ctx, pools, retention, opts...)
 		if err != nil || r.OK() || time.Now().After(deadline) {
 			return r, err
 		}
@@ -283,6 +311,25 @@ func (v *run) delivery() {
 			}
 		}
 		v.check(3, fmt.Sprintf("%s processed every %s event", c.name, c.producer), missing)
+	}
+}
+
+// streams checks invariant 3 against the brokers: AuditStreams.
+func (v *run) streams(js jetstream.JetStream, retention time.Duration) {
+	audits, err := AuditStreams(v.ctx, v.pools, js, AuditConfig{Window: retention})
+	if err != nil {
+		v.err = err
+		return
+	}
+	for _, a := range audits {
+		var found []string
+		if a.Err != nil {
+			found = append(found, fmt.Sprintf("%s: not audited (%d published events unchecked): %v", a.Service, a.Published, a.Err))
+		}
+		for _, l := range a.Lost {
+			found = append(found, l.String())
+		}
+		v.check(3, fmt.Sprintf("%s: stream %s holds every event marked published", a.Service, a.Stream), found)
 	}
 }
 

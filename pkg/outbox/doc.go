@@ -67,6 +67,13 @@
 //   - Poison event: it becomes dead after a permanent error or MaxAttempts,
 //     holding back only the later events of its own aggregate.
 //
+// One window the relay cannot close alone: the broker acknowledges an event
+// and loses it later (an OS crash before its fsync — nats-server syncs every
+// two minutes unless told to sync always — a failed disk, a message deleted
+// by hand). The event is marked published and is never sent again by
+// itself. Finding such events takes the stream (internal/verify's stream
+// audit); [RepublishAll] then sends them again, same ids, in order.
+//
 // Delivery is therefore at least once. Exactly-once effects are the
 // consumer's job (pkg/inbox); RetryHorizon tells it how long copies can come.
 //

@@ -134,6 +134,34 @@ func Republish(ctx context.Context, db DB, eventID uuid.UUID) error {
 	return nil
 }
 
+// RepublishAll is Republish of many events in one statement, so a relay
+// sees all the copies or none, and sends each aggregate's in sequence order
+// (an event is claimed only once every earlier one of its aggregate is
+// published). It is the repair for events the broker acknowledged and then
+// lost. Ids that are not published events of this outbox (pending, dead,
+// deleted by retention, republished meanwhile) are skipped; it returns the
+// ids it marked, in no particular order.
+//
+// JetStream drops a copy whose id it still remembers (its duplicate window,
+// counted from the first publish) with a PubAck that the relay takes as
+// success. A broker that lost messages in a crash rebuilds that memory from
+// what it stored, so their copies are kept; messages deleted by hand inside
+// the window are not republished until it has passed.
+func RepublishAll(ctx context.Context, db DB, eventIDs []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, `
+		UPDATE outbox SET published_at = NULL, available_at = now(), attempts = 0
+		WHERE event_id = ANY($1) AND published_at IS NOT NULL
+		RETURNING event_id`, eventIDs)
+	if err != nil {
+		return nil, fmt.Errorf("republish %d outbox events: %w", len(eventIDs), err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("republish %d outbox events: %w", len(eventIDs), err)
+	}
+	return ids, nil
+}
+
 // DeleteExpired deletes up to batch-sized chunks of events published more
 // than olderThan ago and returns how many went. Pending and dead events are
 // never deleted; sequence counters stay, so numbering continues gap-free.

@@ -598,3 +598,62 @@ func TestDisableListenPollsWithoutListening(t *testing.T) {
 		t.Errorf("%d LISTEN connections with DisableListen", listeners)
 	}
 }
+
+// RepublishAll is the repair for messages the broker lost: the copies keep
+// their ids and go out in sequence order. While the stream still remembers
+// an id (its duplicate window) the copy is dropped as a duplicate; a broker
+// that lost messages in a crash rebuilds that memory from what it stored,
+// which a restart after deleting them shows.
+func TestRepublishAllSendsLostEventsAgainInOrder(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "A"), event("o-1", "B"), event("o-1", "C"))
+	r := e.relay(t, Config{PollInterval: 20 * time.Millisecond})
+	start(t, r)
+	eventually(t, 10*time.Second, "events published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 3, nil
+	})
+	ctx := context.Background()
+	rows, err := e.db.Pool.Query(ctx, `SELECT event_id FROM outbox ORDER BY aggregate_seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The broker loses A and B (stream sequences 1 and 2).
+	for seq := uint64(1); seq <= 2; seq++ {
+		if err := e.stream.DeleteMsg(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marked, err := RepublishAll(ctx, e.db.Pool, []uuid.UUID{ids[1], ids[0], uuid.Must(uuid.NewV7())})
+	if err != nil || len(marked) != 2 {
+		t.Fatalf("RepublishAll marked %v, %v; want the two published events only", marked, err)
+	}
+	eventually(t, 10*time.Second, "copies dropped as duplicates", func() (bool, error) {
+		return r.Counters().Duplicates == 2 && count(t, e.db.Pool, "published_at IS NULL") == 0, nil
+	})
+	if n := streamMsgs(t, e.stream); n != 1 {
+		t.Fatalf("stream holds %d messages, want 1: inside the duplicate window the copies are dropped", n)
+	}
+
+	e.nats.Stop() // what a crash that lost A and B leaves behind
+	e.nats.Start()
+	if marked, err := RepublishAll(ctx, e.db.Pool, ids[:2]); err != nil || len(marked) != 2 {
+		t.Fatalf("RepublishAll after the restart marked %v, %v", marked, err)
+	}
+	eventually(t, 20*time.Second, "copies stored", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0 && streamMsgs(t, e.stream) == 3, nil
+	})
+	for i, seq := range []uint64{4, 5} { // after C (3): A, then B
+		m, err := e.stream.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Header.Get("Nats-Msg-Id"); got != ids[i].String() {
+			t.Errorf("stream seq %d is %s, want %s (%s)", seq, got, ids[i], []string{"A", "B"}[i])
+		}
+	}
+}
