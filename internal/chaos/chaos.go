@@ -99,6 +99,7 @@ type Result struct {
 	SelfExits       []Exit         // shop processes that exited on their own
 	NodeExits       []Exit         // NATS nodes that did
 	DeadEvents      int            // outbox rows with dead_at set, in every schema
+	StreamLoss      StreamLoss     // acked events missing from their streams, before and after the repair
 	DeadNotes       []string
 	PeakConns       int // most Postgres client connections to the run's database at once (sampled each second)
 	PeakServerConns int // and to the whole server, which other tests share
@@ -207,11 +208,16 @@ func Run(t testing.TB, cfg Config) Result {
 	stopScrape()
 	<-scraped
 
+	loss, err := h.auditStreams(ctx)
+	if err != nil {
+		t.Errorf("stream audit: %v", err)
+	}
 	report, err := h.verify(ctx)
 	if err != nil {
 		t.Fatalf("verify: %v", err)
 	}
 	res := h.result(ctx, d, report, unended)
+	res.StreamLoss = loss
 	res.Elapsed = time.Since(start)
 	h.table(res)
 	h.judge(res)
@@ -294,6 +300,9 @@ func (h *harness) judge(r Result) {
 	}
 	if r.DeadEvents > 0 {
 		t.Errorf("%d dead events: nothing in the run is poison, so an outage burnt their attempts: %v", r.DeadEvents, r.DeadNotes)
+	}
+	if r.StreamLoss.After > 0 {
+		t.Errorf("%d acked events still missing from their streams after the repair: %v", r.StreamLoss.After, r.StreamLoss.Notes)
 	}
 	if r.Nodes > 1 {
 		for _, k := range []string{KindLeaderKill, KindQuorumLoss} {

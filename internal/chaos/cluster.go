@@ -104,7 +104,9 @@ func (nd *node) addr() string { return fmt.Sprintf("127.0.0.1:%d", nd.port) }
 func (nd *node) config() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "server_name: %s\nlisten: %s\nhttp: 127.0.0.1:%d\n", nd.name, nd.addr(), nd.httpPort)
-	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  enabled: %t\n}\n", filepath.Join(nd.dir, "store"), !nd.jsOff)
+	// As deploy/nats/cluster.conf: fsync before every acknowledgement, so
+	// that a killed node loses nothing it acknowledged (internal/broker).
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  enabled: %t\n  sync_interval: always\n}\n", filepath.Join(nd.dir, "store"), !nd.jsOff)
 	if len(nd.c.nodes) > 1 {
 		routes := make([]string, len(nd.c.nodes))
 		for i, o := range nd.c.nodes {

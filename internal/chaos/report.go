@@ -182,12 +182,17 @@ func (h *harness) table(r Result) {
 	}
 	fmt.Fprintf(w, "NATS nodes that exited on their own\t%d\t0\t\n", len(r.NodeExits))
 	fmt.Fprintf(w, "dead events in the outboxes\t%d\t0\t\n", r.DeadEvents)
+	fmt.Fprintf(w, "acked events missing from streams, before the repair\t%d\t\t\n", r.StreamLoss.Before)
+	fmt.Fprintf(w, "acked events missing from streams, after the repair\t%d\t0\t\n", r.StreamLoss.After)
 	fmt.Fprintf(w, "invariant violations\t%d\t0\t\n", r.Violations)
 	fmt.Fprintf(w, "sagas not ended\t%d\t0\t\n", r.Unended)
 	w.Flush()
 	fmt.Fprintf(out, "wall time %v\n", r.Elapsed.Round(time.Second))
 	for _, n := range r.DeadNotes {
 		fmt.Fprintf(out, "dead: %s\n", n)
+	}
+	for _, n := range r.StreamLoss.Notes {
+		fmt.Fprintf(out, "lost from a stream: %s\n", n)
 	}
 	writeExits(out, "shop processes", r.SelfExits, h.offset)
 	writeExits(out, "NATS nodes", r.NodeExits, h.offset)
