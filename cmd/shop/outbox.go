@@ -34,8 +34,9 @@ const outboxUsage = `Usage: shop outbox <command> [flags] [arguments]
 Operator commands on the outboxes and dead letters of every service.
 
 Commands:
-  status                          backlog, oldest pending age, dead events and open
-                                  dead letters, per service
+  status                          backlog, oldest pending age, dead events, open dead
+                                  letters (conflicts among them) and parked events with
+                                  the oldest one's age, per service
   show <event-id>                 every field of one event, from whichever outbox holds it
   requeue <event-id>              a dead (or waiting) event back to pending, due now
   replay --service S (--since T | --aggregate ID)
@@ -57,9 +58,21 @@ Commands:
                                   it again after that (a crashed broker forgets the ids
                                   it lost, so their copies go through at once)
   dead-letters list [--service S] [--consumer C] [--limit N]
-                                  unresolved dead letters, oldest first
+                                  unresolved dead letters, oldest first (a CONFLICT: an
+                                  event at a sequence its aggregate applied under another id)
   dead-letters requeue <id> --service S
                                   ask the consumer to process a dead letter again
+  dead-letters discard <id> --service S --reason TEXT
+                                  give up on a dead letter for good (garbage, forged, the
+                                  losing side of a conflict): kept for audit, resolved,
+                                  never applied
+  parked list [--service S] [--consumer C] [--limit N]
+                                  events parked until an earlier event of their aggregate
+                                  comes, oldest first, with the sequence each waits for
+  parked discard <event-id> --service S --consumer C --reason TEXT
+                                  drop a parked event (kept for audit); its aggregate still
+                                  waits for the missing one, and a real event arriving at
+                                  that sequence later takes its place
 
 Every command takes --json (machine-readable output) and --database-url URL
 (DATABASE_URL; a service's own <SERVICE>_DATABASE_URL is honoured); republish also
@@ -112,7 +125,7 @@ func runOutbox(ctx context.Context, args []string, getenv func(string) string, s
 		return c.republish(ctx, args)
 	case "dead-letters":
 		if len(args) == 0 {
-			return c.usageErr("missing command: list or requeue")
+			return c.usageErr("missing command: list, requeue or discard")
 		}
 		c.name += " " + args[0]
 		switch args[0] {
@@ -120,8 +133,22 @@ func runOutbox(ctx context.Context, args []string, getenv func(string) string, s
 			return c.deadLettersList(ctx, args[1:])
 		case "requeue":
 			return c.deadLettersRequeue(ctx, args[1:])
+		case "discard":
+			return c.deadLettersDiscard(ctx, args[1:])
 		}
-		return c.usageErr("unknown command %q: want list or requeue", args[0])
+		return c.usageErr("unknown command %q: want list, requeue or discard", args[0])
+	case "parked":
+		if len(args) == 0 {
+			return c.usageErr("missing command: list or discard")
+		}
+		c.name += " " + args[0]
+		switch args[0] {
+		case "list":
+			return c.parkedList(ctx, args[1:])
+		case "discard":
+			return c.parkedDiscard(ctx, args[1:])
+		}
+		return c.usageErr("unknown command %q: want list or discard", args[0])
 	}
 	fmt.Fprintf(stderr, "shop outbox: unknown command %q\n\n%s", sub, outboxUsage)
 	return fmt.Errorf("outbox: unknown command %q: %w", sub, errUsage)
@@ -249,6 +276,9 @@ type serviceStatus struct {
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
 	Dead                 int64   `json:"dead"`
 	DeadLetters          int64   `json:"dead_letters"`
+	Conflicts            int64   `json:"conflicts"` // among the open dead letters
+	Parked               int64   `json:"parked"`
+	OldestParkedSeconds  float64 `json:"oldest_parked_seconds"`
 }
 
 func (c *outboxCmd) status(ctx context.Context, args []string) error {
@@ -273,8 +303,17 @@ func (c *outboxCmd) status(ctx context.Context, args []string) error {
 		}
 		s := serviceStatus{Service: name, Schema: migrations.Schemas[name], Pending: st.Pending, Dead: st.Dead,
 			OldestPendingSeconds: st.OldestPending.Seconds()}
-		if err := p.QueryRow(ctx, `SELECT count(*) FROM dead_letters WHERE resolved_at IS NULL`).Scan(&s.DeadLetters); err != nil {
+		if err := p.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE conflict_with IS NOT NULL)
+			FROM dead_letters WHERE resolved_at IS NULL`).Scan(&s.DeadLetters, &s.Conflicts); err != nil {
 			return fmt.Errorf("%s: count dead letters: %w", name, err)
+		}
+		n, oldest, err := inbox.ParkedStats(ctx, p, "")
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		s.Parked = n
+		if n > 0 {
+			s.OldestParkedSeconds = time.Since(oldest).Seconds()
 		}
 		out = append(out, s)
 	}
@@ -282,13 +321,16 @@ func (c *outboxCmd) status(ctx context.Context, args []string) error {
 		return c.printJSON(out)
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "SERVICE\tPENDING\tOLDEST PENDING\tDEAD\tDEAD LETTERS")
-	for _, s := range out {
-		oldest := "-"
-		if s.Pending > 0 {
-			oldest = roundDuration(time.Duration(s.OldestPendingSeconds * float64(time.Second))).String()
+	fmt.Fprintln(tw, "SERVICE\tPENDING\tOLDEST PENDING\tDEAD\tDEAD LETTERS\tCONFLICTS\tPARKED\tOLDEST PARKED")
+	age := func(n int64, seconds float64) string {
+		if n == 0 {
+			return "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\n", s.Service, s.Pending, oldest, s.Dead, s.DeadLetters)
+		return roundDuration(time.Duration(seconds * float64(time.Second))).String()
+	}
+	for _, s := range out {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%s\n", s.Service, s.Pending, age(s.Pending, s.OldestPendingSeconds),
+			s.Dead, s.DeadLetters, s.Conflicts, s.Parked, age(s.Parked, s.OldestParkedSeconds))
 	}
 	return tw.Flush()
 }

@@ -218,6 +218,65 @@ func TestOutbox(t *testing.T) {
 		}
 	})
 
+	t.Run("dead letters: discard with a reason", func(t *testing.T) {
+		var id int64
+		if err := conn.QueryRow(ctx, `SELECT id FROM payment.dead_letters`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		idArg := jsonNumber(id)
+		if _, _, err := cli.run("outbox", "dead-letters", "discard", idArg, "--service", "payment"); !errors.Is(err, errUsage) {
+			t.Errorf("discard without --reason: %v, want a usage error", err)
+		}
+		if out := cli.ok("outbox", "dead-letters", "discard", idArg, "--service", "payment", "--reason", "garbage"); !strings.Contains(out, "discarded dead letter") {
+			t.Errorf("discard output: %s", out)
+		}
+		if p := statusOf(t, cli)["payment"]; p.DeadLetters != 0 {
+			t.Errorf("payment after the discard: %+v, want no open dead letter", p)
+		}
+		var reason string
+		if err := conn.QueryRow(ctx, `SELECT discard_reason FROM payment.dead_letters WHERE id = $1`, id).Scan(&reason); err != nil || reason != "garbage" {
+			t.Errorf("discard reason %q (%v), want the row kept with it", reason, err)
+		}
+	})
+
+	t.Run("parked: status, list, discard", func(t *testing.T) {
+		const parkedID = "0193a6c2-0000-7000-8000-0000000000aa"
+		if _, err := conn.Exec(ctx, `INSERT INTO inventory.inbox_parked (consumer_name, source, aggregate_type, aggregate_id,
+			aggregate_seq, event_id, stream, stream_seq, subject, headers, payload, parked_at)
+			VALUES ('inventory-orders', 'orders', 'order', 'o-9', 3, '`+parkedID+`', 'ORDERS', 42, 'orders.o-9.OrderPaid',
+			        '{"Event-Type":["OrderPaid"]}', '{"order_id":"o-9"}', now() - interval '90 seconds')`); err != nil {
+			t.Fatal(err)
+		}
+		if inv := statusOf(t, cli)["inventory"]; inv.Parked != 1 || inv.OldestParkedSeconds < 90 {
+			t.Errorf("inventory status: %+v, want 1 parked, 90 s old", inv)
+		}
+		if out := cli.ok("outbox", "status"); !strings.Contains(out, "PARKED") || !strings.Contains(out, "CONFLICTS") {
+			t.Errorf("status lacks the parked and conflict columns:\n%s", out)
+		}
+		out := cli.ok("outbox", "parked", "list")
+		for _, want := range []string{"inventory-orders", parkedID, "orders.o-9.OrderPaid"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("parked list lacks %q:\n%s", want, out)
+			}
+		}
+		var list []parkedJSON
+		cli.json(&list, "outbox", "parked", "list", "--json", "--service", "inventory")
+		if len(list) != 1 || list[0].Seq != 3 || list[0].WaitsFor != 1 || list[0].StreamSeq != 42 {
+			t.Fatalf("parked list --json: %+v", list)
+		}
+		if _, _, err := cli.run("outbox", "parked", "discard", parkedID, "--service", "inventory", "--reason", "x"); !errors.Is(err, errUsage) {
+			t.Errorf("discard without --consumer: %v, want a usage error", err)
+		}
+		cli.ok("outbox", "parked", "discard", parkedID, "--service", "inventory", "--consumer", "inventory-orders", "--reason", "forged")
+		if out := cli.ok("outbox", "parked", "list"); !strings.Contains(out, "no parked events") {
+			t.Errorf("parked list after the discard:\n%s", out)
+		}
+		if _, _, err := cli.run("outbox", "parked", "discard", parkedID, "--service", "inventory", "--consumer", "inventory-orders",
+			"--reason", "again"); err == nil || errors.Is(err, errUsage) {
+			t.Errorf("a second discard: %v, want a failure (exit 1)", err)
+		}
+	})
+
 	t.Run("bad arguments", func(t *testing.T) {
 		for _, tc := range []struct {
 			args []string
@@ -234,7 +293,7 @@ func TestOutbox(t *testing.T) {
 			{[]string{"outbox", "replay", "--service", "order"}, "--since T or --aggregate ID"},
 			{[]string{"outbox", "replay", "--aggregate", "o-1"}, "--service is required"},
 			{[]string{"outbox", "replay", "--service", "order", "--since", "yesterday"}, "RFC 3339"},
-			{[]string{"outbox", "dead-letters"}, "list or requeue"},
+			{[]string{"outbox", "dead-letters"}, "list, requeue or discard"},
 			{[]string{"outbox", "dead-letters", "purge"}, "unknown command"},
 			{[]string{"outbox", "dead-letters", "requeue", "1"}, "--service is required"},
 			{[]string{"outbox", "dead-letters", "requeue", "abc", "--service", "payment"}, "not a dead letter id"},

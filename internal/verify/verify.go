@@ -129,6 +129,12 @@ type options struct {
 	js jetstream.JetStream
 }
 
+// parkedTooLong is how long an event may wait in an inbox's parking lot
+// before verify reports it: the predecessor it waits for comes within
+// seconds when the shop works (a relay retry, a redelivery), so minutes
+// mean it is not coming by itself.
+const parkedTooLong = 5 * time.Minute
+
 // WithStreams adds invariant 3 as the broker sees it: every event an
 // outbox marked published within the retention is still held by its
 // service's stream on js (AuditStreams, whose doc says what it reads and
@@ -291,8 +297,18 @@ func (v *run) delivery() {
 			       THEN ' is dead: ' || coalesce(last_error, '') ELSE ' is not yet published' END
 			FROM outbox WHERE published_at IS NULL ORDER BY event_id`))
 		v.check(3, s+": no dead letters", v.rows(s, `
-			SELECT consumer_name || ': ' || subject || ': ' || error FROM dead_letters
+			SELECT consumer_name || ': ' || CASE WHEN conflict_with IS NOT NULL THEN 'CONFLICT ' ELSE '' END ||
+			       subject || ': ' || error FROM dead_letters
 			WHERE resolved_at IS NULL ORDER BY id`))
+		// An event parked this long waits for an earlier one of its
+		// aggregate that is not coming by itself: dead, lost or never
+		// written (a forged message).
+		v.check(3, s+": no event parked longer than "+parkedTooLong.String(), v.rows(s, `
+			SELECT consumer_name || ': ' || subject || ' (event ' || event_id || ', seq ' || aggregate_seq ||
+			       ') parked since ' || to_char(parked_at, 'YYYY-MM-DD"T"HH24:MI:SS') || ', waiting for an earlier event of ' ||
+			       aggregate_id
+			FROM inbox_parked WHERE discarded_at IS NULL AND parked_at < now() - $1 * interval '1 microsecond'
+			ORDER BY parked_at`, parkedTooLong.Microseconds()))
 	}
 	for _, c := range consumers {
 		if v.err != nil {

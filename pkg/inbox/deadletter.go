@@ -102,6 +102,26 @@ func RequeueDeadLetter(ctx context.Context, db DB, id int64) error {
 	return nil
 }
 
+// DiscardDeadLetter gives up on dead letter id for good, with a reason: the
+// row stays for audit, resolved (so checks count it no longer) and marked
+// discarded with the time and the reason. Nothing is applied. For a message
+// that must never take effect — garbage, a forged event, the losing side of
+// a conflict. It returns [ErrNotFound] if no unresolved dead letter has id.
+func DiscardDeadLetter(ctx context.Context, db DB, id int64, reason string) error {
+	if reason == "" {
+		return errors.New("inbox: a discard needs a reason")
+	}
+	tag, err := db.Exec(ctx, `UPDATE dead_letters SET resolved_at = now(), discarded_at = now(), discard_reason = $2,
+		requeued_at = NULL WHERE id = $1 AND resolved_at IS NULL`, id, reason)
+	if err != nil {
+		return fmt.Errorf("discard dead letter %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("discard dead letter %d: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
 // Cleanup deletes the processed_events rows of consumer older than
 // olderThan, batch rows (default 1000) per statement so that no statement
 // holds many locks or runs long, and returns how many it deleted. olderThan

@@ -228,3 +228,40 @@ func TestStaleIsNotADuplicate(t *testing.T) {
 	}
 	wantSeqs(t, e, "a", 1)
 }
+
+// A dead letter discarded with a reason is resolved (nothing counts it any
+// more), keeps its row, and is never applied.
+func TestDiscardDeadLetter(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	c := e.consumer(t, e.pool, e.js, e.config(t, func(context.Context, pgx.Tx, Message) error {
+		return Poison(errors.New("garbage"))
+	}))
+	run(t, c)
+	e.publish(t, newEvent("a", 1))
+	var dead []DeadLetter
+	eventually(t, "a dead letter", func() bool {
+		dead, _ = ListDeadLetters(ctx, e.db.Pool, testConsumer, 10)
+		return len(dead) == 1
+	})
+	if err := DiscardDeadLetter(ctx, e.db.Pool, dead[0].ID, ""); err == nil {
+		t.Fatal("a discard without a reason was accepted")
+	}
+	if err := DiscardDeadLetter(ctx, e.db.Pool, dead[0].ID, "garbage from a test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := DiscardDeadLetter(ctx, e.db.Pool, dead[0].ID, "again"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a second discard: %v, want ErrNotFound", err)
+	}
+	if open, _ := ListDeadLetters(ctx, e.db.Pool, testConsumer, 10); len(open) != 0 {
+		t.Fatalf("%d open dead letters after the discard", len(open))
+	}
+	if n := e.count(t, `SELECT count(*) FROM dead_letters WHERE discard_reason = 'garbage from a test' AND resolved_at IS NOT NULL`); n != 1 {
+		t.Fatalf("%d discarded rows kept, want 1", n)
+	}
+	if err := RequeueDeadLetter(ctx, e.db.Pool, dead[0].ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("requeue of a discarded dead letter: %v, want ErrNotFound", err)
+	}
+	wantSeqs(t, e, "a")
+}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+)
+
+// The operator's commands on what the inboxes could not apply: parked
+// events (waiting for an earlier event of their aggregate) and dead letters
+// to give up on. A discard keeps the row, with the time and the reason, for
+// audit; nothing is applied.
+
+// deadLettersDiscard is `shop outbox dead-letters discard <id> --service S --reason TEXT`.
+func (c *outboxCmd) deadLettersDiscard(ctx context.Context, args []string) error {
+	fs := c.flags(" <id>")
+	service := fs.String("service", "", "the `service` whose dead letter it is (required: ids are per service)")
+	reason := fs.String("reason", "", "why it is given up on (required; kept with the row)")
+	pos, err := c.parse(fs, args, 1, "<id>")
+	if err != nil {
+		return err
+	}
+	id, err := strconv.ParseInt(pos[0], 10, 64)
+	if err != nil || id <= 0 {
+		return c.usageErr("%q is not a dead letter id (a positive integer, as dead-letters list shows)", pos[0])
+	}
+	if *service == "" || *service == "all" {
+		return c.usageErr("--service is required: dead letter ids are numbered per service")
+	}
+	if *reason == "" {
+		return c.usageErr("--reason is required: it is kept with the discarded dead letter")
+	}
+	names, err := c.services(*service)
+	if err != nil {
+		return err
+	}
+	p, err := c.pool(ctx, names[0])
+	if err != nil {
+		return err
+	}
+	if err := inbox.DiscardDeadLetter(ctx, p, id, *reason); err != nil {
+		if errors.Is(err, inbox.ErrNotFound) {
+			return fmt.Errorf("%s has no open dead letter %d (resolved, or never there)", names[0], id)
+		}
+		return fmt.Errorf("%s: %w", names[0], err)
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"service": names[0], "id": id, "discarded": true, "reason": *reason})
+	}
+	fmt.Fprintf(c.stdout, "discarded dead letter %d of %s: kept for audit, never applied\n", id, names[0])
+	return nil
+}
+
+// parkedJSON is one parked event in --json output.
+type parkedJSON struct {
+	Service   string              `json:"service"`
+	Consumer  string              `json:"consumer"`
+	EventID   uuid.UUID           `json:"event_id"`
+	Subject   string              `json:"subject"`
+	Aggregate string              `json:"aggregate_id"`
+	Seq       int64               `json:"seq"`
+	WaitsFor  int64               `json:"waits_for_seq"`
+	ParkedAt  time.Time           `json:"parked_at"`
+	Stream    string              `json:"stream"`
+	StreamSeq uint64              `json:"stream_seq"`
+	Headers   map[string][]string `json:"headers"`
+	Payload   any                 `json:"payload"`
+}
+
+// parkedList is `shop outbox parked list`.
+func (c *outboxCmd) parkedList(ctx context.Context, args []string) error {
+	fs := c.flags("")
+	service := fs.String("service", "", "only this `service`'s parked events (default: all)")
+	consumer := fs.String("consumer", "", "only this `consumer`'s parked events")
+	limit := fs.Int("limit", 100, "at most `N` per service")
+	if _, err := c.parse(fs, args, 0, ""); err != nil {
+		return err
+	}
+	if *limit <= 0 {
+		return c.usageErr("--limit %d: want a positive number", *limit)
+	}
+	names, err := c.services(*service)
+	if err != nil {
+		return err
+	}
+	out := []parkedJSON{}
+	for _, name := range names {
+		p, err := c.pool(ctx, name)
+		if err != nil {
+			return err
+		}
+		list, err := inbox.ListParked(ctx, p, *consumer, *limit)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		for _, e := range list {
+			h := map[string][]string(e.Header)
+			if h == nil {
+				h = map[string][]string{}
+			}
+			out = append(out, parkedJSON{Service: name, Consumer: e.Consumer, EventID: e.EventID, Subject: e.Subject,
+				Aggregate: e.AggregateID, Seq: e.Seq, WaitsFor: e.WaitsFor, ParkedAt: e.ParkedAt, Stream: e.Stream,
+				StreamSeq: e.StreamSeq, Headers: h, Payload: rawJSON(e.Data)})
+		}
+	}
+	if c.json {
+		return c.printJSON(out)
+	}
+	if len(out) == 0 {
+		fmt.Fprintln(c.stdout, "no parked events")
+		return nil
+	}
+	tw := newTable(c.stdout)
+	fmt.Fprintln(tw, "SERVICE\tCONSUMER\tEVENT\tSUBJECT\tSEQ\tWAITS FOR\tPARKED FOR")
+	for _, e := range out {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.Service, e.Consumer, e.EventID, e.Subject, e.Seq, e.WaitsFor,
+			roundDuration(time.Since(e.ParkedAt)))
+	}
+	return tw.Flush()
+}
+
+// parkedDiscard is `shop outbox parked discard <event-id> --service S --consumer C --reason TEXT`.
+func (c *outboxCmd) parkedDiscard(ctx context.Context, args []string) error {
+	fs := c.flags(" <event-id>")
+	service := fs.String("service", "", "the `service` whose consumer parked it (required)")
+	consumer := fs.String("consumer", "", "the `consumer` that parked it (required)")
+	reason := fs.String("reason", "", "why it is dropped (required; kept with the row)")
+	pos, err := c.parse(fs, args, 1, "<event-id>")
+	if err != nil {
+		return err
+	}
+	id, err := c.parseEventID(pos[0])
+	if err != nil {
+		return err
+	}
+	switch {
+	case *service == "" || *service == "all":
+		return c.usageErr("--service is required")
+	case *consumer == "":
+		return c.usageErr("--consumer is required (parked list shows it)")
+	case *reason == "":
+		return c.usageErr("--reason is required: it is kept with the discarded event")
+	}
+	names, err := c.services(*service)
+	if err != nil {
+		return err
+	}
+	p, err := c.pool(ctx, names[0])
+	if err != nil {
+		return err
+	}
+	if err := inbox.DiscardParked(ctx, p, *consumer, id, *reason); err != nil {
+		if errors.Is(err, inbox.ErrNotFound) {
+			return fmt.Errorf("%s: %s has no open parked event %s", names[0], *consumer, id)
+		}
+		return fmt.Errorf("%s: %w", names[0], err)
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"service": names[0], "consumer": *consumer, "event_id": id, "discarded": true, "reason": *reason})
+	}
+	fmt.Fprintf(c.stdout, "discarded parked event %s of %s: kept for audit; its aggregate still waits for the missing event\n", id, *consumer)
+	return nil
+}

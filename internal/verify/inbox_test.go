@@ -1,0 +1,79 @@
+package verify_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/pkg/inbox"
+)
+
+// An event parked for minutes waits for one that is not coming by itself,
+// and a conflict is named as such; both are reported until an operator has
+// discarded them (with a reason), after which they count no longer.
+func TestParkedAndConflictsAreReportedUntilDiscarded(t *testing.T) {
+	t.Parallel()
+	pools := verify.Pools{
+		Order:       pgtest.New(t, "order").Pool,
+		Inventory:   pgtest.New(t, "inventory").Pool,
+		Payment:     pgtest.New(t, "payment").Pool,
+		Fulfillment: pgtest.New(t, "fulfillment").Pool,
+	}
+	ctx := context.Background()
+	db := pools.Inventory
+	stuck, fresh := uuid.New(), uuid.New()
+	for _, p := range []struct {
+		id  uuid.UUID
+		age string
+		seq int
+	}{{stuck, "10 minutes", 5}, {fresh, "5 seconds", 6}} {
+		if _, err := db.Exec(ctx, `INSERT INTO inbox_parked (consumer_name, source, aggregate_type, aggregate_id,
+			aggregate_seq, event_id, stream, stream_seq, subject, headers, payload, parked_at)
+			VALUES ('inventory-orders', 'orders', 'order', 'o-1', $1, $2, 'ORDERS', $1, 'orders.o-1.OrderPaid', '{}', '', now() - $3::interval)`,
+			p.seq, p.id, p.age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var deadID int64
+	if err := db.QueryRow(ctx, `INSERT INTO dead_letters (consumer_name, stream, stream_seq, subject, headers, payload,
+		event_id, error, attempts, first_failed_at, last_failed_at, conflict_with)
+		VALUES ('inventory-orders', 'ORDERS', 9, 'orders.o-2.OrderPaid', '{}', '', gen_random_uuid(), 'conflict', 1, now(), now(), gen_random_uuid())
+		RETURNING id`).Scan(&deadID); err != nil {
+		t.Fatal(err)
+	}
+	violations := func() map[string][]string {
+		t.Helper()
+		rep, err := verify.Run(ctx, pools, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := map[string][]string{}
+		for _, c := range rep.Checks {
+			v[c.Name] = c.Violations
+		}
+		return v
+	}
+	const parked, dead = "inventory: no event parked longer than 5m0s", "inventory: no dead letters"
+	v := violations()
+	if len(v[parked]) != 1 || !strings.Contains(v[parked][0], stuck.String()) {
+		t.Errorf("%s: %q, want the event parked 10 minutes ago alone", parked, v[parked])
+	}
+	if len(v[dead]) != 1 || !strings.Contains(v[dead][0], "CONFLICT") {
+		t.Errorf("%s: %q, want the conflict, named as such", dead, v[dead])
+	}
+	if err := inbox.DiscardParked(ctx, db, "inventory-orders", stuck, "its predecessor was forged"); err != nil {
+		t.Fatal(err)
+	}
+	if err := inbox.DiscardDeadLetter(ctx, db, deadID, "the forged side of a conflict"); err != nil {
+		t.Fatal(err)
+	}
+	v = violations()
+	if len(v[parked]) != 0 || len(v[dead]) != 0 {
+		t.Errorf("after the discards: %q %q, want none", v[parked], v[dead])
+	}
+}
