@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/httpx"
@@ -225,5 +226,36 @@ func forward(ln net.Listener, target string) {
 			go func() { _, _ = io.Copy(up, c) }()
 			_, _ = io.Copy(c, up)
 		}()
+	}
+}
+
+// The streams must keep a message as long as anything may still look for
+// it: the stream audit (the outbox's retention) and a consumer's replay.
+func TestCheckLimits(t *testing.T) {
+	t.Parallel()
+	all := map[string]jetstream.StreamConfig{}
+	for name := range streams {
+		all[name] = jetstream.StreamConfig{Name: name, MaxAge: broker.DefaultLimits.MaxAge}
+	}
+	if err := checkLimits(all, nil); err != nil {
+		t.Fatalf("the shipped limits break the rule: %v", err)
+	}
+	if err := checkLimits(map[string]jetstream.StreamConfig{"ORDERS": {MaxAge: 0}}, nil); err != nil {
+		t.Fatalf("no max age (kept for ever): %v", err)
+	}
+	if err := checkLimits(map[string]jetstream.StreamConfig{"ORDERS": {MaxAge: time.Hour}}, nil); err == nil ||
+		!strings.Contains(err.Error(), "NATS_STREAM_MAX_AGE") {
+		t.Fatalf("a max age under the outbox retention: %v, want an error saying what to raise", err)
+	}
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	c, err := inbox.NewConsumer(pgtest.New(t, "").Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
+		Handler: func(context.Context, pgx.Tx, inbox.Message) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := map[string]jetstream.StreamConfig{"ORDERS": {MaxAge: 4 * 24 * time.Hour}} // above the outbox's 72h, under the 7-day replay window
+	if err := checkLimits(short, consumersOnly{c}); err == nil || !strings.Contains(err.Error(), "replay window") {
+		t.Fatalf("a max age under a consumer's replay window: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/services/order"
 )
@@ -79,6 +80,11 @@ type Config struct {
 	// NATSReplicas is how many copies JetStream keeps of each stream
 	// (NATS_REPLICAS, default 1): 3 on a three-node cluster.
 	NATSReplicas int
+	// StreamLimits bound each stream: NATS_STREAM_MAX_AGE (default 8 days,
+	// at least the outboxes' retention and the inboxes' replay window) and
+	// NATS_STREAM_MAX_BYTES (default 0: no bound; a full stream refuses new
+	// messages and the relays wait).
+	StreamLimits broker.Limits
 	// DashboardAddr is where `shop all` serves the live dashboard
 	// (DASHBOARD_ADDR, default :8080).
 	DashboardAddr string
@@ -107,6 +113,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		WebhookSecret: cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
 		OperatorToken: getenv("OPERATOR_TOKEN"),
 		NATSReplicas:  1,
+		StreamLimits:  broker.DefaultLimits,
 		DashboardAddr: cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
 	}
 	cfg.OrderMaxBacklog = order.DefaultMaxBacklog
@@ -123,6 +130,20 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("PAYMENT_FAKE_PROVIDER=%q: want true or false", v)
 		}
 		cfg.FakeProvider = on
+	}
+	if v := getenv("NATS_STREAM_MAX_AGE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return Config{}, fmt.Errorf("NATS_STREAM_MAX_AGE=%q: want a duration such as 192h, 0 to keep messages for ever", v)
+		}
+		cfg.StreamLimits.MaxAge = d
+	}
+	if v := getenv("NATS_STREAM_MAX_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return Config{}, fmt.Errorf("NATS_STREAM_MAX_BYTES=%q: want a number of bytes, 0 for no bound", v)
+		}
+		cfg.StreamLimits.MaxBytes = n
 	}
 	if v := getenv("NATS_REPLICAS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -194,6 +215,8 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(maskedFlag{&cfg.OperatorToken}, "operator-token", "bearer `token` the operator endpoints require, PUT /stock/{sku}; empty: open (OPERATOR_TOKEN)")
 	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
+	fs.DurationVar(&cfg.StreamLimits.MaxAge, "nats-stream-max-age", cfg.StreamLimits.MaxAge, "how long each stream keeps a message; 0: for ever (NATS_STREAM_MAX_AGE)")
+	fs.Int64Var(&cfg.StreamLimits.MaxBytes, "nats-stream-max-bytes", cfg.StreamLimits.MaxBytes, "bound of each stream's size; 0: none (NATS_STREAM_MAX_BYTES)")
 	fs.StringVar(&cfg.DashboardAddr, "dashboard-addr", cfg.DashboardAddr, "HTTP listen `address` of the dashboard of shop all (DASHBOARD_ADDR)")
 	fs.Int64Var(&cfg.OrderMaxBacklog, "order-max-backlog", cfg.OrderMaxBacklog, "saga events waiting for consumers above which POST /orders is 503; 0: never (ORDER_MAX_BACKLOG)")
 	fs.DurationVar(&cfg.IdempotencyKeyTTL, "idempotency-key-ttl", cfg.IdempotencyKeyTTL, "how long Idempotency-Keys are remembered (IDEMPOTENCY_KEY_TTL)")

@@ -147,11 +147,18 @@ func (s *Service) Run(ctx context.Context) error {
 		// To the relay, a subject that no stream captures is a deterministic
 		// error that makes the event dead; so it starts once the streams
 		// exist. (The consumers wait for their streams by themselves.)
-		windows, err := s.ensureStreams(ctx, js)
+		configs, err := s.ensureStreams(ctx, js)
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
+		windows := make(map[string]time.Duration, len(configs))
+		for name, c := range configs {
+			windows[name] = c.Duplicates
+		}
 		if err := checkWindows(relayConfig().RetryHorizon(), windows, dom); err != nil {
+			return fmt.Errorf("%s: %w", s.Name, err)
+		}
+		if err := checkLimits(configs, dom); err != nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
 		}
 		g.Go(func() error { s.keepStreams(ctx, js, streamCheckEvery); return nil })
@@ -220,13 +227,13 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 // election, switched off): the service serves HTTP and commits events to its
 // outbox meanwhile, which is what the outbox is for. It logs once when it
 // starts waiting, not once per try. It returns each stream's duplicate
-// window once all exist, nothing once ctx has ended, and an error at once
-// when JetStream refuses the configuration itself.
-func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (map[string]time.Duration, error) {
+// configuration once all exist, nothing once ctx has ended, and an error at
+// once when JetStream refuses the configuration itself.
+func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (map[string]jetstream.StreamConfig, error) {
 	wait := 250 * time.Millisecond
 	waiting := false
 	for {
-		windows, err := ensureAll(ctx, js, s.cfg.NATSReplicas)
+		windows, err := ensureAll(ctx, js, s.cfg.NATSReplicas, s.cfg.StreamLimits)
 		var apiErr *jetstream.APIError
 		switch {
 		case err == nil:
@@ -253,18 +260,18 @@ func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (ma
 
 // ensureAll ensures every stream once, each call bounded so that a hung
 // request (a partition) cannot stall the retries.
-func ensureAll(ctx context.Context, js jetstream.JetStream, replicas int) (map[string]time.Duration, error) {
-	windows := make(map[string]time.Duration, len(streams))
+func ensureAll(ctx context.Context, js jetstream.JetStream, replicas int, limits broker.Limits) (map[string]jetstream.StreamConfig, error) {
+	configs := make(map[string]jetstream.StreamConfig, len(streams))
 	for name, subjects := range streams {
 		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		st, err := broker.EnsureStream(callCtx, js, name, replicas, subjects...)
+		st, err := broker.EnsureStreamWith(callCtx, js, name, replicas, limits, subjects...)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
-		windows[name] = st.CachedInfo().Config.Duplicates
+		configs[name] = st.CachedInfo().Config
 	}
-	return windows, nil
+	return configs, nil
 }
 
 // keepStreams ensures the streams again every every, so that a
@@ -285,7 +292,7 @@ func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every
 			callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := js.Stream(callCtx, name)
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				if _, err := broker.EnsureStream(callCtx, js, name, s.cfg.NATSReplicas, streams[name]...); err == nil {
+				if _, err := broker.EnsureStreamWith(callCtx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, streams[name]...); err == nil {
 					s.Logger.Warn("stream was missing; created it again (its earlier messages are gone)", "stream", name)
 				}
 			}
@@ -295,6 +302,31 @@ func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every
 }
 
 const streamCheckEvery = 10 * time.Second
+
+// checkLimits enforces what the streams' limits must keep: a stream is the
+// only copy of an event once the outbox has deleted its row, the stream
+// audit looks for every event published within the outbox's retention, and
+// a consumer may be replayed its stream's last ReplayWindow; a message
+// dropped earlier would be a false loss, or a replay that finds nothing.
+func checkLimits(configs map[string]jetstream.StreamConfig, dom domain) error {
+	for name, c := range configs {
+		if c.MaxAge > 0 && c.MaxAge < OutboxRetention {
+			return fmt.Errorf("stream %s keeps messages %s (max age), less than the outbox retention %s: "+
+				"raise NATS_STREAM_MAX_AGE", name, c.MaxAge, OutboxRetention)
+		}
+	}
+	d, ok := dom.(interface{ Consumers() []*inbox.Consumer })
+	if !ok {
+		return nil
+	}
+	for _, c := range d.Consumers() {
+		if age := configs[c.Stream()].MaxAge; age > 0 && age < c.ReplayWindow() {
+			return fmt.Errorf("stream %s keeps messages %s (max age), less than the replay window %s of consumer %s: "+
+				"raise NATS_STREAM_MAX_AGE", c.Stream(), age, c.ReplayWindow(), c.Name())
+		}
+	}
+	return nil
+}
 
 // checkWindows enforces the windows rule against the relay that really runs
 // and the streams as they really are: the relay's retry horizon is shorter

@@ -87,12 +87,40 @@ func Embedded(host string, port int, storeDir string, opts ...Option) (*server.S
 // well within it; consumers' inboxes absorb copies that arrive later.
 const DuplicateWindow = 10 * time.Minute
 
+// Limits bound what a stream keeps. A stream is the only copy of an event
+// once its outbox row is deleted (the outbox's retention), and consumers
+// replay from it, so the limits must keep every message at least as long as
+// anything may still need it: MaxAge at least the outbox's retention (the
+// stream audit looks for every event published within it) and every
+// consumer's replay window. internal/app checks that at start-up.
+type Limits struct {
+	// MaxAge drops messages older than this; 0: kept for ever.
+	MaxAge time.Duration
+	// MaxBytes bounds the stream's size; 0: unbounded. A full stream
+	// refuses new messages (JetStream's DiscardNew) instead of dropping old
+	// ones that a consumer may not have read: the relay sees "unavailable",
+	// keeps the events in the outbox and waits (an outage, no attempts
+	// counted) until an operator makes room.
+	MaxBytes int64
+}
+
+// DefaultLimits keep a message eight days — a day more than the inboxes'
+// replay window (7 days), and well beyond the outboxes' retention (72 hours)
+// — with no bound on bytes.
+var DefaultLimits = Limits{MaxAge: 8 * 24 * time.Hour}
+
 // EnsureStream creates the stream of one producing service, or updates it to
 // this configuration: file storage, limits retention (messages stay after
-// they are consumed, so any consumer can replay), the duplicate window, and
-// replicas copies (1 on a single server; 3 on a three-node cluster, so the
-// stream survives the loss of a node; durable consumers inherit it).
+// they are consumed, so any consumer can replay), the duplicate window,
+// DefaultLimits, and replicas copies (1 on a single server; 3 on a
+// three-node cluster, so the stream survives the loss of a node; durable
+// consumers inherit it).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, replicas int, subjects ...string) (jetstream.Stream, error) {
+	return EnsureStreamWith(ctx, js, name, replicas, DefaultLimits, subjects...)
+}
+
+// EnsureStreamWith is EnsureStream with the given limits.
+func EnsureStreamWith(ctx context.Context, js jetstream.JetStream, name string, replicas int, limits Limits, subjects ...string) (jetstream.Stream, error) {
 	want := jetstream.StreamConfig{
 		Name:       name,
 		Subjects:   subjects,
@@ -100,6 +128,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, repl
 		Retention:  jetstream.LimitsPolicy,
 		Duplicates: DuplicateWindow,
 		Replicas:   max(replicas, 1),
+		MaxAge:     limits.MaxAge,
+		MaxBytes:   cmpOr(limits.MaxBytes, -1),
+		Discard:    jetstream.DiscardNew,
 	}
 	// Look first and change only what differs: every service ensures every
 	// stream at start-up, and an update of a stream while another process
@@ -114,7 +145,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, repl
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		st, err = js.CreateStream(ctx, want)
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return EnsureStream(ctx, js, name, replicas, subjects...) // another process created it just now
+			return EnsureStreamWith(ctx, js, name, replicas, limits, subjects...) // another process created it just now
 		}
 	}
 	if err != nil {
@@ -123,7 +154,15 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, repl
 	return st, nil
 }
 
+func cmpOr(n, alt int64) int64 {
+	if n == 0 {
+		return alt
+	}
+	return n
+}
+
 func sameStream(have, want jetstream.StreamConfig) bool {
 	return slices.Equal(have.Subjects, want.Subjects) && have.Storage == want.Storage &&
-		have.Retention == want.Retention && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas
+		have.Retention == want.Retention && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
+		have.MaxAge == want.MaxAge && have.MaxBytes == want.MaxBytes && have.Discard == want.Discard
 }

@@ -2,9 +2,13 @@ package broker_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
@@ -67,5 +71,44 @@ func TestEmbeddedSyncsAlwaysByDefault(t *testing.T) {
 				t.Errorf("sync always %v every %v, want %v every %v", c.SyncAlways, c.SyncInterval, tc.always, tc.interval)
 			}
 		})
+	}
+}
+
+func TestStreamsAreBoundedByDefault(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	ctx := context.Background()
+	st, err := broker.EnsureStream(ctx, js, "ORDERS", 1, "orders.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.MaxAge != broker.DefaultLimits.MaxAge || cfg.MaxBytes != -1 || cfg.Discard != jetstream.DiscardNew {
+		t.Fatalf("default limits: max age %v, max bytes %d, discard %v", cfg.MaxAge, cfg.MaxBytes, cfg.Discard)
+	}
+	// A byte bound refuses new messages when reached rather than dropping
+	// old ones a consumer may not have read yet.
+	st, err = broker.EnsureStreamWith(ctx, js, "ORDERS", 1, broker.Limits{MaxAge: time.Hour, MaxBytes: 4096}, "orders.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused error
+	for i := range 100 {
+		if _, err := js.Publish(ctx, "orders.o.Big", make([]byte, 512), jetstream.WithMsgID(fmt.Sprint("m-", i))); err != nil {
+			refused = err
+			break
+		}
+	}
+	var apiErr *jetstream.APIError
+	if !errors.As(refused, &apiErr) || apiErr.Code != 503 {
+		t.Fatalf("publishing into a full stream: %v, want a 503 refusal", refused)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.FirstSeq != 1 {
+		t.Errorf("the full stream dropped old messages (first seq %d)", info.State.FirstSeq)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,4 +149,40 @@ func TestClassifyTellsTheBrokersFailuresFromTheEvents(t *testing.T) {
 	if verdict([]result{{err: errors.New("x"), permanent: true}}) != nil {
 		t.Error("a batch of the events' own failures is an outage")
 	}
+}
+
+// A stream that is full (its byte bound reached, new messages refused) is
+// the broker's condition too: the relay waits without counting attempts,
+// and publishes once there is room again.
+func TestFullStreamPausesTheRelay(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	if _, err := e.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "TINY", Subjects: []string{"tiny.>"},
+		MaxBytes: 2048, Discard: jetstream.DiscardNew}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.relay(t, Config{PollInterval: 10 * time.Millisecond, MaxAttempts: 2, BackoffBase: time.Millisecond,
+		BackoffMax: 5 * time.Millisecond, OutageBackoffMax: 5 * time.Millisecond})
+	start(t, r)
+	var w Writer
+	for i := range 20 {
+		ev := event(fmt.Sprint("o-", i), "Big")
+		ev.Subject = fmt.Sprintf("tiny.o-%d.Big", i)
+		ev.Payload = map[string]string{"blob": strings.Repeat("x", 400)}
+		add(t, e.db.Pool, &w, ev)
+	}
+	eventually(t, 30*time.Second, "the relay to stop at the full stream", func() (bool, error) {
+		return !r.State().UnavailableSince.IsZero() && r.Counters().Deferred >= 1, nil
+	})
+	if n := count(t, e.db.Pool, "dead_at IS NOT NULL OR attempts > 0"); n != 0 {
+		t.Fatalf("%d events dead or with attempts counted at a full stream", n)
+	}
+	// An operator makes room.
+	if _, err := e.js.UpdateStream(ctx, jetstream.StreamConfig{Name: "TINY", Subjects: []string{"tiny.>"},
+		MaxBytes: 1 << 20, Discard: jetstream.DiscardNew}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "every event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 20, nil
+	})
 }
