@@ -281,7 +281,7 @@ func TestComposeEnvVars(t *testing.T) {
 	}
 	for _, v := range vars {
 		value := "42h" // a duration, and a string
-		if v == "NATS_REPLICAS" || v == "ORDER_MAX_BACKLOG" {
+		if v == "NATS_REPLICAS" || v == "ORDER_MAX_BACKLOG" || v == "NATS_STREAM_MAX_BYTES" {
 			value = "3" // a count
 		}
 		if v == "PAYMENT_FAKE_PROVIDER" {
