@@ -424,10 +424,12 @@ func (s *syncBuffer) String() string {
 
 func TestAllDemo(t *testing.T) {
 	t.Parallel()
+	// Port 0: each listener takes a free port as it binds, so no other
+	// process can take it between a test's choice and the bind.
 	demoVars := func(t *testing.T) map[string]string {
-		vars := map[string]string{"DATABASE_URL": newDatabase(t), "NATS_URL": natstest.New(t).URL(), "DASHBOARD_ADDR": freeAddr(t)}
+		vars := map[string]string{"DATABASE_URL": newDatabase(t), "NATS_URL": natstest.New(t).URL(), "DASHBOARD_ADDR": "127.0.0.1:0"}
 		for _, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
-			vars[name+"_ADDR"] = freeAddr(t)
+			vars[name+"_ADDR"] = "127.0.0.1:0"
 		}
 		return vars
 	}
@@ -435,11 +437,12 @@ func TestAllDemo(t *testing.T) {
 	t.Run("prints the dashboard address it really bound", func(t *testing.T) {
 		t.Parallel()
 		vars := demoVars(t)
-		taken, err := net.Listen("tcp", vars["DASHBOARD_ADDR"])
+		taken, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer taken.Close()
+		vars["DASHBOARD_ADDR"] = taken.Addr().String()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var out syncBuffer
@@ -466,13 +469,14 @@ func TestAllDemo(t *testing.T) {
 		if res.StatusCode != http.StatusOK {
 			t.Fatalf("the dashboard the banner names answers %s", res.Status)
 		}
-		res, err = http.Get("http://" + vars["INVENTORY_ADDR"] + "/stock/SKU-1")
+		conn, err := pgx.Connect(ctx, vars["DATABASE_URL"])
 		if err != nil {
 			t.Fatal(err)
 		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			t.Fatalf("SKU-1 not stocked by the demo: %s", res.Status)
+		defer conn.Close(ctx)
+		var onHand int
+		if err := conn.QueryRow(ctx, `SELECT on_hand FROM inventory.stock WHERE sku = 'SKU-1'`).Scan(&onHand); err != nil || onHand == 0 {
+			t.Fatalf("SKU-1 not stocked by the demo: %d, %v", onHand, err)
 		}
 	})
 
@@ -486,10 +490,11 @@ func TestAllDemo(t *testing.T) {
 			requests.Store(r.Method+" "+r.URL.Path, true)
 			w.WriteHeader(http.StatusOK)
 		})}
-		ln, err := net.Listen("tcp", vars["INVENTORY_ADDR"])
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
+		vars["INVENTORY_ADDR"] = ln.Addr().String()
 		go func() { _ = other.Serve(ln) }()
 		defer other.Close()
 
