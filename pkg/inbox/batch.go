@@ -60,10 +60,10 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 		metas[i] = meta
 		plain = plain && err == nil && d.err == nil
 	}
-	done := false
+	var outs []outcome
 	if plain {
 		var err error
-		done, err = c.transactBatch(ctx, batch, metas)
+		outs, err = c.transactBatch(ctx, batch, metas)
 		if errors.Is(err, errCrashed) {
 			return // as if the process died: nothing acked, all redelivered
 		}
@@ -71,20 +71,35 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 			c.log.Debug("inbox batch not applied as one; one delivery at a time", "deliveries", len(batch), "err", err)
 		}
 	}
-	if !done {
+	if outs == nil {
 		for _, d := range batch {
 			c.handle(ctx, d)
 		}
 		return
 	}
 	// Failure window: the batch is committed, nothing is acked. Every
-	// delivery is redelivered and absorbed as a duplicate.
+	// delivery is redelivered and absorbed as a duplicate (or finds itself
+	// parked already).
 	if c.crashedBatch(afterCommit, batch) {
 		return
 	}
-	c.stats.processed.Add(int64(len(batch)))
 	c.stats.batches.Add(1)
-	for _, d := range batch {
+	for i, d := range batch {
+		switch outs[i] {
+		case applied:
+			c.stats.processed.Add(1)
+		case duplicate:
+			c.stats.duplicates.Add(1)
+		case stale:
+			c.stats.stale.Add(1)
+		case parked:
+			c.stats.parked.Add(1)
+		default:
+			// Left for one at a time: a conflict to dead-letter, an event
+			// parked at its sequence already, a cursor that moved meanwhile.
+			c.handle(ctx, d)
+			continue
+		}
 		if c.cfg.ObserveFunc != nil {
 			c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
 		}
@@ -95,12 +110,22 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 }
 
 // errNotPlain rolls a batch back to be handled one delivery at a time.
-var errNotPlain = errors.New("inbox: not every event of the batch is new and due")
+var errNotPlain = errors.New("inbox: an event of the batch releases parked events")
 
-// transactBatch applies batch in one transaction if every event is new and
-// due and every handler succeeds. It reports whether it committed; when it
-// did not, it changed nothing.
-func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas []*jetstream.MsgMetadata) (bool, error) {
+// left marks a delivery transactBatch did not settle.
+const left outcome = -1
+
+// transactBatch settles batch in one transaction: the events that are new
+// and due are applied (their handlers in stream order), and, in the same
+// transaction, what the others are is found out in one more round trip —
+// duplicates and stale copies change nothing, early events are parked (one
+// more round trip for all of them). It returns each delivery's outcome, or
+// left for one to be handled alone afterwards (a conflict, which is
+// dead-lettered in a transaction of its own; an event whose place in the
+// parking lot is taken). It returns nil outcomes, having changed nothing,
+// when a handler fails or an applied event releases parked ones: the
+// caller then handles every delivery alone.
+func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas []*jetstream.MsgMetadata) ([]outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
 	defer cancel()
 	b := &pgx.Batch{}
@@ -112,34 +137,104 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 	br := c.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	defer tx.Rollback(ctx) // no-op after commit; undoes everything otherwise
+	outs := make([]outcome, len(batch))
+	var others []int // not recorded: classify them
 	_, err := br.Exec()
-	for range batch {
+	for i := range batch {
 		if err != nil {
 			break
 		}
 		var recorded, parkedNext bool
-		if err = br.QueryRow().Scan(&recorded, &parkedNext); err == nil && (!recorded || parkedNext) {
+		err = br.QueryRow().Scan(&recorded, &parkedNext)
+		switch {
+		case err != nil:
+		case parkedNext:
 			err = errNotPlain
+		case recorded:
+			outs[i] = applied
+		case c.cfg.SkipSequenceCheck:
+			outs[i] = duplicate
+		default:
+			others = append(others, i)
 		}
 	}
 	if err = errors.Join(err, br.Close()); err != nil {
-		return false, fmt.Errorf("record a batch of %d: %w", len(batch), err)
+		return nil, fmt.Errorf("record a batch of %d: %w", len(batch), err)
+	}
+	if len(others) > 0 {
+		if err := c.settleOthers(ctx, tx, batch, metas, others, outs); err != nil {
+			return nil, err
+		}
 	}
 	for i, d := range batch {
+		if outs[i] != applied {
+			continue
+		}
 		if err := c.applyHandler(ctx, tx, d.m, metas[i].NumDelivered > 1); err != nil {
-			return false, err
+			return nil, err
 		}
 	}
 	// Failure window: every effect is in the transaction, none committed.
 	if c.crashedBatch(beforeCommit, batch) {
-		return false, errCrashed
+		return nil, errCrashed
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("commit a batch of %d: %w", len(batch), err)
+		return nil, fmt.Errorf("commit a batch of %d: %w", len(batch), err)
 	}
-	return true, nil
+	return outs, nil
 }
 
+// settleOthers classifies, in tx, the deliveries at idx that record did
+// not apply, in one round trip, and parks the early ones in one more. It
+// sets their outcomes in outs: duplicate, stale, parked, or left.
+func (c *Consumer) settleOthers(ctx context.Context, tx pgx.Tx, batch []*delivery, metas []*jetstream.MsgMetadata, idx []int, outs []outcome) error {
+	b := &pgx.Batch{}
+	for _, i := range idx {
+		b.Queue(classifySQL, c.classifyArgs(batch[i].m)...)
+	}
+	br := tx.SendBatch(ctx, b)
+	var gaps []int
+	for _, i := range idx {
+		v, err := c.classified(br.QueryRow(), batch[i].m)
+		if err != nil {
+			br.Close()
+			return err
+		}
+		switch v.out {
+		case duplicate, stale:
+			outs[i] = v.out
+		case gap:
+			gaps = append(gaps, i)
+		default:
+			outs[i] = left // a conflict: dead-lettered alone
+		}
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("classify %d events of a batch: %w", len(idx), err)
+	}
+	if len(gaps) == 0 {
+		return nil
+	}
+	b = &pgx.Batch{}
+	for _, i := range gaps {
+		if err := c.queuePark(b, batch[i], metas[i]); err != nil {
+			return err
+		}
+	}
+	br = tx.SendBatch(ctx, b)
+	defer br.Close()
+	for _, i := range gaps {
+		outs[i] = left
+		last, tag, err := readPark(br)
+		if err != nil {
+			return fmt.Errorf("park events of a batch: %w", err)
+		}
+		if batch[i].m.Seq > last+1 && tag.RowsAffected() == 1 {
+			outs[i] = parked
+		}
+	}
+	return br.Close()
+}
 // crashedBatch is crashed for a batch: the process dies once for all of it
 // (one failpoint hit), or where the test hook says it dies for any of its
 // events.

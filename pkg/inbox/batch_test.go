@@ -83,3 +83,41 @@ func TestCrashAfterBatchCommitIsAbsorbed(t *testing.T) {
 		t.Errorf("counters %+v, want the crashed commit's deliveries absorbed as duplicates", got)
 	}
 }
+
+// A batch settles what is not new in the same transaction: copies are
+// absorbed, early events parked; a conflict is left to be dead-lettered on
+// its own. The events around them are applied as usual.
+func TestBatchSettlesCopiesEarlyEventsAndConflicts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	shortDuplicateWindow(t, e)
+	first := e.consumer(t, e.pool, e.js, e.config(t, record("")))
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	x1 := newEvent("x", 1)
+	e.publish(t, x1)
+	eventually(t, "x/1 applied", func() bool { return len(e.seqs(t, "x")) == 1 && e.settled(t) })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// With no consumer running, a backlog: new events, a copy, an early
+	// event, a conflicting one.
+	e.publish(t, newEvent("a", 1), newEvent("a", 2))
+	e.republish(t, x1)
+	e.publish(t, newEvent("b", 3), newEvent("x", 1), newEvent("a", 3))
+	c := e.consumer(t, e.pool, e.js, e.config(t, record("")))
+	run(t, c)
+	eventually(t, "everything settled", func() bool { return e.settled(t) && len(e.seqs(t, "a")) == 3 })
+	wantSeqs(t, e, "a", 1, 2, 3)
+	wantSeqs(t, e, "x", 1)
+	got := c.Counters()
+	// Whether the worker found them batched or one by one, the outcome is
+	// the same (TestBatchesApplyManyDeliveriesInOrder makes sure batches
+	// happen).
+	if got.Processed != 3 || got.Duplicates != 1 || got.Parked != 1 || got.Conflicts != 1 {
+		t.Errorf("counters %+v, want 3 processed, 1 duplicate, 1 parked, 1 conflict", got)
+	}
+}

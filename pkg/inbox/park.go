@@ -65,13 +65,46 @@ func (c *Consumer) parkOnce(ctx context.Context, d *delivery, meta *jetstream.Ms
 // caller commits when the verdict is parked. again says the gap is gone:
 // run the inbox steps again.
 func (c *Consumer) parkIn(ctx context.Context, tx pgx.Tx, d *delivery, meta *jetstream.MsgMetadata) (v verdict, again bool, err error) {
-	m, src := d.m, source(d.m.Subject)
+	b := &pgx.Batch{}
+	if err := c.queuePark(b, d, meta); err != nil {
+		return verdict{}, false, err
+	}
+	br := tx.SendBatch(ctx, b)
+	last, tag, err := readPark(br)
+	if err = errors.Join(err, br.Close()); err != nil {
+		return verdict{}, false, fmt.Errorf("park event: %w", err)
+	}
+	m := d.m
+	switch {
+	case m.Seq <= last+1:
+		return verdict{}, true, nil // the gap is gone: not early any more
+	case tag.RowsAffected() == 1:
+		return verdict{out: parked}, false, nil
+	}
+	// Taken by an open parked event.
+	var other uuid.UUID
+	if err := tx.QueryRow(ctx, `SELECT event_id FROM inbox_parked
+		WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND aggregate_seq = $5`,
+		c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.Seq).Scan(&other); err != nil {
+		return verdict{}, false, fmt.Errorf("read parked event: %w", err)
+	}
+	if other == m.EventID {
+		return verdict{out: duplicate}, false, nil
+	}
+	return verdict{out: conflict, appliedAs: other}, false, nil
+}
+
+// queuePark queues into b the three statements that park d: the cursor
+// row at 0 if there is none (seq 1 has not come: the lock needs a row), the
+// lock on it, and the parked row, inserted only while the event is still
+// early. readPark reads their answers.
+func (c *Consumer) queuePark(b *pgx.Batch, d *delivery, meta *jetstream.MsgMetadata) error {
+	m := d.m
 	headers, err := json.Marshal(cmpHeader(d.msg.Headers()))
 	if err != nil {
-		return verdict{}, false, Poison(fmt.Errorf("encode headers to park: %w", err))
+		return Poison(fmt.Errorf("encode headers to park: %w", err))
 	}
-	key := []any{c.cfg.Name, src, m.AggregateType, m.AggregateID}
-	b := &pgx.Batch{}
+	key := []any{c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID}
 	b.Queue(`INSERT INTO inbox_sequences (consumer_name, source, aggregate_type, aggregate_id, last_seq)
 		VALUES ($1, $2, $3, $4, 0) ON CONFLICT DO NOTHING`, key...)
 	b.Queue(`SELECT last_seq FROM inbox_sequences
@@ -90,36 +123,20 @@ func (c *Consumer) parkIn(ctx context.Context, tx pgx.Tx, d *delivery, meta *jet
 		WHERE p.discarded_at IS NOT NULL`,
 		append(key, m.Seq, m.EventID, meta.Stream, int64(meta.Sequence.Stream), d.msg.Subject(), string(headers),
 			append([]byte{}, d.msg.Data()...))...)
-	br := tx.SendBatch(ctx, b)
-	var last int64
-	var tag pgconn.CommandTag
-	_, err = br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&last)
+	return nil
+}
+
+// readPark reads the answers of queuePark's statements: the cursor it
+// locked, and whether the parked row went in.
+func readPark(br pgx.BatchResults) (last int64, tag pgconn.CommandTag, err error) {
+	if _, err = br.Exec(); err != nil {
+		return 0, tag, err
 	}
-	if err == nil {
-		tag, err = br.Exec()
+	if err = br.QueryRow().Scan(&last); err != nil {
+		return 0, tag, err
 	}
-	if err = errors.Join(err, br.Close()); err != nil {
-		return verdict{}, false, fmt.Errorf("park event: %w", err)
-	}
-	switch {
-	case m.Seq <= last+1:
-		return verdict{}, true, nil // the gap is gone: not early any more
-	case tag.RowsAffected() == 1:
-		return verdict{out: parked}, false, nil
-	}
-	// Taken by an open parked event.
-	var other uuid.UUID
-	if err := tx.QueryRow(ctx, `SELECT event_id FROM inbox_parked
-		WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND aggregate_seq = $5`,
-		append(key, m.Seq)...).Scan(&other); err != nil {
-		return verdict{}, false, fmt.Errorf("read parked event: %w", err)
-	}
-	if other == m.EventID {
-		return verdict{out: duplicate}, false, nil
-	}
-	return verdict{out: conflict, appliedAs: other}, false, nil
+	tag, err = br.Exec()
+	return last, tag, err
 }
 
 // drainParked applies, in tx, the parked events that follow the applied

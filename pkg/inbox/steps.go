@@ -148,18 +148,28 @@ var errIDReused = errors.New("inbox: event id already processed at another seque
 // classify says why record changed nothing. Rare: only copies, conflicts
 // and early arrivals get here. Only the same event id is a duplicate.
 func (c *Consumer) classify(ctx context.Context, db querier, m Message) (verdict, error) {
+	return c.classified(db.QueryRow(ctx, classifySQL, c.classifyArgs(m)...), m)
+}
+
+const classifySQL = `
+SELECT coalesce((SELECT last_seq FROM inbox_sequences
+                 WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4), 0),
+       EXISTS (SELECT 1 FROM processed_events WHERE consumer_name = $1 AND event_id = $5),
+       (SELECT event_id FROM processed_events
+        WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND aggregate_seq = $6)`
+
+func (c *Consumer) classifyArgs(m Message) []any {
+	return []any{c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID, m.Seq}
+}
+
+// classified reads the answer of classifySQL for m.
+func (c *Consumer) classified(row pgx.Row, m Message) (verdict, error) {
 	var (
 		last      int64
 		processed bool
 		at        uuid.NullUUID
 	)
-	err := db.QueryRow(ctx, `
-		SELECT coalesce((SELECT last_seq FROM inbox_sequences
-		                 WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4), 0),
-		       EXISTS (SELECT 1 FROM processed_events WHERE consumer_name = $1 AND event_id = $5),
-		       (SELECT event_id FROM processed_events
-		        WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND aggregate_seq = $6)`,
-		c.cfg.Name, source(m.Subject), m.AggregateType, m.AggregateID, m.EventID, m.Seq).Scan(&last, &processed, &at)
+	err := row.Scan(&last, &processed, &at)
 	switch {
 	case err != nil:
 		return verdict{}, fmt.Errorf("read inbox sequence: %w", err)
