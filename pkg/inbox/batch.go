@@ -235,6 +235,7 @@ func (c *Consumer) settleOthers(ctx context.Context, tx pgx.Tx, batch []*deliver
 	}
 	return br.Close()
 }
+
 // crashedBatch is crashed for a batch: the process dies once for all of it
 // (one failpoint hit), or where the test hook says it dies for any of its
 // events.
