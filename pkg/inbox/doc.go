@@ -28,10 +28,12 @@
 // Under load a worker applies the deliveries it already has waiting (up to
 // Config.BatchSize, never waiting for more) in one transaction: steps 1 for
 // all of them in one pipelined round trip, the handlers in stream order, one
-// commit, then the acks. Only the plain case is batched (every event new and
-// due, every handler succeeding); anything else rolls the batch back and the
-// same deliveries are handled one at a time, so a bad message is isolated
-// exactly as without batches. A crash after a batch's commit, before its
+// commit, then the acks. In the same transaction, one more round trip finds
+// out what the others are: copies are absorbed, early events parked (one
+// round trip for all of them); a conflict is left to be dead-lettered on its
+// own. A handler that fails, or an event that releases parked ones, rolls
+// the batch back and the same deliveries are handled one at a time, so a bad
+// message is isolated exactly as without batches. A crash after a batch's commit, before its
 // acks, brings the whole batch back, and every copy meets its
 // processed_events row.
 //
