@@ -19,12 +19,14 @@ import (
 // stream order (one worker holds all of an aggregate's events, so
 // per-aggregate order holds), one commit, then the acks.
 //
-// Only the plain case is batched: every event new and due. A duplicate, an
-// early or conflicting event, a parked successor to release, a message that
-// breaks the contract, a handler that fails — anything else rolls the batch
-// back, and the worker handles the same deliveries one at a time, exactly
-// as it would without batches: one bad message is isolated as before and
-// never takes its neighbours to the dead-letter store.
+// What is not new is settled in the same transaction: copies absorbed,
+// early events parked, each kind in one round trip for the whole batch. A
+// conflict is left to be dead-lettered on its own, after the commit. A
+// parked successor to release, a message that breaks the contract, a
+// handler that fails — these roll the batch back, and the worker handles
+// the same deliveries one at a time, exactly as it would without batches:
+// one bad message is isolated as before and never takes its neighbours to
+// the dead-letter store.
 
 // take collects, after first, what else is waiting in q, up to the batch
 // size, without waiting. It reports false when q is closed (first is then
