@@ -100,6 +100,7 @@ type Result struct {
 	NodeExits       []Exit         // NATS nodes that did
 	DeadEvents      int            // outbox rows with dead_at set, in every schema
 	StreamLoss      StreamLoss     // acked events missing from their streams, before and after the repair
+	Hostile         Hostile        // what the hostile lane sent, and what it left to discard
 	DeadNotes       []string
 	PeakConns       int // most Postgres client connections to the run's database at once (sampled each second)
 	PeakServerConns int // and to the whole server, which other tests share
@@ -126,6 +127,7 @@ type harness struct {
 	dbURL   string
 	nats    *cluster
 	admin   *pgxpool.Pool
+	hostile *hostile // the hostile lane's peer
 	pools   verify.Pools
 	slots   []*slot
 	client  *http.Client
@@ -179,6 +181,10 @@ func Run(t testing.TB, cfg Config) Result {
 	scraped := make(chan struct{})
 	go func() { defer close(scraped); h.scrapeLoop(scrapeCtx) }()
 
+	var err error
+	if h.hostile, err = newHostile(h, h.nats.nc); err != nil {
+		t.Fatal(err)
+	}
 	h.chaosOn.Store(true)
 	for _, s := range h.slots {
 		s.arm() // the first failpoint of each queue
@@ -208,6 +214,10 @@ func Run(t testing.TB, cfg Config) Result {
 	stopScrape()
 	<-scraped
 
+	hostileRes, err := h.hostile.cleanUp(ctx)
+	if err != nil {
+		t.Errorf("hostile lane: %v", err)
+	}
 	loss, err := h.auditStreams(ctx)
 	if err != nil {
 		t.Errorf("stream audit: %v", err)
@@ -218,6 +228,7 @@ func Run(t testing.TB, cfg Config) Result {
 	}
 	res := h.result(ctx, d, report, unended)
 	res.StreamLoss = loss
+	res.Hostile = hostileRes
 	res.Elapsed = time.Since(start)
 	h.table(res)
 	h.judge(res)
@@ -300,6 +311,9 @@ func (h *harness) judge(r Result) {
 	}
 	if r.DeadEvents > 0 {
 		t.Errorf("%d dead events: nothing in the run is poison, so an outage burnt their attempts: %v", r.DeadEvents, r.DeadNotes)
+	}
+	if r.Hostile.Early == 0 || r.Hostile.Garbage == 0 {
+		t.Errorf("the hostile lane sent %+v: no early events or no garbage (chaos too short?)", r.Hostile)
 	}
 	if r.StreamLoss.After > 0 {
 		t.Errorf("%d acked events still missing from their streams after the repair: %v", r.StreamLoss.After, r.StreamLoss.Notes)

@@ -68,6 +68,9 @@ func (h *harness) chaos(ctx context.Context) {
 	wg.Go(func() { h.processLane(ctx) })
 	wg.Go(func() { h.brokerLane(ctx) })
 	wg.Go(func() { h.partitionLane(ctx) })
+	if h.hostile != nil {
+		wg.Go(func() { h.hostileLane(ctx, h.hostile) })
+	}
 	wg.Wait()
 }
 
