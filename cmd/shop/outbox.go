@@ -797,10 +797,14 @@ type deadLetterJSON struct {
 	RequeuedAt    *time.Time          `json:"requeued_at"`
 }
 
-func (c *outboxCmd) deadLettersList(ctx context.Context, args []string) error {
+// eachService parses the flags of a list command (--service, --consumer,
+// --limit; what names the things listed) and calls list for each service
+// it names, with its pool.
+func (c *outboxCmd) eachService(ctx context.Context, args []string, what string,
+	list func(name string, p *pgxpool.Pool, consumer string, limit int) error) error {
 	fs := c.flags("")
-	service := fs.String("service", "", "only this `service`'s dead letters (default: all)")
-	consumer := fs.String("consumer", "", "only this `consumer`'s dead letters")
+	service := fs.String("service", "", "only this `service`'s "+what+" (default: all)")
+	consumer := fs.String("consumer", "", "only this `consumer`'s "+what)
 	limit := fs.Int("limit", 100, "at most `N` per service")
 	if _, err := c.parse(fs, args, 0, ""); err != nil {
 		return err
@@ -812,15 +816,24 @@ func (c *outboxCmd) deadLettersList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	out := []deadLetterJSON{}
 	for _, name := range names {
 		p, err := c.pool(ctx, name)
 		if err != nil {
 			return err
 		}
-		dls, err := inbox.ListDeadLetters(ctx, p, *consumer, *limit)
-		if err != nil {
+		if err := list(name, p, *consumer, *limit); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (c *outboxCmd) deadLettersList(ctx context.Context, args []string) error {
+	out := []deadLetterJSON{}
+	err := c.eachService(ctx, args, "dead letters", func(name string, p *pgxpool.Pool, consumer string, limit int) error {
+		dls, err := inbox.ListDeadLetters(ctx, p, consumer, limit)
+		if err != nil {
+			return err
 		}
 		for _, dl := range dls {
 			d := deadLetterJSON{
@@ -836,6 +849,10 @@ func (c *outboxCmd) deadLettersList(ctx context.Context, args []string) error {
 			}
 			out = append(out, d)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if c.json {
 		return c.printJSON(out)

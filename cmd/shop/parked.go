@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/pkg/inbox"
 )
@@ -75,29 +76,11 @@ type parkedJSON struct {
 
 // parkedList is `shop outbox parked list`.
 func (c *outboxCmd) parkedList(ctx context.Context, args []string) error {
-	fs := c.flags("")
-	service := fs.String("service", "", "only this `service`'s parked events (default: all)")
-	consumer := fs.String("consumer", "", "only this `consumer`'s parked events")
-	limit := fs.Int("limit", 100, "at most `N` per service")
-	if _, err := c.parse(fs, args, 0, ""); err != nil {
-		return err
-	}
-	if *limit <= 0 {
-		return c.usageErr("--limit %d: want a positive number", *limit)
-	}
-	names, err := c.services(*service)
-	if err != nil {
-		return err
-	}
 	out := []parkedJSON{}
-	for _, name := range names {
-		p, err := c.pool(ctx, name)
+	err := c.eachService(ctx, args, "parked events", func(name string, p *pgxpool.Pool, consumer string, limit int) error {
+		list, err := inbox.ListParked(ctx, p, consumer, limit)
 		if err != nil {
 			return err
-		}
-		list, err := inbox.ListParked(ctx, p, *consumer, *limit)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
 		}
 		for _, e := range list {
 			h := map[string][]string(e.Header)
@@ -108,6 +91,10 @@ func (c *outboxCmd) parkedList(ctx context.Context, args []string) error {
 				Aggregate: e.AggregateID, Seq: e.Seq, WaitsFor: e.WaitsFor, ParkedAt: e.ParkedAt, Stream: e.Stream,
 				StreamSeq: e.StreamSeq, Headers: h, Payload: rawJSON(e.Data)})
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if c.json {
 		return c.printJSON(out)
