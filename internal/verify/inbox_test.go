@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
@@ -18,12 +17,7 @@ import (
 // discarded them (with a reason), after which they count no longer.
 func TestParkedAndConflictsAreReportedUntilDiscarded(t *testing.T) {
 	t.Parallel()
-	pools := verify.Pools{
-		Order:       pgtest.New(t, "order").Pool,
-		Inventory:   pgtest.New(t, "inventory").Pool,
-		Payment:     pgtest.New(t, "payment").Pool,
-		Fulfillment: pgtest.New(t, "fulfillment").Pool,
-	}
+	pools := servicePools(t)
 	ctx := context.Background()
 	db := pools.Inventory
 	stuck, fresh := uuid.New(), uuid.New()

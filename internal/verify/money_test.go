@@ -16,12 +16,7 @@ import (
 // PaymentRejected event like every recorded payment.
 func TestRejectedPaymentsMustBeRefunded(t *testing.T) {
 	t.Parallel()
-	pools := verify.Pools{
-		Order:       pgtest.New(t, "order").Pool,
-		Inventory:   pgtest.New(t, "inventory").Pool,
-		Payment:     pgtest.New(t, "payment").Pool,
-		Fulfillment: pgtest.New(t, "fulfillment").Pool,
-	}
+	pools := servicePools(t)
 	ctx := context.Background()
 	exec := func(sql string, args ...any) {
 		t.Helper()
@@ -70,5 +65,16 @@ func TestRejectedPaymentsMustBeRefunded(t *testing.T) {
 		if len(v[name]) != 0 {
 			t.Errorf("%s: %q, want none", name, v[name])
 		}
+	}
+}
+
+// servicePools migrates a schema of each service for one test.
+func servicePools(t *testing.T) verify.Pools {
+	t.Helper()
+	return verify.Pools{
+		Order:       pgtest.New(t, "order").Pool,
+		Inventory:   pgtest.New(t, "inventory").Pool,
+		Payment:     pgtest.New(t, "payment").Pool,
+		Fulfillment: pgtest.New(t, "fulfillment").Pool,
 	}
 }
