@@ -98,9 +98,11 @@ func (c *Consumer) subscribe(ctx context.Context) (jetstream.MessagesContext, er
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s on %s: %w", c.cfg.Name, c.cfg.Stream, err)
 	}
-	// Prefetch little: a fetched message's AckWait is already running
-	// while it waits in the client's buffer for a worker.
-	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.Workers*c.queueDepth),
+	// Prefetch little: a message in the client's buffer is not yet held
+	// (nothing reports it in progress), and its AckWait is already running.
+	// The workers' queues, which are held, take what batches need from it
+	// as fast as it refills.
+	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.Workers*4),
 		jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
 	if err != nil {
 		return nil, fmt.Errorf("consume %s: %w", c.cfg.Name, err)
