@@ -14,6 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/services/fulfillment"
+	"github.com/shop-ref/shop/services/inventory"
+	"github.com/shop-ref/shop/services/payment"
 )
 
 // The hostile lane: a peer that misbehaves the way a buggy producer could —
@@ -23,7 +26,7 @@ import (
 //   - early events: sequence 2 or later of orders that do not exist, and a
 //     far sequence of real orders (one that order will never reach);
 //   - conflicting events: a new event id at sequence 1 of an order whose
-//     saga has ended, so that its real OrderCreated was applied long ago;
+//     saga has ended and whose real OrderCreated every consumer applied;
 //   - oversized events: early ones with a 256 KiB payload;
 //   - garbage: a message without the contract's headers.
 //
@@ -31,7 +34,7 @@ import (
 // (the harness) discards what they left, with a reason: the parked events
 // and the dead letters of the event ids it forged, and the dead letters of
 // its garbage. Only then does verify run: the real traffic must show no
-// violation. (Conflicts are aimed only at ended orders: a forged event at
+// violation. (Conflicts are aimed only at orders whose sequence 1 is applied: a forged event at
 // the sequence of an order still in flight could take that sequence before
 // the real event, and the real one would be the conflict — what the
 // consumer must not, and does not, decide by itself.)
@@ -128,7 +131,7 @@ func (p *hostile) early(ctx context.Context, i int) error {
 func (p *hostile) conflicting(ctx context.Context) error {
 	agg, ok := p.someOrder(ctx, true)
 	if !ok {
-		return nil // no ended order yet
+		return nil // no such order yet
 	}
 	id := uuid.Must(uuid.NewV7())
 	payload := fmt.Appendf(nil, `{"order_id":%q,"customer_id":"forged","items":[],"total":0}`, agg)
@@ -168,17 +171,37 @@ func (p *hostile) count(f func(*Hostile)) {
 	p.mu.Unlock()
 }
 
-// someOrder picks a real order: one whose saga has ended (ended), or any.
-func (p *hostile) someOrder(ctx context.Context, ended bool) (string, bool) {
+// someOrder picks a real order: any, or (applied) one whose OrderCreated
+// every consumer of ORDERS has already applied. Only such an order is a fair
+// target for a forged sequence 1: "ended" in the order service is not enough,
+// since an order rejected by inventory ends while payment, perhaps down in
+// the process lane, has not yet read its OrderCreated; the forged event would
+// then take sequence 1 first and the real one be the conflict (seen in CI).
+func (p *hostile) someOrder(ctx context.Context, applied bool) (string, bool) {
 	where := ""
-	if ended {
-		where = "WHERE status IN ('COMPLETED', 'CLOSED', 'REJECTED')"
+	if applied {
+		where = `JOIN ` + schema("order") + `.outbox e
+			ON e.aggregate_type = 'order' AND e.aggregate_id = o.order_id::text AND e.aggregate_seq = 1
+			WHERE o.status IN ('COMPLETED', 'CLOSED', 'REJECTED')`
+		for service, consumer := range orderConsumers {
+			where += ` AND EXISTS (SELECT 1 FROM ` + schema(service) + `.processed_events p
+				WHERE p.consumer_name = '` + consumer + `' AND p.event_id = e.event_id)`
+		}
 	}
 	var id string
-	err := p.h.admin.QueryRow(ctx, `SELECT order_id::text FROM `+pgx.Identifier{migrations.Schemas["order"]}.Sanitize()+
-		`.orders `+where+` ORDER BY random() LIMIT 1`).Scan(&id)
+	err := p.h.admin.QueryRow(ctx, `SELECT o.order_id::text FROM `+schema("order")+`.orders o `+where+
+		` ORDER BY random() LIMIT 1`).Scan(&id)
 	return id, err == nil
 }
+
+// orderConsumers are the services that consume ORDERS, with their consumer.
+var orderConsumers = map[string]string{
+	"inventory":   inventory.ConsumerName,
+	"payment":     payment.ConsumerName,
+	"fulfillment": fulfillment.ConsumerName,
+}
+
+func schema(service string) string { return pgx.Identifier{migrations.Schemas[service]}.Sanitize() }
 
 // cleanUp discards, as an operator would once they are known to be forged,
 // the parked events and dead letters the lane left, and counts them.
@@ -190,8 +213,8 @@ func (p *hostile) cleanUp(ctx context.Context) (Hostile, error) {
 	}
 	n := p.n
 	p.mu.Unlock()
-	for _, service := range []string{"inventory", "payment", "fulfillment"} {
-		s := pgx.Identifier{migrations.Schemas[service]}.Sanitize()
+	for service := range orderConsumers {
+		s := schema(service)
 		tag, err := p.h.admin.Exec(ctx, `UPDATE `+s+`.inbox_parked SET discarded_at = now(), discard_reason = 'chaos: forged by the hostile lane'
 			WHERE discarded_at IS NULL AND event_id = ANY($1)`, ids)
 		if err != nil {
