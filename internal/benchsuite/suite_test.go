@@ -562,7 +562,7 @@ func orderTx(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, withOutb
 	writes.Queue(`INSERT INTO order_history (order_id, status, at, reason) VALUES ($1, $2, $3, NULLIF($4, ''))`, id, "PENDING", at, "")
 	writes.Queue(`INSERT INTO saga_instances (id, type, state, data) VALUES ($1, $2, $3, $4)`, id.String(), "order", "PENDING", []byte("{}"))
 	if withOutbox {
-		if err := w.Queue(writes, outbox.Event{
+		if err := w.Queue(ctx, writes, outbox.Event{
 			AggregateType: "order", AggregateID: id.String(), Type: "OrderCreated",
 			Subject: "orders." + id.String() + ".OrderCreated", Payload: []byte(body),
 		}); err != nil {

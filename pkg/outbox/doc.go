@@ -14,6 +14,22 @@
 // pgx.Batch that the caller sends on its transaction with its own writes, so
 // that the events cost no round trip of their own.
 //
+// # Trace context
+//
+// [Writer.Add] and [Writer.Queue] write the trace context of their ctx (the
+// span the caller is in: an HTTP request's, an inbox consumer's) into each
+// event's headers, as the W3C traceparent and, when there is one,
+// tracestate: in the same statement, and so the same transaction, as the
+// event. Whenever the event is published, by whichever relay and however
+// late, the message carries the context of the change that wrote it, and a
+// consumer continues that trace (pkg/inbox). A traceparent the caller put
+// in Event.Headers itself is kept. With no span in ctx no trace header is
+// written.
+//
+// The package uses only the OpenTelemetry API and its propagation package,
+// never the SDK or global state: whichever tracer provider made the span,
+// or none, the outbox works the same.
+//
 // # Relaying
 //
 // A [Relay] loops: claim, publish, mark.

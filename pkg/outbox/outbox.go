@@ -69,7 +69,7 @@ type Writer struct {
 // batch the caller sends anyway.
 func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
 	b := &pgx.Batch{}
-	if err := w.Queue(b, events...); err != nil {
+	if err := w.Queue(ctx, b, events...); err != nil {
 		return err
 	}
 	if b.Len() == 0 {
@@ -88,15 +88,19 @@ func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
 // another connection), and that transaction commits or rolls back as a
 // whole.
 //
+// The trace context of ctx, when it holds a span (see the package
+// documentation), is written into each event's headers as traceparent and
+// tracestate, in the same batch and so the same transaction as the event.
+//
 // Queue returns the errors it can find without the database (an invalid
 // event, a payload that does not encode); then it has queued nothing. The
 // insert's own errors (a sequence used twice, say) surface from the batch's
 // Close or Exec, and the caller must roll the transaction back.
-func (w *Writer) Queue(b *pgx.Batch, events ...Event) error {
+func (w *Writer) Queue(ctx context.Context, b *pgx.Batch, events ...Event) error {
 	if len(events) == 0 {
 		return nil
 	}
-	groups, err := groupByAggregate(events)
+	groups, err := groupByAggregate(traceHeaders(ctx), events)
 	if err != nil {
 		return err
 	}
@@ -159,7 +163,7 @@ type group struct {
 	occurred          []time.Time
 }
 
-func groupByAggregate(events []Event) ([]*group, error) {
+func groupByAggregate(trace map[string]string, events []Event) ([]*group, error) {
 	byKey := map[[2]string]*group{}
 	var groups []*group
 	now := time.Now()
@@ -171,11 +175,7 @@ func groupByAggregate(events []Event) ([]*group, error) {
 		if err != nil {
 			return nil, fmt.Errorf("event %d (%s): %w", i, e.Type, err)
 		}
-		hs := e.Headers
-		if hs == nil {
-			hs = map[string]string{}
-		}
-		headers, err := json.Marshal(hs)
+		headers, err := json.Marshal(withTrace(e.Headers, trace))
 		if err != nil {
 			return nil, fmt.Errorf("event %d (%s) headers: %w", i, e.Type, err)
 		}

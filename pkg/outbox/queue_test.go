@@ -28,7 +28,7 @@ func setupQueue(t *testing.T) *pgtest.Schema {
 func sendTicket(ctx context.Context, tx pgx.Tx, w *Writer, id string, events ...Event) error {
 	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO tickets (id) VALUES ($1)`, id)
-	if err := w.Queue(b, events...); err != nil {
+	if err := w.Queue(ctx, b, events...); err != nil {
 		return err
 	}
 	return tx.SendBatch(ctx, b).Close()
@@ -88,13 +88,13 @@ func TestQueue(t *testing.T) {
 		b.Queue(`SELECT 1`)
 		bad := event("o-1", "OrderCreated")
 		bad.Payload = []byte("{not json")
-		if err := w.Queue(b, event("o-1", "X"), bad); !errors.Is(err, ErrInvalidEvent) {
+		if err := w.Queue(t.Context(), b, event("o-1", "X"), bad); !errors.Is(err, ErrInvalidEvent) {
 			t.Fatalf("err = %v, want ErrInvalidEvent", err)
 		}
 		if b.Len() != 1 {
 			t.Fatalf("the batch holds %d statements after a refusal, want the caller's 1", b.Len())
 		}
-		if err := w.Queue(b); err != nil || b.Len() != 1 {
+		if err := w.Queue(t.Context(), b); err != nil || b.Len() != 1 {
 			t.Fatalf("no events: err %v, %d statements; want nothing queued", err, b.Len())
 		}
 	})

@@ -22,7 +22,7 @@ func ExampleNew() {
 				st.CancelTimeout("pickup")
 				// Queued on the step's batch: sent with the new state, in
 				// one round trip, and committed with it.
-				return events.Queue(st.Batch(), outbox.Event{
+				return events.Queue(ctx, st.Batch(), outbox.Event{
 					AggregateType: "parcel", AggregateID: st.Instance.ID, Type: "ParcelInTransit",
 					Subject: "parcels." + st.Instance.ID + ".ParcelInTransit", Payload: map[string]string{"parcel_id": st.Instance.ID},
 				})

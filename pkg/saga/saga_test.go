@@ -41,7 +41,7 @@ func setup(t *testing.T, hold time.Duration) *env {
 			}
 			st.Batch().Queue(`INSERT INTO effects (saga_id, from_state, event) VALUES ($1, $2, $3)`,
 				st.Instance.ID, st.Instance.State, st.Event.Type)
-			return w.Queue(st.Batch(), outbox.Event{
+			return w.Queue(ctx, st.Batch(), outbox.Event{
 				AggregateType: "ticket", AggregateID: st.Instance.ID, Type: "Ticket" + st.To,
 				Subject: "tickets." + st.Instance.ID + ".Ticket" + st.To, Payload: map[string]string{"state": st.To},
 			})

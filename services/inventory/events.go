@@ -259,7 +259,7 @@ func (s *Service) emit(ctx context.Context, tx pgx.Tx, orderID, typ string, payl
 // emitWith sends the writes queued in b and the event about the order that
 // they cause in one round trip, in tx.
 func (s *Service) emitWith(ctx context.Context, tx pgx.Tx, b *pgx.Batch, orderID, typ string, payload any) error {
-	if err := s.outbox.Queue(b, orderEventOf(orderID, typ, payload)); err != nil {
+	if err := s.outbox.Queue(ctx, b, orderEventOf(orderID, typ, payload)); err != nil {
 		return err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {

@@ -235,7 +235,7 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 	if err := s.saga.QueueStart(b, o.ID.String(), Pending, nil, reserveBy); err != nil {
 		return reply{}, err
 	}
-	if err := s.outbox.Queue(b, orderCreated(o)); err != nil {
+	if err := s.outbox.Queue(ctx, b, orderCreated(o)); err != nil {
 		return reply{}, err
 	}
 	if stored.expired {

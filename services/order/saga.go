@@ -131,14 +131,14 @@ func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) er
 	st.CancelTimeout(reservationTimeout)
 	st.SetTimeout(paymentTimeout, payBy)
 	queueStatus(st.Batch(), id, st.To, "inventory_reserved")
-	return s.outbox.Queue(st.Batch(), event(id, "OrderAwaitingPayment", map[string]any{
+	return s.outbox.Queue(ctx, st.Batch(), event(id, "OrderAwaitingPayment", map[string]any{
 		"order_id": id, "total": total, "pay_by": payBy.Format(time.RFC3339Nano),
 	}))
 }
 
 // reject: PENDING → REJECTED; inventory holds nothing, but OrderRejected
 // tells it (and payment) the saga has ended.
-func (s *Service) reject(_ context.Context, _ pgx.Tx, st *saga.Step) error {
+func (s *Service) reject(ctx context.Context, _ pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
 	if err != nil {
 		return err
@@ -155,14 +155,14 @@ func (s *Service) reject(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 	}
 	st.CancelTimeout(reservationTimeout)
 	queueStatus(st.Batch(), id, st.To, reason)
-	return s.outbox.Queue(st.Batch(), event(id, "OrderRejected", map[string]any{"order_id": id, "reason": reason}))
+	return s.outbox.Queue(ctx, st.Batch(), event(id, "OrderRejected", map[string]any{"order_id": id, "reason": reason}))
 }
 
 // closeFunc: PENDING or WAIT_PAY → CLOSED. OrderClosed makes inventory
 // release the stock (or not reserve it, if its reservation is still to come).
 // Whichever timeout the state had goes with it.
 func (s *Service) closeFunc(reason string) saga.TransitionFunc {
-	return func(_ context.Context, _ pgx.Tx, st *saga.Step) error {
+	return func(ctx context.Context, _ pgx.Tx, st *saga.Step) error {
 		id, err := stepOrder(st)
 		if err != nil {
 			return err
@@ -170,7 +170,7 @@ func (s *Service) closeFunc(reason string) saga.TransitionFunc {
 		st.CancelTimeout(reservationTimeout)
 		st.CancelTimeout(paymentTimeout)
 		queueStatus(st.Batch(), id, st.To, reason)
-		return s.outbox.Queue(st.Batch(), event(id, "OrderClosed", map[string]any{"order_id": id, "reason": reason}))
+		return s.outbox.Queue(ctx, st.Batch(), event(id, "OrderClosed", map[string]any{"order_id": id, "reason": reason}))
 	}
 }
 
@@ -210,7 +210,7 @@ func (s *Service) paid(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 		return fmt.Errorf("read items of order %s: %w", id, err)
 	}
 	queueStatus(st.Batch(), id, st.To, "payment_succeeded")
-	return s.outbox.Queue(st.Batch(), event(id, "OrderPaid", map[string]any{
+	return s.outbox.Queue(ctx, st.Batch(), event(id, "OrderPaid", map[string]any{
 		"order_id": id, "payment_id": p.PaymentID, "amount": p.Amount, "items": items,
 	}))
 }
@@ -218,7 +218,7 @@ func (s *Service) paid(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 // moveFunc is a transition that records the new state and, when emit is
 // set, emits that event with the payload {"order_id"}.
 func (s *Service) moveFunc(reason, emit string) saga.TransitionFunc {
-	return func(_ context.Context, _ pgx.Tx, st *saga.Step) error {
+	return func(ctx context.Context, _ pgx.Tx, st *saga.Step) error {
 		id, err := stepOrder(st)
 		if err != nil {
 			return err
@@ -227,7 +227,7 @@ func (s *Service) moveFunc(reason, emit string) saga.TransitionFunc {
 		if emit == "" {
 			return nil
 		}
-		return s.outbox.Queue(st.Batch(), event(id, emit, map[string]any{"order_id": id}))
+		return s.outbox.Queue(ctx, st.Batch(), event(id, emit, map[string]any{"order_id": id}))
 	}
 }
 
@@ -235,7 +235,7 @@ func (s *Service) moveFunc(reason, emit string) saga.TransitionFunc {
 // The order keeps its state; the money goes back, once per payment id. The
 // payment that paid this order is not refunded (a copy of its event under
 // another id changes nothing).
-func (s *Service) refund(_ context.Context, _ pgx.Tx, st *saga.Step) error {
+func (s *Service) refund(ctx context.Context, _ pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
 	if err != nil {
 		return err
@@ -264,7 +264,7 @@ func (s *Service) refund(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 		reason = "order_already_paid"
 	}
 	queueStatus(st.Batch(), id, st.To, "refund_requested")
-	return s.outbox.Queue(st.Batch(), event(id, "RefundRequested", map[string]any{
+	return s.outbox.Queue(ctx, st.Batch(), event(id, "RefundRequested", map[string]any{
 		"order_id": id, "payment_id": p.PaymentID, "amount": p.Amount, "reason": reason,
 	}))
 }

@@ -268,7 +268,7 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, b
 	if refund != nil {
 		queueInsertRefund(b, *refund) // after the payment it references
 	}
-	if err := s.outbox.Queue(b, ev); err != nil {
+	if err := s.outbox.Queue(ctx, b, ev); err != nil {
 		return Payment{}, false, err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
