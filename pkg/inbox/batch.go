@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Batches. A transaction per delivery costs its BEGIN, its COMMIT and a
@@ -64,8 +66,28 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 	}
 	var outs []outcome
 	if plain {
+		// A span per delivery, each the child of its own producer, all
+		// over the one transaction they share (see the package
+		// documentation).
+		spans := make([]trace.Span, len(batch))
+		for i, d := range batch {
+			_, spans[i] = c.startSpan(ctx, d.m, pathBatch, len(batch))
+		}
 		var err error
-		outs, err = c.transactBatch(ctx, batch, metas)
+		outs, err = c.transactBatch(ctx, batch, metas, spans)
+		for i, span := range spans {
+			switch {
+			case outs != nil:
+				endSpan(span, outs[i], nil)
+			case errors.Is(err, errCrashed):
+				endSpan(span, 0, err)
+			default:
+				// Not an error of this event's: the batch is rolled back
+				// and every delivery applied alone, under a span of its own.
+				span.AddEvent("batch rolled back; applied alone", trace.WithAttributes(attribute.String("reason", err.Error())))
+				span.End()
+			}
+		}
 		if errors.Is(err, errCrashed) {
 			return // as if the process died: nothing acked, all redelivered
 		}
@@ -127,7 +149,7 @@ const left outcome = -1
 // parking lot is taken). It returns nil outcomes, having changed nothing,
 // when a handler fails or an applied event releases parked ones: the
 // caller then handles every delivery alone.
-func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas []*jetstream.MsgMetadata) ([]outcome, error) {
+func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas []*jetstream.MsgMetadata, spans []trace.Span) ([]outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
 	defer cancel()
 	b := &pgx.Batch{}
@@ -172,7 +194,9 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 		if outs[i] != applied {
 			continue
 		}
-		if err := c.applyHandler(ctx, tx, d.m, metas[i].NumDelivered > 1); err != nil {
+		// The handler sees its own delivery's span: the events it writes
+		// continue its producer's trace, not a neighbour's.
+		if err := c.applyHandler(trace.ContextWithSpan(ctx, spans[i]), tx, d.m, metas[i].NumDelivered > 1); err != nil {
 			return nil, err
 		}
 	}

@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Config configures a [Consumer]. Zero fields take the default named in
@@ -91,6 +94,10 @@ type Config struct {
 	// from a worker taking it to the commit. It is called from the workers
 	// and must be safe for concurrent use and quick. Default: none.
 	ObserveFunc func(consumer string, d time.Duration)
+	// TracerProvider makes the span of each delivery the consumer applies,
+	// a child of the producer's span named by the message's traceparent
+	// (see the package documentation). Default: nil, no spans.
+	TracerProvider trace.TracerProvider
 	// FailpointFunc, when set, is called with the name of each failpoint a
 	// delivery passes (FailpointBeforeCommit, FailpointAfterCommitBeforeAck).
 	// A non-nil error makes the consumer behave as if the process died
@@ -129,6 +136,9 @@ func (c *Config) setDefaults() {
 	c.ReplayWindow = cmp.Or(c.ReplayWindow, 7*day)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Consumer feeds the events of one durable JetStream consumer to a handler,
@@ -35,6 +36,7 @@ type Consumer struct {
 	cleanupEvery time.Duration   // how often old processed_events rows are deleted
 	queueDepth   int             // events waiting per worker
 	progress     *progress       // the deliveries this instance holds, reported in progress
+	tracer       trace.Tracer    // from Config.TracerProvider
 	stats        counters
 
 	// crash, set by tests only, is asked at each crashPoint whether the
@@ -188,6 +190,7 @@ func NewConsumer(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consu
 		cleanupEvery: time.Hour,
 		queueDepth:   max(4, cfg.BatchSize),
 		progress:     newProgress(),
+		tracer:       cfg.TracerProvider.Tracer("github.com/shop-ref/shop/pkg/inbox"),
 	}, nil
 }
 
@@ -270,7 +273,14 @@ func (c *Consumer) handle(ctx context.Context, d *delivery) {
 		_ = d.msg.Term()
 		return
 	}
+	ctx, span := c.startSpan(ctx, d.m, pathDelivery, 1)
+	var (
+		out     outcome
+		spanErr error
+	)
+	defer func() { endSpan(span, out, spanErr) }()
 	if d.err != nil {
+		spanErr = d.err
 		c.failed(ctx, d, meta, d.err)
 		return
 	}
@@ -291,7 +301,9 @@ func (c *Consumer) handle(ctx context.Context, d *delivery) {
 		// in the broker's ack-pending set, which every aggregate shares.
 		v, err = c.park(ctx, d, meta)
 	}
+	out = v.out
 	if err != nil {
+		spanErr = err
 		c.failed(ctx, d, meta, err)
 		return
 	}

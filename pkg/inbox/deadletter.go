@@ -366,8 +366,10 @@ func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
 	if err = json.Unmarshal(headers, &h); err != nil {
 		err = Poison(fmt.Errorf("decode dead letter headers: %w", err))
 	} else if m, err = decode(subject, h, payload); err == nil {
-		v, err = c.apply(ctx, inner, m, true)
+		actx, span := c.startSpan(ctx, m, pathRequeued, 1)
+		v, err = c.apply(actx, inner, m, true)
 		out = v.out
+		endSpan(span, out, err)
 		if errors.Is(err, errIDReused) {
 			// Processed at another sequence: a duplicate by its id. The
 			// savepoint is aborted; only it is rolled back.

@@ -37,6 +37,32 @@
 // acks, brings the whole batch back, and every copy meets its
 // processed_events row.
 //
+// # Traces
+//
+// With Config.TracerProvider set, every delivery the consumer applies is a
+// span of kind consumer, "process <Event-Type>", whose parent is the span
+// named by the message's traceparent (written by pkg/outbox in the
+// producer's transaction). The handler runs with that span in its ctx, so
+// the events it writes to its own outbox carry it on: one order is one
+// trace from the HTTP request that created it through every service.
+//
+// A child, not a link. A link is what OpenTelemetry suggests when one
+// operation handles many messages, and a batch transaction is one: but a
+// span with links starts a trace of its own, and the events its handlers
+// write would leave their orders' traces for the batch's. A reader looking
+// for one order in Jaeger would find its journey cut in two at every
+// batched hop, depending on load. So a batch gives each delivery its own
+// span, a child of its own producer, all of them over the one transaction
+// they share (same start, same end, messaging.batch.message_count set):
+// each order's trace stays whole, at the price that a batched span's
+// duration includes its neighbours' work. Each handler sees its own
+// delivery's span, never a neighbour's. A batch rolled back to be applied
+// one delivery at a time ends its spans with an event saying so, and each
+// delivery gets a new span for its own transaction. A parked event applied
+// in its gap filler's transaction, and a requeued dead letter, get a span
+// that continues their own producer's trace too. Without a traceparent the
+// span is a root. Only the otel API is used; a nil provider makes no spans.
+//
 // # The failure windows it closes
 //
 //   - Crash before commit: the transaction rolls back with the connection;

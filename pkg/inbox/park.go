@@ -157,10 +157,14 @@ func (c *Consumer) drainParked(ctx context.Context, tx pgx.Tx, m Message) (int, 
 			_ = sp.Rollback(ctx)
 			return n, err
 		}
-		v, err := c.record(ctx, sp, pl.m)
+		// Its own span, a child of its own producer's: it shares the gap
+		// filler's transaction, not its trace.
+		pctx, span := c.startSpan(ctx, pl.m, pathParked, 1)
+		v, err := c.record(pctx, sp, pl.m)
 		if err == nil && v.out == applied {
-			err = c.applyHandler(ctx, sp, pl.m, false)
+			err = c.applyHandler(pctx, sp, pl.m, false)
 		}
+		endSpan(span, v.out, err)
 		if err != nil && !counts(err) && !errors.Is(err, errIDReused) {
 			_ = sp.Rollback(ctx)
 			return n, err // the database: the whole transaction is retried
@@ -297,10 +301,12 @@ func (c *Consumer) settleParked(ctx context.Context, key parkKey, seq int64) err
 	if err != nil {
 		return fmt.Errorf("savepoint for a parked event: %w", err)
 	}
-	v, err := c.apply(ctx, sp, l.m, true)
+	pctx, span := c.startSpan(ctx, l.m, pathParked, 1)
+	v, err := c.apply(pctx, sp, l.m, true)
 	if errors.Is(err, errIDReused) {
 		v, err = verdict{out: duplicate}, nil
 	}
+	endSpan(span, v.out, err)
 	switch {
 	case err != nil && !counts(err):
 		return err
