@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/services/order"
@@ -88,6 +90,13 @@ type Config struct {
 	// DashboardAddr is where `shop all` serves the live dashboard
 	// (DASHBOARD_ADDR, default :8080).
 	DashboardAddr string
+	// TracesEndpoint is where traces go over OTLP/HTTP
+	// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT).
+	// Set, each service of the process gets a tracer provider of its own
+	// that exports there, honouring the other standard OTEL_* variables;
+	// empty, the default: no spans, nothing exported. A ServiceConfig's
+	// own TracerProvider takes precedence.
+	TracesEndpoint string
 }
 
 // DefaultWebhookSecret is the demo's webhook key. Anyone who reads this
@@ -101,6 +110,10 @@ type ServiceConfig struct {
 	DatabaseURL string
 	// Addr is the HTTP listen address (ORDER_ADDR, …; :8081 to :8084).
 	Addr string
+	// TracerProvider, when set, makes the service's spans instead of the
+	// provider Config.TracesEndpoint would make: tests and embedders pass
+	// their own. It is never shut down by the service.
+	TracerProvider trace.TracerProvider
 }
 
 // LoadConfig reads the configuration from getenv (os.Getenv in main). It
@@ -115,6 +128,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		NATSReplicas:  1,
 		StreamLimits:  broker.DefaultLimits,
 		DashboardAddr: cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
+		// Read here only to know whether to export: the exporter reads
+		// these and the other OTEL_* variables itself, as specified.
+		TracesEndpoint: cmp.Or(getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
 	}
 	cfg.OrderMaxBacklog = order.DefaultMaxBacklog
 	if v := getenv("ORDER_MAX_BACKLOG"); v != "" {
@@ -236,6 +252,7 @@ func (cfg Config) LogValue() slog.Value {
 	attrs := []slog.Attr{
 		slog.String("database_url", MaskURL(cfg.DatabaseURL)),
 		slog.String("nats_url", cmp.Or(MaskURL(cfg.NATSURL), "(embedded)")),
+		slog.String("otlp_traces_endpoint", cmp.Or(MaskURL(cfg.TracesEndpoint), "(none)")),
 		slog.Duration("payment_timeout", cfg.PaymentTimeout),
 		slog.Duration("reservation_timeout", cfg.ReservationTimeout),
 		slog.Duration("fulfillment_delay", cfg.FulfillmentDelay),

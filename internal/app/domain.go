@@ -9,6 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/services/fulfillment"
@@ -31,7 +32,7 @@ type domain interface {
 // domain also has Consumers() []*inbox.Consumer, and the order domain
 // TimeoutsFired() int64, which the metrics read (see metrics.watch).
 func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logger,
-	observe func(consumer string, d time.Duration)) (domain, error) {
+	observe func(consumer string, d time.Duration), tp trace.TracerProvider) (domain, error) {
 	// Copies of an event can come this long after its first publish from
 	// the relays this binary runs; every inbox must remember ids longer.
 	horizon := relayConfig().RetryHorizon()
@@ -43,13 +44,13 @@ func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Conf
 		}
 		return order.New(pool, js, order.Config{PaymentTimeout: cfg.PaymentTimeout, ReservationTimeout: cfg.ReservationTimeout,
 			KeyTTL: cfg.IdempotencyKeyTTL, MaxBacklog: maxBacklog,
-			PublishHorizon: horizon, Logger: log, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
+			PublishHorizon: horizon, Logger: log, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject, TracerProvider: tp})
 	case "inventory":
 		if cfg.OperatorToken == "" {
 			log.Warn("OPERATOR_TOKEN is not set: PUT /stock/{sku}, an operator's restock, is open to anyone who reaches the inventory service; set one outside the demo")
 		}
 		return inventory.New(pool, js, inventory.Config{Logger: log, OperatorToken: cfg.OperatorToken, PublishHorizon: horizon,
-			ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
+			ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject, TracerProvider: tp})
 	case "payment":
 		if cfg.WebhookSecret == DefaultWebhookSecret {
 			log.Warn("PAYMENT_WEBHOOK_SECRET is the public demo default: anyone can forge payment callbacks; set your own outside the demo")
@@ -58,10 +59,10 @@ func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Conf
 			log.Warn("PAYMENT_FAKE_PROVIDER is on: POST /payments/{id}/simulate lets any client have the fake provider pay any order; demo only")
 		}
 		return payment.New(pool, js, payment.Config{WebhookSecret: cfg.WebhookSecret, Simulate: cfg.FakeProvider, Logger: log,
-			PublishHorizon: horizon, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject})
+			PublishHorizon: horizon, ObserveInboxFunc: observe, FailpointFunc: failpoint.Inject, TracerProvider: tp})
 	case "fulfillment":
 		return fulfillment.New(pool, js, fulfillment.Config{Delay: cfg.FulfillmentDelay, Logger: log, PublishHorizon: horizon, ObserveInboxFunc: observe,
-			FailpointFunc: failpoint.Inject})
+			FailpointFunc: failpoint.Inject, TracerProvider: tp})
 	}
 	return nil, fmt.Errorf("unknown service %q", name)
 }

@@ -43,7 +43,7 @@ func TestInventoryWarnsWithoutAnOperatorToken(t *testing.T) {
 			t.Fatal(err)
 		}
 		log := slog.New(slog.NewTextHandler(&out, nil))
-		if _, err := newDomain("inventory", db.Pool, js, cfg, log, nil); err != nil {
+		if _, err := newDomain("inventory", db.Pool, js, cfg, log, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		log.Info("config", "config", cfg)

@@ -77,6 +77,11 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		}
 		services = append(services, s)
 	}
+	stopTraces, err := exportTraces(ctx, cfg, services)
+	if err != nil {
+		return err
+	}
+	defer stopTraces() // after every service has stopped: flushes their last spans
 	// Bound first, all of them: a taken address must stop the process
 	// before it does anything (the demo would otherwise stock whatever
 	// other process answers there).

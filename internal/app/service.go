@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -55,9 +56,10 @@ type Service struct {
 	NATS        *nats.Conn
 	Logger      *slog.Logger
 
-	cfg   Config          // the process's configuration, for the service's domain
-	ln    net.Listener    // bound by listen, before Run
-	watch *jetStreamWatch // whether JetStream answers, for /readyz and /metrics
+	cfg    Config               // the process's configuration, for the service's domain
+	tracer trace.TracerProvider // the service's spans; nil: none
+	ln     net.Listener         // bound by listen, before Run
+	watch  *jetStreamWatch      // whether JetStream answers, for /readyz and /metrics
 
 	collectors []prometheus.Collector // extra metrics for its registry (the reconciler's, in `shop all`)
 }
@@ -85,6 +87,7 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 		NATS:        nc,
 		Logger:      log.With("service", name),
 		cfg:         cfg,
+		tracer:      cfg.Services[name].TracerProvider,
 	}, nil
 }
 
@@ -209,13 +212,13 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
-	dom, err := newDomain(s.Name, pool, js, s.cfg, s.Logger, m.observeProcess)
+	dom, err := newDomain(s.Name, pool, js, s.cfg, s.Logger, m.observeProcess, s.tracer)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
 	m.watch(pool, relay, dom, s.NATS, s.watch)
 	m.r.MustRegister(s.collectors...)
-	router := newRouter(pool, s.NATS, s.watch, m.instrument)
+	router := newRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.instrument)
 	router.Method(http.MethodGet, "/metrics", m.handler())
 	dom.Routes(router)
 	m.initRoutes(router)

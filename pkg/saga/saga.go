@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Event is what drives a transition: a consumed message, a fired timeout
@@ -212,11 +214,16 @@ func (s *Saga) Apply(ctx context.Context, tx pgx.Tx, id string, ev Event) (Resul
 }
 
 // apply is Apply for instance in, read and locked by the caller in tx.
-func (s *Saga) apply(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (Result, error) {
+func (s *Saga) apply(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (res Result, err error) {
 	t, ok := s.table[[2]string{in.State, ev.Type}]
 	if !ok {
+		trace.SpanFromContext(ctx).AddEvent("saga unexpected event", trace.WithAttributes(
+			attribute.String("saga.type", s.typ), attribute.String("saga.id", in.ID),
+			attribute.String("saga.state", in.State), attribute.String("saga.event", ev.Type)))
 		return Result{From: in.State, To: in.State, Version: in.Version}, s.unexpected(ctx, tx, in.ID, &in.State, ev)
 	}
+	ctx, span := startTransition(ctx, s.typ, in, t)
+	defer func() { endTransition(span, err) }()
 	st := &Step{Instance: in, Event: ev, To: t.To, Data: in.Data,
 		batch: &pgx.Batch{}, set: map[string]time.Time{}, cancel: map[string]bool{}}
 	if t.Func != nil {

@@ -11,6 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScannerConfig configures a [Scanner].
@@ -24,6 +28,10 @@ type ScannerConfig struct {
 	RetryDelay time.Duration
 	// Logger receives the scanner's logs; nil discards them.
 	Logger *slog.Logger
+	// TracerProvider makes a span for each fired timeout, the parent of its
+	// transition's span. A timeout fires long after the request that armed
+	// it, so the span starts a trace of its own. Default: nil, no spans.
+	TracerProvider trace.TracerProvider
 	// FailpointFunc, when set, is called with FailpointAfterClaimTimeout
 	// each time the scanner has claimed a due timeout. A non-nil error makes
 	// the scanner behave as if it died there: the claim is rolled back, the
@@ -55,6 +63,9 @@ func NewScanner(pool *pgxpool.Pool, cfg ScannerConfig, sagas ...*Saga) (*Scanner
 	cfg.RetryDelay = cmp.Or(cfg.RetryDelay, 10*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = noop.NewTracerProvider()
 	}
 	s := &Scanner{pool: pool, sagas: map[string]*Saga{}, cfg: cfg}
 	for _, sg := range sagas {
@@ -132,9 +143,13 @@ func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
 			return false, fmt.Errorf("saga scanner: timeout %s/%s: %w", in.ID, name, err)
 		}
 	}
+	ctx, span := s.cfg.TracerProvider.Tracer(tracerName).Start(ctx, "saga timeout "+name, trace.WithAttributes(
+		attribute.String("saga.type", in.Type), attribute.String("saga.id", in.ID), attribute.String("saga.timeout", name)))
+	defer span.End()
 	// The claim locked the instance as Apply would have: apply it as read.
 	res, err := s.sagas[in.Type].apply(ctx, tx, in, Event{Type: TimeoutEvent(name)})
 	if err != nil {
+		span.SetStatus(codes.Error, "timeout not applied")
 		_ = tx.Rollback(ctx)
 		// Postpone it, so the next scan moves on to the timeouts behind it.
 		if _, perr := s.pool.Exec(ctx, `UPDATE saga_timeouts SET due_at = now() + $3::bigint * interval '1 microsecond'

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a [Service]. Zero fields take the default named in their
@@ -24,6 +26,9 @@ type Config struct {
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
+	// TracerProvider makes the spans of the service's consumer (see
+	// pkg/inbox) and of its deliveries. Default: nil, no spans.
+	TracerProvider trace.TracerProvider
 
 	// FailpointFunc, when set, is handed to the service's inbox consumer
 	// (inbox.Config.FailpointFunc); internal/app sets it to

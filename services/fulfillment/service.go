@@ -79,6 +79,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		Logger:         cfg.Logger,
 		ObserveFunc:    cfg.ObserveInboxFunc,
 		FailpointFunc:  cfg.FailpointFunc,
+		TracerProvider: cfg.TracerProvider,
 	})
 	if err != nil {
 		return nil, err

@@ -33,6 +33,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/pkg/inbox"
@@ -62,6 +63,9 @@ type Config struct {
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
+	// TracerProvider makes the spans of the service's consumers (see
+	// pkg/inbox) and timers. Default: nil, no spans.
+	TracerProvider trace.TracerProvider
 
 	// FailpointFunc, when set, is handed to the service's inbox consumer
 	// (inbox.Config.FailpointFunc); internal/app sets it to
@@ -111,6 +115,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		Logger:         log,
 		ObserveFunc:    cfg.ObserveInboxFunc,
 		FailpointFunc:  cfg.FailpointFunc,
+		TracerProvider: cfg.TracerProvider,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inventory: %w", err)

@@ -15,6 +15,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
@@ -235,6 +237,7 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 	if err := s.saga.QueueStart(b, o.ID.String(), Pending, nil, reserveBy); err != nil {
 		return reply{}, err
 	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("shop.order_id", o.ID.String()))
 	if err := s.outbox.Queue(ctx, b, orderCreated(o)); err != nil {
 		return reply{}, err
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/saga"
@@ -46,7 +48,23 @@ type sagaData struct {
 // the step's batch, which Apply sends with the new state in one round trip;
 // only the reads a func needs (the total, the items) take one of their own.
 func (s *Service) newSaga() (*saga.Saga, error) {
-	return saga.New("order", s.transitions()...)
+	ts := s.transitions()
+	for i, t := range ts {
+		ts[i].Func = withOrderID(t.Func)
+	}
+	return saga.New("order", ts...)
+}
+
+// withOrderID names the order on the transition's span (shop.order_id),
+// then runs f.
+func withOrderID(f saga.TransitionFunc) saga.TransitionFunc {
+	return func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String("shop.order_id", st.Instance.ID))
+		if f == nil {
+			return nil
+		}
+		return f(ctx, tx, st)
+	}
 }
 
 // transitions are the order saga's transitions (see newSaga).

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -62,6 +63,9 @@ type Config struct {
 	// ObserveInboxFunc, when set, observes the consumers' processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
+	// TracerProvider makes the spans of the service's consumers (see
+	// pkg/inbox) and timers. Default: nil, no spans.
+	TracerProvider trace.TracerProvider
 
 	// FailpointFunc, when set, is called at the service's failpoints (see
 	// internal/failpoint) and handed to its inbox consumers and saga
@@ -176,6 +180,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		c.Logger = s.log
 		c.ObserveFunc = cfg.ObserveInboxFunc
 		c.FailpointFunc = cfg.FailpointFunc
+		c.TracerProvider = cfg.TracerProvider
 		consumer, err := inbox.NewConsumer(s.pool, s.js, c)
 		if err != nil {
 			return nil, fmt.Errorf("order: %w", err)
@@ -183,7 +188,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		s.consumers = append(s.consumers, consumer)
 	}
 	s.scanner, err = saga.NewScanner(s.pool, saga.ScannerConfig{PollInterval: s.scanEvery, Logger: s.log,
-		FailpointFunc: cfg.FailpointFunc}, s.saga)
+		FailpointFunc: cfg.FailpointFunc, TracerProvider: cfg.TracerProvider}, s.saga)
 	if err != nil {
 		return nil, fmt.Errorf("order: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -56,6 +57,9 @@ type Config struct {
 	// ObserveInboxFunc, when set, observes the consumer's processing times
 	// (inbox.Config.ObserveFunc). Default: none.
 	ObserveInboxFunc func(consumer string, d time.Duration)
+	// TracerProvider makes the spans of the service's consumers (see
+	// pkg/inbox) and timers. Default: nil, no spans.
+	TracerProvider trace.TracerProvider
 
 	// FailpointFunc, when set, is called at the service's failpoints (see
 	// internal/failpoint) and handed to its inbox consumer; internal/app
@@ -134,6 +138,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		Logger:         cfg.Logger,
 		ObserveFunc:    cfg.ObserveInboxFunc,
 		FailpointFunc:  cfg.FailpointFunc,
+		TracerProvider: cfg.TracerProvider,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("payment consumer: %w", err)
