@@ -27,6 +27,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
@@ -46,7 +48,8 @@ var shop struct {
 	order, inventory, payment, fulfillment string // base URLs
 	natsURL                                string
 	pools                                  verify.Pools
-	js                                     jetstream.JetStream // the shop's broker, for the stream audit
+	js                                     jetstream.JetStream         // the shop's broker, for the stream audit
+	spans                                  *tracetest.InMemoryExporter // every service's spans
 }
 
 func TestMain(m *testing.M) {
@@ -97,6 +100,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	shop.spans = traceServices(cfg)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("E2E_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Config configures a [Service]. Zero fields take the default named in their
@@ -40,6 +41,9 @@ type Config struct {
 const DefaultDelay = 2 * time.Second
 
 func (c *Config) setDefaults() {
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
 	c.Delay = cmp.Or(c.Delay, DefaultDelay)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

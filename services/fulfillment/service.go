@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -40,6 +41,7 @@ type Service struct {
 	log      *slog.Logger
 	outbox   *outbox.Writer
 	consumer *inbox.Consumer
+	tracer   trace.Tracer // the deliveries' spans
 }
 
 // New checks cfg and returns a Service; it does no I/O. The pool needs room
@@ -54,9 +56,10 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		return nil, err
 	}
 	s := &Service{
-		pool: pool,
-		cfg:  cfg,
-		log:  cfg.Logger,
+		tracer: cfg.TracerProvider.Tracer("github.com/shop-ref/shop/services/fulfillment"),
+		pool:   pool,
+		cfg:    cfg,
+		log:    cfg.Logger,
 		// Coalesced NOTIFYs: one wake-up per 5ms is enough for the relay,
 		// which drains everything committed so far when it wakes.
 		outbox: &outbox.Writer{NotifyInterval: 5 * time.Millisecond},

@@ -9,6 +9,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -50,11 +53,11 @@ func (s *Service) startShipment(ctx context.Context, tx pgx.Tx, p paid) (started
 	// deliver_at comes from the database clock, the same clock the scanner
 	// compares it with, so clock skew between instances cannot shift it.
 	err = tx.QueryRow(ctx, `
-		INSERT INTO shipments (order_id, shipment_id, state, items, started_at, deliver_at)
-		VALUES ($1, $2, 'STARTED', $3, now(), now() + $4 * interval '1 microsecond')
+		INSERT INTO shipments (order_id, shipment_id, state, items, started_at, deliver_at, trace_headers)
+		VALUES ($1, $2, 'STARTED', $3, now(), now() + $4 * interval '1 microsecond', $5)
 		ON CONFLICT (order_id) DO NOTHING
 		RETURNING started_at, deliver_at`,
-		p.orderID, shipmentID, items, s.cfg.Delay.Microseconds(),
+		p.orderID, shipmentID, items, s.cfg.Delay.Microseconds(), traceHeaders(ctx),
 	).Scan(&sh.StartedAt, &sh.DeliverAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.log.Info("shipment exists already", "order_id", p.orderID)
@@ -105,6 +108,12 @@ const deliverBatch = 100
 // locked, and dropped, so each shipment is delivered exactly once.
 func (s *Service) deliverDue(ctx context.Context) (int, error) {
 	var events []outbox.Event
+	var spans []trace.Span // one per delivery, each in its order's trace
+	defer func() {
+		for _, span := range spans {
+			span.End()
+		}
+	}()
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{}) // BEGIN travels with the claim: one round trip
 	b.Queue(`
@@ -118,15 +127,23 @@ func (s *Service) deliverDue(ctx context.Context) (int, error) {
 		UPDATE shipments sh SET state = 'DELIVERED', delivered_at = now()
 		FROM due
 		WHERE sh.order_id = due.order_id AND sh.state = 'STARTED'
-		RETURNING sh.order_id, sh.shipment_id, sh.delivered_at`, deliverBatch,
+		RETURNING sh.order_id, sh.shipment_id, sh.delivered_at, sh.trace_headers`, deliverBatch,
 	).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var orderID, shipmentID uuid.UUID
 			var at time.Time
-			if err := rows.Scan(&orderID, &shipmentID, &at); err != nil {
+			var started map[string]string
+			if err := rows.Scan(&orderID, &shipmentID, &at, &started); err != nil {
 				return fmt.Errorf("scan delivered shipment: %w", err)
 			}
-			events = append(events, deliveredEvent(orderID, shipmentID, at))
+			ev := deliveredEvent(orderID, shipmentID, at)
+			// The delivery continues the trace of the shipment's start;
+			// the event carries this span, not the scanner's.
+			sctx, span := s.tracer.Start(traceContext.Extract(ctx, propagation.MapCarrier(started)), "deliver shipment",
+				trace.WithAttributes(attribute.String("shop.order_id", orderID.String())))
+			spans = append(spans, span)
+			ev.Headers = traceHeaders(sctx)
+			events = append(events, ev)
 		}
 		return rows.Err()
 	})
@@ -149,4 +166,16 @@ func (s *Service) deliverDue(ctx context.Context) (int, error) {
 		s.log.Info("shipment delivered", "order_id", e.AggregateID)
 	}
 	return len(events), nil
+}
+
+// traceContext is the W3C Trace Context propagator (the contract's
+// traceparent).
+var traceContext propagation.TraceContext
+
+// traceHeaders is the trace context of ctx as headers, for a row that must
+// carry it to a later transaction.
+func traceHeaders(ctx context.Context) map[string]string {
+	c := propagation.MapCarrier{}
+	traceContext.Inject(ctx, c)
+	return c
 }

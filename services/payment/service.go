@@ -19,7 +19,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -84,6 +87,7 @@ type Service struct {
 	provider *FakeProvider
 	outbox   *outbox.Writer
 	consumer *inbox.Consumer
+	tracer   trace.Tracer  // the callbacks' spans
 	kick     chan struct{} // wakes the refund loop; capacity 1, so kicks coalesce
 
 	refundPoll      time.Duration // how often the refund loop looks for due refunds
@@ -111,7 +115,12 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
 	s := &Service{
+		tracer:   tp.Tracer("github.com/shop-ref/shop/services/payment"),
 		pool:     pool,
 		cfg:      cfg,
 		log:      cfg.Logger,
@@ -209,10 +218,18 @@ var refusals = map[string]error{
 }
 
 func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, bool, error) {
-	tx, in, recorded, err := beginCallback(ctx, s.pool, cb)
+	tx, in, recorded, traced, err := beginCallback(ctx, s.pool, cb)
 	if err != nil {
 		return Payment{}, false, err
 	}
+	// The provider's callback is a request from outside, in a trace of its
+	// own (the HTTP span in ctx). What it settles belongs to the order's
+	// trace, kept with the intent: a child of that, linked to the request,
+	// and the event it writes carries it on.
+	ctx, span := s.tracer.Start(traceContext.Extract(ctx, propagation.MapCarrier(traced)), "payment callback",
+		trace.WithLinks(trace.LinkFromContext(ctx)),
+		trace.WithAttributes(attribute.String("shop.order_id", cb.OrderID), attribute.String("shop.payment.status", cb.Status)))
+	defer span.End()
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	// Replay first: a callback recorded once is answered the same way
 	// whatever the order has done since (a rejected one stays rejected,

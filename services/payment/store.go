@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // DB is what the read functions need: a *pgxpool.Pool or a pgx.Tx.
@@ -146,20 +147,29 @@ func collectInto[T any](dst *[]T) func(pgx.Rows) error {
 // snapshot only once the lock is held, then finds the first one's payment
 // (a replay). Twins for an unknown order have no row to wait on; the unique
 // provider payment id stops the second (see recordCallback).
-func beginCallback(ctx context.Context, pool *pgxpool.Pool, cb Callback) (tx pgx.Tx, in *Intent, recorded *Payment, err error) {
+func beginCallback(ctx context.Context, pool *pgxpool.Pool, cb Callback) (tx pgx.Tx, in *Intent, recorded *Payment, trace map[string]string, err error) {
 	var intents []Intent
 	var payments []Payment
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(`SELECT `+intentColumns+` FROM intents WHERE order_id = $1 FOR UPDATE`, cb.OrderID).
 		Query(collectInto(&intents))
+	// The order's trace, kept by markPayable: the callback continues it.
+	b.Queue(`SELECT trace_headers FROM intents WHERE order_id = $1`, cb.OrderID).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			if err := rows.Scan(&trace); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
 	b.Queue(`SELECT `+paymentColumns+` FROM payments WHERE provider_payment_id = $1`, cb.ProviderPaymentID).
 		Query(collectInto(&payments))
 	br := pool.SendBatch(ctx, b)
 	tx = br.Tx()
 	if err = br.Close(); err != nil {
 		_ = tx.Rollback(ctx) // gives the connection back to the pool
-		return nil, nil, nil, fmt.Errorf("read intent and payment: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("read intent and payment: %w", err)
 	}
 	if len(intents) > 0 {
 		in = &intents[0]
@@ -167,7 +177,7 @@ func beginCallback(ctx context.Context, pool *pgxpool.Pool, cb Callback) (tx pgx
 	if len(payments) > 0 {
 		recorded = &payments[0] // provider_payment_id is unique
 	}
-	return tx, in, recorded, nil
+	return tx, in, recorded, trace, nil
 }
 
 // orderView is what payment knows of an order: its intent, payments and
@@ -227,9 +237,10 @@ func markPayable(ctx context.Context, tx pgx.Tx, orderID string, amount int64) e
 	// An upsert: OrderAwaitingPayment carries the total, so the intent can
 	// be made from it alone.
 	_, err := tx.Exec(ctx, `
-		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PAYABLE', $2)
-		ON CONFLICT (order_id) DO UPDATE SET state = 'PAYABLE', amount = EXCLUDED.amount, updated_at = now()
-		WHERE intents.state = 'PENDING'`, orderID, amount)
+		INSERT INTO intents (order_id, state, amount, trace_headers) VALUES ($1, 'PAYABLE', $2, $3)
+		ON CONFLICT (order_id) DO UPDATE SET state = 'PAYABLE', amount = EXCLUDED.amount, updated_at = now(),
+			trace_headers = EXCLUDED.trace_headers
+		WHERE intents.state = 'PENDING'`, orderID, amount, traceHeaders(ctx))
 	if err != nil {
 		return fmt.Errorf("mark intent payable: %w", err)
 	}
@@ -337,4 +348,16 @@ func failRefund(ctx context.Context, db DB, refundID uuid.UUID, cause string, re
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// traceContext is the W3C Trace Context propagator (the contract's
+// traceparent).
+var traceContext propagation.TraceContext
+
+// traceHeaders is the trace context of ctx as headers, for a row that must
+// carry it to a later transaction.
+func traceHeaders(ctx context.Context) map[string]string {
+	c := propagation.MapCarrier{}
+	traceContext.Inject(ctx, c)
+	return c
 }

@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/shop-ref/shop/internal/app"
+)
+
+// traceServices gives every service of cfg a tracer provider of its own,
+// as a process per service would have, all exporting to one in-memory
+// exporter, which it returns.
+func traceServices(cfg app.Config) *tracetest.InMemoryExporter {
+	exp := tracetest.NewInMemoryExporter()
+	for _, name := range app.Names {
+		cfg.Services[name].TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
+			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "shop-"+name))))
+	}
+	return exp
+}
+
+// One order is one trace: from the POST /orders that creates it, through
+// the outbox and the consumers of all four services, the payment callback
+// and the delivery, to the saga's COMPLETED, each span caused by the one
+// before it in the saga's order.
+func TestOneOrderIsOneTrace(t *testing.T) {
+	s := sku("traced")
+	restock(t, s, 10, 1000)
+	r := placeOrder(t, "traced-"+randHex(), item(s, 1))
+	if r.status != http.StatusCreated {
+		t.Fatalf("place order: %d %s", r.status, r.raw)
+	}
+	id := r.body["order_id"].(string)
+	waitStatus(t, id, "WAIT_PAY")
+	if pay := do(t, "POST", shop.payment+"/payments/"+id+"/simulate", nil, map[string]string{"outcome": "succeeded"}); pay.status != http.StatusOK {
+		t.Fatalf("simulate payment: %d %s", pay.status, pay.raw)
+	}
+	waitStatus(t, id, "COMPLETED")
+
+	// Each step, and the step that caused it: its span must descend from
+	// that one's, and start after it.
+	steps := []struct {
+		service, name string
+		cause         int
+	}{
+		{"order", "POST /orders", -1},
+		{"inventory", "process OrderCreated", 0},
+		{"order", "process InventoryReserved", 1},
+		{"order", "order PENDING → WAIT_PAY", 2},
+		{"payment", "process OrderAwaitingPayment", 3},
+		{"payment", "payment callback", 4},
+		{"order", "process PaymentSucceeded", 5},
+		{"order", "order WAIT_PAY → PAID", 6},
+		{"fulfillment", "process OrderPaid", 7},
+		{"order", "process FulfillmentStarted", 8},
+		{"order", "order PAID → FULFILLING", 9},
+		{"fulfillment", "deliver shipment", 8},
+		{"order", "process ShipmentDelivered", 11},
+		{"order", "order FULFILLING → COMPLETED", 12},
+	}
+	var (
+		spans   map[trace.SpanID]tracetest.SpanStub
+		found   []tracetest.SpanStub
+		missing string
+	)
+	// The last spans end just after the commit that made the order COMPLETED.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		spans, found, missing = orderTrace(id, steps)
+		if missing == "" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if missing != "" {
+		t.Fatalf("no span %s in the order's trace (%d spans)", missing, len(spans))
+	}
+	if found[0].Parent.IsValid() {
+		t.Errorf("POST /orders has a parent %s; want the trace's root", found[0].Parent.SpanID())
+	}
+	services := map[string]bool{}
+	for i, st := range steps {
+		got := found[i]
+		services[serviceOf(got)] = true
+		if st.cause < 0 {
+			continue
+		}
+		cause := found[st.cause]
+		if !descends(spans, got, cause.SpanContext.SpanID()) {
+			t.Errorf("%s/%s does not descend from %s/%s", st.service, st.name, steps[st.cause].service, steps[st.cause].name)
+		}
+		if got.StartTime.Before(cause.StartTime) {
+			t.Errorf("%s/%s started before its cause %s/%s", st.service, st.name, steps[st.cause].service, steps[st.cause].name)
+		}
+	}
+	if len(services) != 4 {
+		t.Errorf("the trace spans services %v, want all four", services)
+	}
+	for _, st := range found {
+		if (st.SpanKind == trace.SpanKindInternal || st.SpanKind == trace.SpanKindServer) && attr(st, "shop.order_id") == "" && serviceOf(st) == "shop-order" {
+			t.Errorf("span %s of the order service has no shop.order_id", st.Name)
+		}
+	}
+}
+
+// orderTrace finds the trace of order id, the one its POST /orders span
+// started, and in it the span of each step; missing names the first step
+// without one.
+func orderTrace(id string, steps []struct {
+	service, name string
+	cause         int
+}) (spans map[trace.SpanID]tracetest.SpanStub, found []tracetest.SpanStub, missing string) {
+	all := shop.spans.GetSpans()
+	var tid trace.TraceID
+	for _, s := range all {
+		if s.Name == "POST /orders" && attr(s, "shop.order_id") == id {
+			tid = s.SpanContext.TraceID()
+		}
+	}
+	spans = map[trace.SpanID]tracetest.SpanStub{}
+	for _, s := range all {
+		if s.SpanContext.TraceID() == tid {
+			spans[s.SpanContext.SpanID()] = s
+		}
+	}
+	for _, st := range steps {
+		var first *tracetest.SpanStub
+		for _, s := range spans {
+			if s.Name != st.name || serviceOf(s) != "shop-"+st.service || attr(s, "shop.inbox.outcome") == "duplicate" {
+				continue
+			}
+			if first == nil || s.StartTime.Before(first.StartTime) {
+				first = &s
+			}
+		}
+		if first == nil {
+			return spans, found, st.service + "/" + st.name
+		}
+		found = append(found, *first)
+	}
+	return spans, found, ""
+}
+
+// descends reports whether s has ancestor among spans.
+func descends(spans map[trace.SpanID]tracetest.SpanStub, s tracetest.SpanStub, ancestor trace.SpanID) bool {
+	for range len(spans) {
+		if !s.Parent.IsValid() {
+			return false
+		}
+		if s.Parent.SpanID() == ancestor {
+			return true
+		}
+		var ok bool
+		if s, ok = spans[s.Parent.SpanID()]; !ok {
+			return false
+		}
+	}
+	return false
+}
+
+func serviceOf(s tracetest.SpanStub) string {
+	v, _ := s.Resource.Set().Value("service.name")
+	return v.AsString()
+}
+
+func attr(s tracetest.SpanStub, key attribute.Key) string {
+	for _, a := range s.Attributes {
+		if a.Key == key {
+			return a.Value.Emit()
+		}
+	}
+	return ""
+}
