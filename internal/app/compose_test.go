@@ -440,6 +440,25 @@ func TestComposeServices(t *testing.T) {
 		if s.restart == "" || s.restart == "no" {
 			t.Errorf("service %s does not restart after a crash", s.name)
 		}
+		// Traces go to the jaeger service's OTLP/HTTP port.
+		if u, err := url.Parse(cfg.TracesEndpoint); err != nil || u.Hostname() != "jaeger" || u.Port() != "4318" {
+			t.Errorf("service %s: OTEL_EXPORTER_OTLP_ENDPOINT %q, want the jaeger service's OTLP/HTTP port (http://jaeger:4318)", s.name, cfg.TracesEndpoint)
+		}
+	}
+
+	// Where the traces go: Jaeger with OTLP on and its UI published.
+	if j := byName["jaeger"]; j == nil {
+		t.Error("docker-compose.yml has no service jaeger")
+	} else {
+		if !strings.HasPrefix(j.image, "jaegertracing/all-in-one:") || j.env["COLLECTOR_OTLP_ENABLED"] != "true" {
+			t.Errorf("jaeger: image %q, COLLECTOR_OTLP_ENABLED %q; want all-in-one with OTLP enabled", j.image, j.env["COLLECTOR_OTLP_ENABLED"])
+		}
+		if !slices.Contains(j.ports, "16686:16686") || !slices.Contains(j.ports, "4318:4318") {
+			t.Errorf("jaeger: ports %q, want the UI 16686 and OTLP/HTTP 4318", j.ports)
+		}
+		if len(j.profs) > 0 {
+			t.Errorf("jaeger runs only in profiles %v", j.profs)
+		}
 	}
 
 	// The dependencies the services lean on.
