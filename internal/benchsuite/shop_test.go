@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -334,8 +335,13 @@ var schemas = []string{"orders", "inventory", "payment", "fulfillment"}
 // order → COMPLETED p99, the backlog when the offered load ends, and the
 // process's peak RSS (VmHWM).
 func saga(b *testing.B, sz sizes, natsOpts ...broker.Option) sagaResult {
+	return sagaWith(b, sz, nil, natsOpts...)
+}
+
+// sagaWith is saga with extra environment for the shop process.
+func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Option) sagaResult {
 	return scoped(b, func(tb testing.TB) sagaResult {
-		var env []string
+		env := slices.Clone(extraEnv)
 		if len(natsOpts) > 0 {
 			env = append(env, "NATS_URL="+natstest.New(tb, natsOpts...).URL())
 		}

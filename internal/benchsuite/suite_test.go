@@ -35,7 +35,7 @@ var (
 	quick       = flag.Bool("suite.quick", false, "tiny sizes: a smoke test of the suite, not a measurement")
 	sagaSeconds = flag.Int("suite.saga-seconds", 60, "length of one whole-saga run (row 6)")
 	sagaRate    = flag.Float64("suite.saga-rate", 250, "orders started per second in the whole-saga run (row 6)")
-	only        = flag.String("suite.only", "", "comma-separated row groups to run (1…9; 8 comes with 6); empty: all")
+	only        = flag.String("suite.only", "", "comma-separated row groups to run (1…10; 8 comes with 6); empty: all")
 )
 
 // sizes; -suite.quick shrinks them.
@@ -284,6 +284,9 @@ func BenchmarkSystem(b *testing.B) {
 		}
 		if wanted("9") {
 			durability(b, t, sz)
+		}
+		if wanted("10") {
+			tracing(b, t, sz)
 		}
 	}
 	// The relay's ceiling is the better of the two database-only rates: a

@@ -1,0 +1,56 @@
+//go:build shopbench
+
+package benchsuite
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// tracing is row 10: the whole saga with tracing off and on, run after run
+// in turn so that both see the same machine. On, every service samples
+// every span (OTEL_TRACES_SAMPLER=always_on) and exports it with the SDK's
+// batch span processor over OTLP/HTTP to a local server that discards what
+// it gets: the cost measured is making the spans, propagating traceparent
+// through the outbox rows and the messages, encoding and sending them; not
+// a collector's.
+func tracing(b *testing.B, t *table, sz sizes) {
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK) // an empty ExportTraceServiceResponse: all accepted
+	}))
+	defer sink.Close()
+	on := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + sink.URL, "OTEL_TRACES_SAMPLER=always_on"}
+
+	var results [2][]sagaResult
+	for range *runs {
+		results[0] = append(results[0], saga(b, sz))
+		results[1] = append(results[1], sagaWith(b, sz, on))
+	}
+	secs := *sagaSeconds
+	if *quick {
+		secs = 4 // as saga() runs it
+	}
+	labels := []string{"tracing off", "tracing on, every span exported"}
+	for i, label := range labels {
+		var rate, p99, cpu, busy []float64
+		for _, r := range results[i] {
+			rate, p99, cpu, busy = append(rate, r.rate), append(p99, r.p99), append(cpu, r.cpuPerOrder), append(busy, r.busy)
+		}
+		t.add("10", fmt.Sprintf("whole saga, %d s at %g orders/s offered, %s: COMPLETED/s", secs, *sagaRate, label), "orders/s", rate)
+		t.add("10", fmt.Sprintf("  order → COMPLETED p99 (%s)", label), "ms", p99)
+		t.add("10", fmt.Sprintf("  machine CPU busy in the measured window (%s)", label), "%", busy)
+		t.add("10", fmt.Sprintf("  machine CPU per completed order (%s)", label), "ms", cpu)
+	}
+	row := func(what, label string) string {
+		if what == "" {
+			return fmt.Sprintf("whole saga, %d s at %g orders/s offered, %s: COMPLETED/s", secs, *sagaRate, label)
+		}
+		return fmt.Sprintf("  %s (%s)", what, label)
+	}
+	for _, what := range []string{"", "order → COMPLETED p99", "machine CPU per completed order"} {
+		t.ratio(row(what, labels[1]), row(what, labels[0]), "of tracing off", "")
+	}
+}
