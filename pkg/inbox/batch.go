@@ -84,7 +84,7 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 			default:
 				// Not an error of this event's: the batch is rolled back
 				// and every delivery applied alone, under a span of its own.
-				span.AddEvent("batch rolled back; applied alone", trace.WithAttributes(attribute.String("reason", err.Error())))
+				span.AddEvent("batch rolled back; applied alone", trace.WithAttributes(attribute.String("reason", fmt.Sprint(err))))
 				span.End()
 			}
 		}
