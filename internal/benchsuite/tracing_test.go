@@ -4,8 +4,10 @@ package benchsuite
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 )
 
@@ -17,7 +19,11 @@ import (
 // through the outbox rows and the messages, encoding and sending them; not
 // a collector's.
 func tracing(b *testing.B, t *table, sz sizes) {
+	var exports, exported atomic.Int64 // requests and bytes the sink got: proof that tracing was on
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		exports.Add(1)
+		exported.Add(n)
 		w.Header().Set("Content-Type", "application/x-protobuf")
 		w.WriteHeader(http.StatusOK) // an empty ExportTraceServiceResponse: all accepted
 	}))
@@ -25,9 +31,13 @@ func tracing(b *testing.B, t *table, sz sizes) {
 	on := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + sink.URL, "OTEL_TRACES_SAMPLER=always_on"}
 
 	var results [2][]sagaResult
+	var requests, kib []float64
 	for range *runs {
 		results[0] = append(results[0], saga(b, sz))
+		exports.Store(0)
+		exported.Store(0)
 		results[1] = append(results[1], sagaWith(b, sz, on))
+		requests, kib = append(requests, float64(exports.Load())), append(kib, float64(exported.Load())/1024)
 	}
 	secs := *sagaSeconds
 	if *quick {
@@ -44,6 +54,8 @@ func tracing(b *testing.B, t *table, sz sizes) {
 		t.add("10", fmt.Sprintf("  machine CPU busy in the measured window (%s)", label), "%", busy)
 		t.add("10", fmt.Sprintf("  machine CPU per completed order (%s)", label), "ms", cpu)
 	}
+	t.add("10", "  OTLP export requests received (tracing on)", "requests", requests)
+	t.add("10", "  OTLP bytes received (tracing on)", "KiB", kib)
 	row := func(what, label string) string {
 		if what == "" {
 			return fmt.Sprintf("whole saga, %d s at %g orders/s offered, %s: COMPLETED/s", secs, *sagaRate, label)
