@@ -114,6 +114,51 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 	}
 }
 
+// A timeout belongs to its order's trace too: the payment deadline fires
+// minutes (here seconds) after the transition that armed it, and continues
+// that transition's trace.
+func TestATimeoutContinuesItsOrdersTrace(t *testing.T) {
+	s := sku("traced-timeout")
+	restock(t, s, 10, 1000)
+	r := placeOrder(t, "traced-timeout-"+randHex(), item(s, 1))
+	if r.status != http.StatusCreated {
+		t.Fatalf("place order: %d %s", r.status, r.raw)
+	}
+	id := r.body["order_id"].(string)
+	waitStatus(t, id, "CLOSED") // nobody pays: the payment timeout closes it
+	steps := []struct {
+		service, name string
+		cause         int
+	}{
+		{"order", "POST /orders", -1},
+		{"order", "order PENDING → WAIT_PAY", 0},
+		{"order", "saga timeout payment", 1},
+		{"order", "order WAIT_PAY → CLOSED", 2},
+		{"inventory", "process OrderClosed", 3},
+	}
+	var (
+		spans   map[trace.SpanID]tracetest.SpanStub
+		found   []tracetest.SpanStub
+		missing string
+	)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		spans, found, missing = orderTrace(id, steps)
+		if missing == "" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if missing != "" {
+		t.Fatalf("no span %s in the order's trace (%d spans)", missing, len(spans))
+	}
+	for i, st := range steps[1:] {
+		if !descends(spans, found[i+1], found[st.cause].SpanContext.SpanID()) {
+			t.Errorf("%s/%s does not descend from %s/%s", st.service, st.name, steps[st.cause].service, steps[st.cause].name)
+		}
+	}
+}
+
 // orderTrace finds the trace of order id, the one its POST /orders span
 // started, and in it the span of each step; missing names the first step
 // without one.

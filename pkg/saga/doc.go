@@ -55,12 +55,23 @@
 //     the late event is unexpected) or, in the scanner's case, skips the
 //     locked instance until the next scan.
 //
+// # Traces
+//
+// Each transition is a span, "<type> <from> → <to>" with saga.id,
+// saga.from, saga.to and saga.event, a child of the span in the caller's
+// ctx and made by that span's tracer provider (no span without one). A
+// timeout keeps the trace context of the transaction that armed it
+// (traceparent, tracestate, in saga_timeouts.trace_headers); the
+// Scanner's span for a fired timeout, "saga timeout <name>", continues
+// that trace, so a deadline that fires long after belongs to the same trace
+// as the transition that set it. Only the otel API is used.
+//
 // # Tables
 //
 // Apply and the Scanner expect these tables in the current schema (the order
-// service's migrations/order/00002_saga.sql creates them):
+// service's migrations/order/00002_saga.sql and 00005 create them):
 //
 //	saga_instances  (id text PK, type, state, version, data jsonb, created_at, updated_at)
-//	saga_timeouts   (saga_id → saga_instances, name, due_at; PK (saga_id, name))
+//	saga_timeouts   (saga_id → saga_instances, name, due_at, trace_headers jsonb; PK (saga_id, name))
 //	saga_unexpected (id, saga_id, saga_type, state NULL = no instance, event_type, event_id, recorded_at)
 package saga

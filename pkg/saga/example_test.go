@@ -63,7 +63,7 @@ func ExampleSaga_QueueStart() {
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO parcels (id) VALUES ($1)`, "p-1")
 		pickup := saga.Timeout{Name: "pickup", Due: time.Now().Add(time.Hour)}
-		if err := parcel.QueueStart(b, "p-1", "WAITING", nil, pickup); err != nil {
+		if err := parcel.QueueStart(ctx, b, "p-1", "WAITING", nil, pickup); err != nil {
 			return err
 		}
 		return tx.SendBatch(ctx, b).Close() // errors.Is(err, saga.ErrExists) for a taken id

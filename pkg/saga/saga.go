@@ -140,7 +140,7 @@ type Timeout struct {
 // the id that exists already is ErrExists.
 func (s *Saga) Start(ctx context.Context, tx pgx.Tx, id, state string, data any, timeouts ...Timeout) error {
 	b := &pgx.Batch{}
-	if err := s.QueueStart(b, id, state, data, timeouts...); err != nil {
+	if err := s.QueueStart(ctx, b, id, state, data, timeouts...); err != nil {
 		return err
 	}
 	return tx.SendBatch(ctx, b).Close()
@@ -151,11 +151,14 @@ func (s *Saga) Start(ctx context.Context, tx pgx.Tx, id, state string, data any,
 // its timeouts then cost no round trip of their own. Start's guarantee
 // holds only if b is sent on the transaction that holds those rows.
 //
+// The timeouts keep the trace context of ctx: the transition they fire
+// continues its trace.
+//
 // QueueStart fails only when data does not encode or a timeout has no name;
 // then it has queued nothing. The insert's errors surface from the batch's
 // Close, wrapping ErrExists when the id is taken; the caller rolls the
 // transaction back.
-func (s *Saga) QueueStart(b *pgx.Batch, id, state string, data any, timeouts ...Timeout) error {
+func (s *Saga) QueueStart(ctx context.Context, b *pgx.Batch, id, state string, data any, timeouts ...Timeout) error {
 	raw := []byte("{}")
 	if data != nil {
 		var err error
@@ -183,8 +186,9 @@ func (s *Saga) QueueStart(b *pgx.Batch, id, state string, data any, timeouts ...
 		return nil
 	}
 	// After the instance: the timeouts reference it.
+	trace := traceHeaders(ctx)
 	for _, t := range timeouts {
-		b.Queue(`INSERT INTO saga_timeouts (saga_id, name, due_at) VALUES ($1, $2, $3)`, id, t.Name, t.Due)
+		b.Queue(`INSERT INTO saga_timeouts (saga_id, name, due_at, trace_headers) VALUES ($1, $2, $3, $4)`, id, t.Name, t.Due, trace)
 	}
 	return nil
 }
@@ -236,9 +240,10 @@ func (s *Saga) apply(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (res
 	b := st.batch
 	b.Queue(`UPDATE saga_instances SET state = $2, version = version + 1, data = $3, updated_at = now() WHERE id = $1`,
 		in.ID, t.To, []byte(st.Data))
+	trace := traceHeaders(ctx) // the transition's span: the timeout continues it
 	for name, due := range st.set {
-		b.Queue(`INSERT INTO saga_timeouts (saga_id, name, due_at) VALUES ($1, $2, $3)
-			ON CONFLICT (saga_id, name) DO UPDATE SET due_at = EXCLUDED.due_at`, in.ID, name, due)
+		b.Queue(`INSERT INTO saga_timeouts (saga_id, name, due_at, trace_headers) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (saga_id, name) DO UPDATE SET due_at = EXCLUDED.due_at, trace_headers = EXCLUDED.trace_headers`, in.ID, name, due, trace)
 	}
 	for name := range st.cancel {
 		b.Queue(`DELETE FROM saga_timeouts WHERE saga_id = $1 AND name = $2`, in.ID, name)

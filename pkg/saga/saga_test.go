@@ -190,7 +190,7 @@ func TestQueueStart(t *testing.T) {
 		return pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
 			b := &pgx.Batch{}
 			b.Queue(`INSERT INTO effects (saga_id, event) VALUES ($1, 'created')`, id)
-			if err := e.ticket.QueueStart(b, id, "OPEN", map[string]bool{"new": true}); err != nil {
+			if err := e.ticket.QueueStart(ctx, b, id, "OPEN", map[string]bool{"new": true}); err != nil {
 				return err
 			}
 			return tx.SendBatch(ctx, b).Close()
@@ -216,7 +216,7 @@ func TestQueueStart(t *testing.T) {
 	})
 	t.Run("data that does not encode queues nothing", func(t *testing.T) {
 		b := &pgx.Batch{}
-		if err := e.ticket.QueueStart(b, "b", "OPEN", func() {}); err == nil || b.Len() != 0 {
+		if err := e.ticket.QueueStart(ctx, b, "b", "OPEN", func() {}); err == nil || b.Len() != 0 {
 			t.Fatalf("err %v, %d statements queued; want an error and none", err, b.Len())
 		}
 	})
@@ -277,7 +277,7 @@ func TestStartTimeouts(t *testing.T) {
 
 	t.Run("a timeout without a name queues nothing", func(t *testing.T) {
 		b := &pgx.Batch{}
-		if err := door.QueueStart(b, "x", "AJAR", nil, saga.Timeout{Due: future}); err == nil || b.Len() != 0 {
+		if err := door.QueueStart(t.Context(), b, "x", "AJAR", nil, saga.Timeout{Due: future}); err == nil || b.Len() != 0 {
 			t.Fatalf("err %v, %d statements queued; want an error and none", err, b.Len())
 		}
 	})

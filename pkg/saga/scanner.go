@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -29,8 +30,9 @@ type ScannerConfig struct {
 	// Logger receives the scanner's logs; nil discards them.
 	Logger *slog.Logger
 	// TracerProvider makes a span for each fired timeout, the parent of its
-	// transition's span. A timeout fires long after the request that armed
-	// it, so the span starts a trace of its own. Default: nil, no spans.
+	// transition's span and a child of the span that armed the timeout (its
+	// trace context is kept with it), so that an order's timeout belongs to
+	// the order's trace. Default: nil, no spans.
 	TracerProvider trace.TracerProvider
 	// FailpointFunc, when set, is called with FailpointAfterClaimTimeout
 	// each time the scanner has claimed a due timeout. A non-nil error makes
@@ -114,11 +116,12 @@ func (s *Scanner) Run(ctx context.Context) error {
 func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
 	var in Instance
 	var name string
+	var armed map[string]string // the trace context of the transaction that armed it
 	claimed := false
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{}) // BEGIN rides with the claim: one round trip fewer
 	b.Queue(claimSQL, s.types).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&name, &in.ID, &in.Type, &in.State, &in.Version, &in.Data, &in.UpdatedAt)
+		err := row.Scan(&name, &in.ID, &in.Type, &in.State, &in.Version, &in.Data, &in.UpdatedAt, &armed)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -143,7 +146,7 @@ func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
 			return false, fmt.Errorf("saga scanner: timeout %s/%s: %w", in.ID, name, err)
 		}
 	}
-	ctx, span := s.cfg.TracerProvider.Tracer(tracerName).Start(ctx, "saga timeout "+name, trace.WithAttributes(
+	ctx, span := s.cfg.TracerProvider.Tracer(tracerName).Start(traceContext.Extract(ctx, propagation.MapCarrier(armed)), "saga timeout "+name, trace.WithAttributes(
 		attribute.String("saga.type", in.Type), attribute.String("saga.id", in.ID), attribute.String("saga.timeout", name)))
 	defer span.End()
 	// The claim locked the instance as Apply would have: apply it as read.
@@ -173,7 +176,7 @@ func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
 // read of saga_instances in this statement would see its older snapshot.
 const claimSQL = `
 WITH due AS (
-	SELECT t.saga_id, t.name, i.type, i.state, i.version, i.data, i.updated_at
+	SELECT t.saga_id, t.name, i.type, i.state, i.version, i.data, i.updated_at, t.trace_headers
 	FROM saga_timeouts t JOIN saga_instances i ON i.id = t.saga_id
 	WHERE t.due_at <= now() AND i.type = ANY($1)
 	ORDER BY t.due_at
@@ -182,4 +185,4 @@ WITH due AS (
 )
 DELETE FROM saga_timeouts t USING due
 WHERE t.saga_id = due.saga_id AND t.name = due.name
-RETURNING due.name, due.saga_id, due.type, due.state, due.version, due.data, due.updated_at`
+RETURNING due.name, due.saga_id, due.type, due.state, due.version, due.data, due.updated_at, due.trace_headers`

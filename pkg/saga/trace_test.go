@@ -14,7 +14,8 @@ import (
 
 // A transition is a span, a child of the caller's, made by the caller's
 // provider, naming the instance and the move; a fired timeout is a span of
-// the scanner's provider around its transition.
+// the scanner's provider around its transition, continuing the trace of
+// the transition that armed it.
 func TestTransitionsAndTimeoutsAreSpans(t *testing.T) {
 	t.Parallel()
 	e := setup(t, time.Millisecond)
@@ -65,6 +66,10 @@ func TestTransitionsAndTimeoutsAreSpans(t *testing.T) {
 	}
 	if got := byName["ticket HELD → EXPIRED"].Parent.SpanID(); got != byName["saga timeout hold"].SpanContext.SpanID() {
 		t.Errorf("the timeout's transition has parent %s, want the scanner's span", got)
+	}
+	// The timeout kept the context of the transition that armed it.
+	if got, want := byName["saga timeout hold"].Parent.SpanID(), byName["ticket OPEN → HELD"].SpanContext.SpanID(); got != want {
+		t.Errorf("the fired timeout's span has parent %s, want the arming transition's %s", got, want)
 	}
 }
 

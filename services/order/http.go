@@ -234,7 +234,7 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 	// The reservation deadline is armed with the order: if inventory never
 	// answers, the saga closes it instead of leaving it PENDING for ever.
 	reserveBy := saga.Timeout{Name: reservationTimeout, Due: o.CreatedAt.Add(s.cfg.ReservationTimeout)}
-	if err := s.saga.QueueStart(b, o.ID.String(), Pending, nil, reserveBy); err != nil {
+	if err := s.saga.QueueStart(ctx, b, o.ID.String(), Pending, nil, reserveBy); err != nil {
 		return reply{}, err
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("shop.order_id", o.ID.String()))
