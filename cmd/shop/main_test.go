@@ -281,6 +281,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"order", "-h"}, flag.ErrHelp}, // main exits 0 on it
 		{[]string{"order", "-no-such-flag"}, errUsage},
 		{[]string{"all", "extra"}, errUsage},
+		{[]string{"order", "-demo"}, errUsage},     // another command's flag is refused, not ignored
+		{[]string{"verify", "-roles"}, errUsage},   // likewise
+		{[]string{"migrate", "-repair"}, errUsage}, // likewise
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			t.Parallel()
