@@ -108,8 +108,11 @@ func writeJourney(w io.Writer, j journey.Journey) error {
 		return err
 	}
 	for _, t := range j.Timeouts {
-		fmt.Fprintf(w, "armed: the saga's %s timeout, due %s (in %s)\n", t.Name, t.DueAt.UTC().Format(time.RFC3339),
-			roundDuration(time.Until(t.DueAt)))
+		when := "in " + roundDuration(time.Until(t.DueAt)).String()
+		if d := time.Since(t.DueAt); d > 0 {
+			when = "overdue by " + roundDuration(d).String() + ": the saga's scanner fires it next"
+		}
+		fmt.Fprintf(w, "armed: the saga's %s timeout, due %s (%s)\n", t.Name, t.DueAt.UTC().Format(time.RFC3339), when)
 	}
 	for _, n := range j.Notes {
 		fmt.Fprintln(w, "note: "+strings.TrimSpace(n))
