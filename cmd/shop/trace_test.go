@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/shop-ref/shop/internal/journey"
 )
 
 // TestTrace runs `shop trace` against an order that went all the way to
@@ -157,4 +159,49 @@ func TestTrace(t *testing.T) {
 			t.Errorf("got %v, want it to say there is no such order", err)
 		}
 	})
+}
+
+// writeJourney's other lines: an order the order service does not know,
+// armed timeouts (due and overdue) and the notes.
+func TestWriteJourney(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	j := journey.Journey{
+		OrderID: "o-1",
+		Entries: []journey.Entry{
+			{At: at, Kind: journey.Committed, Service: "payment", What: "PaymentSucceeded committed (seq 1)"},
+			{At: at.Add(3 * time.Millisecond), Kind: journey.Published, Service: "payment", What: "PaymentSucceeded published by the relay",
+				SincePrevious: 3 * time.Millisecond, Hop: 3 * time.Millisecond, HopFrom: journey.Committed},
+		},
+		Timeouts: []journey.Timeout{{Name: "payment", DueAt: time.Now().Add(time.Hour)}, {Name: "reservation", DueAt: time.Now().Add(-time.Minute)}},
+		Notes:    []string{"order: the order's events before seq 3 are gone"},
+	}
+	var out strings.Builder
+	if err := writeJourney(&out, j); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []string{
+		"order o-1: unknown to the order service (2 steps, 2026-12-01 UTC)",
+		"TIME             +DELTA  SERVICE  WHAT",
+		"09:30:00.000000          payment  PaymentSucceeded committed (seq 1)",
+		"09:30:00.003000  +3ms    payment  PaymentSucceeded published by the relay (3ms after committed)",
+		"armed: the saga's payment timeout, due ",
+		"armed: the saga's reservation timeout, due ",
+		"note: order: the order's events before seq 3 are gone",
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("got %d lines, want %d:\n%s", len(lines), len(want), out.String())
+	}
+	for i := range want {
+		if !strings.HasPrefix(lines[i], want[i]) {
+			t.Errorf("line %d:\n got %q\nwant %q", i, lines[i], want[i])
+		}
+	}
+	if !strings.Contains(lines[4], "(in 1h0m0s)") && !strings.Contains(lines[4], "(in 59m59s)") {
+		t.Errorf("the payment timeout: %q", lines[4])
+	}
+	if !strings.Contains(lines[5], "overdue by 1m0s") {
+		t.Errorf("the reservation timeout: %q", lines[5])
+	}
 }
