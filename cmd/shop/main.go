@@ -48,6 +48,10 @@ Usage:
   shop outbox <command>    operator commands: status, dead, show <event-id>, requeue <event-id>,
                            replay, republish --lost, dead-letters list|requeue|discard,
                            parked list|discard; "shop outbox -h" for details
+  shop trace <order-id> [--json]
+                           one order's journey: each event committed, published, processed by
+                           each consumer, with the time each hop took; retries, dead and parked
+                           messages; the saga's state changes
   shop loadgen [-orders N] drive orders through the public HTTP API (local targets only),
                            then print throughput and latency percentiles
 
@@ -92,6 +96,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runOutbox(ctx, args, getenv, stdout, stderr)
 	case cmd == "loadgen":
 		return runLoadgen(ctx, args, getenv, stdout, stderr)
+	case cmd == "trace":
+		return runTrace(ctx, args, getenv, stdout, stderr)
 	case cmd != "all" && cmd != "migrate" && cmd != "verify" && !slices.Contains(app.Names, cmd):
 		fmt.Fprintf(stderr, "shop: unknown command %q\n\n%s", cmd, usage)
 		return errUsage

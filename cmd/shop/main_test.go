@@ -277,6 +277,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"shipping"}, errUsage},
 		{[]string{"outbox"}, errUsage},
 		{[]string{"loadgen", "-orders", "0"}, errUsage},
+		{[]string{"trace"}, errUsage},
+		{[]string{"trace", "not-an-order-id"}, errUsage},
+		{[]string{"trace", "-h"}, flag.ErrHelp},
 		{[]string{"-h"}, nil},
 		{[]string{"order", "-h"}, flag.ErrHelp}, // main exits 0 on it
 		{[]string{"order", "-no-such-flag"}, errUsage},
