@@ -96,9 +96,9 @@ func Apply(ctx context.Context, connString, service, schema string, log *slog.Lo
 		if _, ok := Schemas[service]; !ok {
 			return fmt.Errorf("unknown service %q", service)
 		}
-		sub, err := fs.Sub(serviceFS, service)
+		sub, err := ServiceMigrations(service)
 		if err != nil {
-			return fmt.Errorf("migrations of %s: %w", service, err)
+			return err
 		}
 		migrationFS = sub
 	}
@@ -147,6 +147,26 @@ func Apply(ctx context.Context, connString, service, schema string, log *slog.Lo
 		return fmt.Errorf("migrate %s: %w", schema, err)
 	}
 	return nil
+}
+
+// ServiceMigrations is service's own migration directory. A service whose
+// directory is not embedded is an error, not an empty directory: otherwise
+// `shop migrate <service>` would report success having created only the
+// eventing tables, and the missing tables would surface later as dead
+// letters.
+func ServiceMigrations(service string) (fs.FS, error) {
+	sub, err := fs.Sub(serviceFS, service)
+	if err != nil {
+		return nil, fmt.Errorf("migrations of %s: %w", service, err)
+	}
+	files, err := fs.Glob(sub, "*.sql")
+	if err != nil {
+		return nil, fmt.Errorf("migrations of %s: %w", service, err)
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no migrations embedded for service %q: add migrations/%s/ to the //go:embed line in migrations/migrations.go", service, service)
+	}
+	return sub, nil
 }
 
 // emptyFS is the migration directory of the eventing-only schema.

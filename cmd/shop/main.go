@@ -45,9 +45,13 @@ Usage:
                            there); exit 0 when they hold, 1 with a report when not; -repair
                            first reconciles (stuck orders, unrefunded payments, held stock,
                            events a stream lost) and republishes lost events
-  shop outbox <command>    operator commands: status, show <event-id>, requeue <event-id>,
-                           replay, republish --lost, dead-letters list|requeue;
-                           "shop outbox -h" for details
+  shop outbox <command>    operator commands: status, dead, show <event-id>, requeue <event-id>,
+                           replay, republish --lost, dead-letters list|requeue|discard,
+                           parked list|discard; "shop outbox -h" for details
+  shop trace <order-id> [--json]
+                           one order's journey: each event committed, published, processed by
+                           each consumer, with the time each hop took; retries, dead and parked
+                           messages; the saga's state changes
   shop loadgen [-orders N] drive orders through the public HTTP API (local targets only),
                            then print throughput and latency percentiles
 
@@ -92,6 +96,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runOutbox(ctx, args, getenv, stdout, stderr)
 	case cmd == "loadgen":
 		return runLoadgen(ctx, args, getenv, stdout, stderr)
+	case cmd == "trace":
+		return runTrace(ctx, args, getenv, stdout, stderr)
 	case cmd != "all" && cmd != "migrate" && cmd != "verify" && !slices.Contains(app.Names, cmd):
 		fmt.Fprintf(stderr, "shop: unknown command %q\n\n%s", cmd, usage)
 		return errUsage
@@ -116,11 +122,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fs.PrintDefaults()
 	}
 	cfg.RegisterFlags(fs)
-	wait := fs.Duration("wait", 0, "verify: keep checking up to this long until the invariants hold (events in flight settle)")
-	repair := fs.Bool("repair", false, "verify: first reconcile: report stuck orders, unrefunded payments, held reservations and events a stream lost, and republish the lost events")
-	streams := fs.Bool("streams", true, "verify: also audit every service's stream on the NATS server (NATS_URL, default "+app.DefaultNATSURL+") against its outbox; false checks the databases only and says so")
-	demo := fs.Bool("demo", false, "all: stock a small catalogue and print curl commands to try")
-	roles := fs.Bool("roles", false, "migrate: also create or update each service's database role shop_<service> (passwords from <SERVICE>_ROLE_PASSWORD or SHOP_ROLE_PASSWORD)")
+	// Each command's own flags exist only for it: `shop order -demo` is a
+	// usage error, not a flag accepted and ignored.
+	var (
+		wait                         time.Duration
+		repair, streams, demo, roles bool
+	)
+	switch cmd {
+	case "verify":
+		fs.DurationVar(&wait, "wait", 0, "keep checking up to this long until the invariants hold (events in flight settle)")
+		fs.BoolVar(&repair, "repair", false, "first reconcile: report stuck orders, unrefunded payments, held reservations and events a stream lost, and republish the lost events")
+		fs.BoolVar(&streams, "streams", true, "also audit every service's stream on the NATS server (NATS_URL, default "+app.DefaultNATSURL+") against its outbox; false checks the databases only and says so")
+	case "all":
+		fs.BoolVar(&demo, "demo", false, "stock a small catalogue and print curl commands to try")
+	case "migrate":
+		fs.BoolVar(&roles, "roles", false, "also create or update each service's database role shop_<service> (passwords from <SERVICE>_ROLE_PASSWORD or SHOP_ROLE_PASSWORD)")
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -141,16 +158,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	switch cmd {
 	case "migrate":
-		return migrate(ctx, cfg, fs.Args(), *roles, getenv, log)
+		return migrate(ctx, cfg, fs.Args(), roles, getenv, log)
 	case "verify":
-		return runVerify(ctx, cfg, *wait, *repair, *streams, stdout)
+		return runVerify(ctx, cfg, wait, repair, streams, stdout)
 	case "all":
 		if fs.NArg() > 0 {
 			fmt.Fprintf(stderr, "shop all: unexpected arguments %q\n", fs.Args())
 			return errUsage
 		}
 		log.Info("starting", "services", app.Names, "config", cfg)
-		if *demo {
+		if demo {
 			return app.RunDemo(ctx, cfg, log, stdout)
 		}
 		return app.Run(ctx, cfg, app.Names, log)

@@ -277,10 +277,16 @@ func TestUsage(t *testing.T) {
 		{[]string{"shipping"}, errUsage},
 		{[]string{"outbox"}, errUsage},
 		{[]string{"loadgen", "-orders", "0"}, errUsage},
+		{[]string{"trace"}, errUsage},
+		{[]string{"trace", "not-an-order-id"}, errUsage},
+		{[]string{"trace", "-h"}, flag.ErrHelp},
 		{[]string{"-h"}, nil},
 		{[]string{"order", "-h"}, flag.ErrHelp}, // main exits 0 on it
 		{[]string{"order", "-no-such-flag"}, errUsage},
 		{[]string{"all", "extra"}, errUsage},
+		{[]string{"order", "-demo"}, errUsage},     // another command's flag is refused, not ignored
+		{[]string{"verify", "-roles"}, errUsage},   // likewise
+		{[]string{"migrate", "-repair"}, errUsage}, // likewise
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			t.Parallel()

@@ -37,6 +37,8 @@ Commands:
   status                          backlog, oldest pending age, dead events, open dead
                                   letters (conflicts among them) and parked events with
                                   the oldest one's age, per service
+  dead [--service S] [--limit N]  the dead events of each outbox (the relay gave up on
+                                  them; their aggregate's later events wait), oldest first
   show <event-id>                 every field of one event, from whichever outbox holds it
   requeue <event-id>              a dead (or waiting) event back to pending, due now
   replay --service S (--since T | --aggregate ID)
@@ -115,6 +117,8 @@ func runOutbox(ctx context.Context, args []string, getenv func(string) string, s
 	switch sub {
 	case "status":
 		return c.status(ctx, args)
+	case "dead":
+		return c.dead(ctx, args)
 	case "show":
 		return c.show(ctx, args)
 	case "requeue":
@@ -440,11 +444,58 @@ func (c *outboxCmd) find(ctx context.Context, names []string, id uuid.UUID) (str
 		id, strings.Join(names, ", "))
 }
 
-func (c *outboxCmd) show(ctx context.Context, args []string) error {
-	name, r, err := c.locate(ctx, args)
+// dead lists the outboxes' dead events: what `status` counts, with the ids
+// that `show` and `requeue` take.
+func (c *outboxCmd) dead(ctx context.Context, args []string) error {
+	fs := c.flags("")
+	service := fs.String("service", "", "only this `service`'s outbox (default: all)")
+	limit := fs.Int("limit", 100, "at most `N` per service")
+	if _, err := c.parse(fs, args, 0, ""); err != nil {
+		return err
+	}
+	if *limit <= 0 {
+		return c.usageErr("--limit %d: want a positive number", *limit)
+	}
+	names, err := c.services(*service)
 	if err != nil {
 		return err
 	}
+	out := []eventJSON{}
+	for _, name := range names {
+		p, err := c.pool(ctx, name)
+		if err != nil {
+			return err
+		}
+		recs, err := outbox.ListDead(ctx, p, *limit)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		for _, r := range recs {
+			out = append(out, eventOf(name, r))
+		}
+	}
+	if c.json {
+		return c.printJSON(out)
+	}
+	if len(out) == 0 {
+		fmt.Fprintln(c.stdout, "no dead events")
+		return nil
+	}
+	tw := newTable(c.stdout)
+	fmt.Fprintln(tw, "SERVICE\tEVENT ID\tAGGREGATE\tSEQ\tTYPE\tATTEMPTS\tDEAD AT\tLAST ERROR")
+	for _, e := range out {
+		lastErr := "-"
+		if e.LastError != nil {
+			lastErr = oneLine(*e.LastError, 80)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s %s\t%d\t%s\t%d\t%s\t%s\n", e.Service, e.EventID, e.AggregateType, e.AggregateID,
+			e.AggregateSeq, e.EventType, e.Attempts, e.DeadAt.Format(time.RFC3339), lastErr)
+	}
+	return tw.Flush()
+}
+
+// eventOf is r, held by service name's outbox, as the JSON of show and dead.
+func eventOf(name string, r outbox.Record) eventJSON {
 	ev := eventJSON{
 		Service: name, State: stateOf(r), EventID: r.EventID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
 		AggregateSeq: r.Seq, EventType: r.Type, SchemaVersion: r.SchemaVersion, Subject: r.Subject,
@@ -454,6 +505,15 @@ func (c *outboxCmd) show(ctx context.Context, args []string) error {
 	if ev.Headers == nil {
 		ev.Headers = map[string]string{}
 	}
+	return ev
+}
+
+func (c *outboxCmd) show(ctx context.Context, args []string) error {
+	name, r, err := c.locate(ctx, args)
+	if err != nil {
+		return err
+	}
+	ev := eventOf(name, r)
 	if c.json {
 		return c.printJSON(ev)
 	}

@@ -114,6 +114,21 @@ func TestOutbox(t *testing.T) {
 		}
 	})
 
+	t.Run("dead lists the dead event with its id", func(t *testing.T) {
+		out := cli.ok("outbox", "dead")
+		if !strings.Contains(out, deadID) || !strings.Contains(out, "nats: no responders") || strings.Contains(out, publishedID) {
+			t.Errorf("dead:\n%s", out)
+		}
+		var evs []eventJSON
+		cli.json(&evs, "outbox", "dead", "--service", "order", "--json")
+		if len(evs) != 1 || evs[0].EventID.String() != deadID || evs[0].State != "dead" {
+			t.Errorf("dead --json: %+v", evs)
+		}
+		if out := cli.ok("outbox", "dead", "--service", "payment"); !strings.Contains(out, "no dead events") {
+			t.Errorf("dead --service payment:\n%s", out)
+		}
+	})
+
 	t.Run("show", func(t *testing.T) {
 		out := cli.ok("outbox", "show", deadID)
 		for _, want := range []string{deadID, "order (schema orders)", "dead", "OrderCreated", "nats: no responders",

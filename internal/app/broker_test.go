@@ -107,11 +107,11 @@ func TestCheckWindows(t *testing.T) {
 	for name := range streams {
 		all[name] = broker.DuplicateWindow
 	}
-	if err := checkWindows(horizon, all, nil); err != nil {
+	if err := checkWindows(horizon, all, consumersOnly{}); err != nil {
 		t.Fatalf("the shipped configuration breaks the rule: %v", err)
 	}
 	short := map[string]time.Duration{"ORDERS": horizon}
-	if err := checkWindows(horizon, short, nil); err == nil || !strings.Contains(err.Error(), "ORDERS") ||
+	if err := checkWindows(horizon, short, consumersOnly{}); err == nil || !strings.Contains(err.Error(), "ORDERS") ||
 		!strings.Contains(err.Error(), horizon.String()) {
 		t.Fatalf("a window no longer than the retry horizon: %v, want an error naming both", err)
 	}
@@ -237,13 +237,13 @@ func TestCheckLimits(t *testing.T) {
 	for name := range streams {
 		all[name] = jetstream.StreamConfig{Name: name, MaxAge: broker.DefaultLimits.MaxAge}
 	}
-	if err := checkLimits(all, nil); err != nil {
+	if err := checkLimits(all, consumersOnly{}); err != nil {
 		t.Fatalf("the shipped limits break the rule: %v", err)
 	}
-	if err := checkLimits(map[string]jetstream.StreamConfig{"ORDERS": {MaxAge: 0}}, nil); err != nil {
+	if err := checkLimits(map[string]jetstream.StreamConfig{"ORDERS": {MaxAge: 0}}, consumersOnly{}); err != nil {
 		t.Fatalf("no max age (kept for ever): %v", err)
 	}
-	if err := checkLimits(map[string]jetstream.StreamConfig{"ORDERS": {MaxAge: time.Hour}}, nil); err == nil ||
+	if err := checkLimits(map[string]jetstream.StreamConfig{"ORDERS": {MaxAge: time.Hour}}, consumersOnly{}); err == nil ||
 		!strings.Contains(err.Error(), "NATS_STREAM_MAX_AGE") {
 		t.Fatalf("a max age under the outbox retention: %v, want an error saying what to raise", err)
 	}

@@ -189,6 +189,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	for _, name := range migrations.Services {
 		prefix := strings.ToUpper(name)
+		if defaultAddrs[name] == "" {
+			// Without one it would listen on a random port, and nothing
+			// (compose, the demo's seeding, the dashboard) would find it.
+			return Config{}, fmt.Errorf("service %q has no default HTTP address: add it to defaultAddrs in internal/app/config.go", name)
+		}
 		cfg.Services[name] = &ServiceConfig{
 			DatabaseURL: getenv(prefix + "_DATABASE_URL"),
 			Addr:        cmp.Or(getenv(prefix+"_ADDR"), defaultAddrs[name]),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -12,24 +13,29 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/services/fulfillment"
 	"github.com/shop-ref/shop/services/inventory"
 	"github.com/shop-ref/shop/services/order"
 	"github.com/shop-ref/shop/services/payment"
 )
 
-// domain is a service's business part: its HTTP routes and its background
-// work (consumers, timers), which returns when ctx ends.
+// domain is a service's business part: its HTTP routes, its background
+// work (consumers, timers), which returns when ctx ends, and its consumers,
+// whose metrics, windows and stream limits the service watches and checks.
+// Part of the interface, so that a service without Consumers does not
+// compile, where a type assertion would drop its metrics without a word.
 type domain interface {
 	Routes(r chi.Router)
 	Run(ctx context.Context) error
+	Consumers() []*inbox.Consumer
 }
 
 // newDomain builds the business part of the service called name;
 // observe (may be nil) receives its consumers' processing times. Its
 // failpoints go to internal/failpoint, armed by cmd/shop from
-// SHOP_FAILPOINTS and inert otherwise. Every
-// domain also has Consumers() []*inbox.Consumer, and the order domain
+// SHOP_FAILPOINTS and inert otherwise. The order domain also has
 // TimeoutsFired() int64, which the metrics read (see metrics.watch).
 func newDomain(name string, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logger,
 	observe func(consumer string, d time.Duration), tp trace.TracerProvider) (domain, error) {
@@ -77,10 +83,16 @@ func poolSize(name string) int32 {
 }
 
 // streams are every producer's stream: a service ensures them all, because
-// its consumers read the others' streams and may start first.
-var streams = map[string][]string{
-	"ORDERS":      {"orders.>"},
-	"INVENTORY":   {"inventory.>"},
-	"PAYMENT":     {"payment.>"},
-	"FULFILLMENT": {"fulfillment.>"},
+// its consumers read the others' streams and may start first. The contract
+// names each stream after the producing schema, in capitals, with subjects
+// <schema>.<aggregate_id>.<EventType>; derived from migrations.Schemas, so a
+// new service has its stream without a second list to forget.
+var streams = streamsOf(migrations.Schemas)
+
+func streamsOf(schemas map[string]string) map[string][]string {
+	out := make(map[string][]string, len(schemas))
+	for _, schema := range schemas {
+		out[strings.ToUpper(schema)] = []string{schema + ".>"}
+	}
+	return out
 }

@@ -149,11 +149,9 @@ const scrapeTimeout = 5 * time.Second
 // the domain runs sagas, their instances per state and the timeouts fired.
 func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom domain, nc *nats.Conn, js *jetStreamWatch) {
 	c := &scrapeCollector{db: db, relay: relay, nc: nc, js: js, started: time.Now(), seenStates: map[string]bool{}}
-	if d, ok := dom.(interface{ Consumers() []*inbox.Consumer }); ok {
-		c.consumers = d.Consumers()
-		for _, cons := range c.consumers {
-			m.process.WithLabelValues(cons.Name()) // a series from the start, empty until the first event
-		}
+	c.consumers = dom.Consumers()
+	for _, cons := range c.consumers {
+		m.process.WithLabelValues(cons.Name()) // a series from the start, empty until the first event
 	}
 	if d, ok := dom.(interface{ TimeoutsFired() int64 }); ok {
 		c.timeoutsFired = d.TimeoutsFired

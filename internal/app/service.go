@@ -29,7 +29,6 @@ import (
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/migrations"
-	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
 
@@ -318,11 +317,7 @@ func checkLimits(configs map[string]jetstream.StreamConfig, dom domain) error {
 				"raise NATS_STREAM_MAX_AGE", name, c.MaxAge, OutboxRetention)
 		}
 	}
-	d, ok := dom.(interface{ Consumers() []*inbox.Consumer })
-	if !ok {
-		return nil
-	}
-	for _, c := range d.Consumers() {
+	for _, c := range dom.Consumers() {
 		if age := configs[c.Stream()].MaxAge; age > 0 && age < c.ReplayWindow() {
 			return fmt.Errorf("stream %s keeps messages %s (max age), less than the replay window %s of consumer %s: "+
 				"raise NATS_STREAM_MAX_AGE", c.Stream(), age, c.ReplayWindow(), c.Name())
@@ -343,11 +338,7 @@ func checkWindows(retryHorizon time.Duration, duplicates map[string]time.Duratio
 				retryHorizon, d, name)
 		}
 	}
-	d, ok := dom.(interface{ Consumers() []*inbox.Consumer })
-	if !ok {
-		return nil
-	}
-	for _, c := range d.Consumers() {
+	for _, c := range dom.Consumers() {
 		if w := duplicates[c.Stream()]; w >= c.Retention() {
 			return fmt.Errorf("the duplicate window (%s) of stream %s must be shorter than the inbox retention (%s) of consumer %s, "+
 				"and the outbox relay's retry horizon (%s) shorter than both", w, c.Stream(), c.Retention(), c.Name(), retryHorizon)

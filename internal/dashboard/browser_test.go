@@ -30,10 +30,14 @@ import (
 
 // TestBrowser runs the whole shop as `shop all` does, opens the dashboard in
 // headless Chromium and does what a visitor would: place an order with a
-// click, pay it with a click, and watch it reach COMPLETED on the page.
+// click, pay it with a click, watch it reach COMPLETED on the page, and
+// click it to see its journey: every hop of its events, each consumer's
+// included, and the saga's states.
 //
 // Set DASHBOARD_SCREENSHOT=/tmp/dashboard.png to keep a picture of the page
-// at the end.
+// at the end, JOURNEY_SCREENSHOT=docs/journey.png (a path relative to this
+// package's directory, or an absolute one) one of the journey panel: that
+// is how the README's picture is taken.
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := findChromium(t)
@@ -110,6 +114,48 @@ func TestBrowser(t *testing.T) {
 	message, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#message`)))
 	if err != nil || !strings.Contains(message, "Paid order "+orderID) {
 		t.Errorf("message %q (%v): want it to say the order was paid", message, err)
+	}
+
+	// The consumers' rows may come a moment after COMPLETED shows: the
+	// open panel is read again with every update until they are there.
+	hops := []string{
+		`[data-kind="state"][data-state="PENDING"]`,
+		`[data-kind="committed"][data-event-type="OrderCreated"]`,
+		`[data-kind="published"][data-event-type="OrderCreated"]`,
+		`[data-kind="processed"][data-event-type="OrderCreated"][data-consumer="inventory-orders"]`,
+		`[data-kind="processed"][data-event-type="OrderCreated"][data-consumer="payment-orders"]`,
+		`[data-kind="processed"][data-event-type="InventoryReserved"][data-consumer="order-inventory"]`,
+		`[data-kind="processed"][data-event-type="PaymentSucceeded"][data-consumer="order-payment"]`,
+		`[data-kind="processed"][data-event-type="OrderPaid"][data-consumer="fulfillment-orders"]`,
+		`[data-kind="processed"][data-event-type="ShipmentDelivered"][data-consumer="order-fulfillment"]`,
+		`[data-kind="state"][data-state="COMPLETED"]`,
+	}
+	journeyActions := []chromedp.Action[chromedp.Void]{
+		chromedp.Click(chromedp.CSS(`#col-COMPLETED ` + card + ` .id`)),
+		chromedp.WaitVisible(chromedp.CSS(`#journey`)),
+	}
+	for _, h := range hops {
+		journeyActions = append(journeyActions, chromedp.WaitVisible(chromedp.CSS(`#journey-entries tr`+h)))
+	}
+	step("click the order and see its journey", journeyActions...)
+	timeline, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#journey`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{orderID, "COMPLETED", "OrderCreated processed by inventory-orders", "after published",
+		"OrderCreated published by the relay", "after committed", "state FULFILLING → COMPLETED (shipment_delivered)"} {
+		if !strings.Contains(timeline, want) {
+			t.Errorf("the journey panel lacks %q:\n%s", want, timeline)
+		}
+	}
+	if path := os.Getenv("JOURNEY_SCREENSHOT"); path != "" {
+		png, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS(`#journey`)))
+		if err == nil {
+			err = os.WriteFile(path, png, 0o644)
+		}
+		if err != nil {
+			t.Errorf("journey screenshot: %v", err)
+		}
 	}
 	if path := os.Getenv("DASHBOARD_SCREENSHOT"); path != "" {
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))

@@ -1,7 +1,9 @@
 // Package dashboard serves the shop's live web page: orders moving through
 // the saga's states, each service's outbox backlog, the latest published
 // events and the open dead letters, with buttons that place a demo order and
-// pay it.
+// pay it. Clicking an order opens its journey (internal/journey): every
+// event of the order committed, published and processed by each consumer,
+// with the time each hop took, and the saga's state changes.
 //
 // It is an operator's view, like `shop verify`: it reads every service's
 // schema directly, read-only, for display. To act it goes through the
@@ -34,6 +36,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shop-ref/shop/internal/journey"
 )
 
 //go:embed static
@@ -99,6 +103,7 @@ func (c *Config) validate() error {
 type Server struct {
 	cfg      Config
 	services []string // the pools' names, in the order the page lists them
+	journeys map[string]journey.DB
 	mux      *http.ServeMux
 
 	// The state is read at most once per half interval, however many pages
@@ -117,13 +122,18 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		services: serviceNames(cfg.Pools, []string{"order", "inventory", "payment", "fulfillment"}),
+		journeys: make(map[string]journey.DB, len(cfg.Pools)),
 		mux:      http.NewServeMux(),
+	}
+	for name, db := range cfg.Pools {
+		s.journeys[name] = db
 	}
 	files, _ := fs.Sub(static, "static") // static is embedded: cannot fail
 	s.mux.Handle("GET /{$}", http.FileServerFS(files))
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(files)))
 	s.mux.HandleFunc("GET /api/state", s.handleState)
 	s.mux.HandleFunc("GET /api/events", s.handleEvents)
+	s.mux.HandleFunc("GET /api/orders/{id}/journey", s.handleJourney)
 	s.mux.HandleFunc("POST /api/demo/order", s.handleOrder)
 	s.mux.HandleFunc("POST /api/demo/pay/{id}", s.handlePay)
 	return s, nil
@@ -158,6 +168,28 @@ func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, st)
+}
+
+// handleJourney answers with the journey of order {id} (journey.Load): 400
+// for an id that is not a UUID, 404 for an order no schema knows.
+func (s *Server) handleJourney(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "order id must be a UUID"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	j, err := journey.Load(ctx, s.journeys, id)
+	switch {
+	case errors.Is(err, journey.ErrNotFound):
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no order " + id.String()})
+	case err != nil:
+		s.cfg.Logger.Warn("dashboard journey not read", "order_id", id, "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+	default:
+		writeJSON(w, http.StatusOK, j)
+	}
 }
 
 // handleEvents pushes the state every interval as a server-sent event until

@@ -175,6 +175,34 @@ func TestState(t *testing.T) {
 		}
 	})
 
+	t.Run("serves an order's journey", func(t *testing.T) {
+		for path, want := range map[string]int{
+			"/api/orders/" + ids[2] + "/journey":           http.StatusOK,
+			"/api/orders/" + uuid.NewString() + "/journey": http.StatusNotFound,
+			"/api/orders/not-a-uuid/journey":               http.StatusBadRequest,
+		} {
+			res, err := http.Get(srv.URL + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body map[string]any
+			err = json.NewDecoder(res.Body).Decode(&body)
+			res.Body.Close()
+			if res.StatusCode != want || err != nil || res.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("GET %s: %s %v, want %d", path, res.Status, err, want)
+				continue
+			}
+			if want == http.StatusOK {
+				wantKeys(t, body, "order_id", "status", "entries", "timeouts", "notes")
+				if body["order_id"] != ids[2] || body["status"] != "COMPLETED" {
+					t.Errorf("journey: %v", body)
+				}
+			} else if body["error"] == "" {
+				t.Errorf("GET %s: no error in %v", path, body)
+			}
+		}
+	})
+
 	t.Run("serves the page", func(t *testing.T) {
 		for path, want := range map[string]string{
 			"/":                 "Place an order",

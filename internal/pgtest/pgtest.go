@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -66,8 +67,15 @@ func New(t testing.TB, service string) *Schema {
 	_, _ = rand.Read(b[:])
 	name := "t_" + hex.EncodeToString(b[:])
 
+	// Postgres allows 100 connections, shared by every test process on the
+	// machine: "too many clients" (or a server restarting) is a wait, as it
+	// is for a service starting up, not a failed test.
+	quiet := slog.New(slog.DiscardHandler)
 	migrator := "pgtest-migrate-" + name
-	if err := migrations.Apply(ctx, withAppName(URL(), migrator), service, name, nil); err != nil {
+	err := database.Retry(ctx, quiet, "migrate", func(ctx context.Context) error {
+		return migrations.Apply(ctx, withAppName(URL(), migrator), service, name, nil)
+	})
+	if err != nil {
 		t.Fatalf("migrate %s: %v", name, err)
 	}
 	url, err := database.WithSchema(URL(), name)
@@ -80,9 +88,13 @@ func New(t testing.TB, service string) *Schema {
 	}
 	t.Cleanup(func() {
 		pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		conn, err := pgx.Connect(ctx, URL())
+		var conn *pgx.Conn
+		err := database.Retry(ctx, quiet, "drop schema", func(ctx context.Context) (err error) {
+			conn, err = pgx.Connect(ctx, URL())
+			return err
+		})
 		if err != nil {
 			t.Errorf("drop schema %s: %v", name, err)
 			return

@@ -296,18 +296,6 @@ func (r *run) report() Report {
 	return rep
 }
 
-func (r *run) pool(service string) outbox.DB {
-	switch service {
-	case "order":
-		return r.pools.Order
-	case "inventory":
-		return r.pools.Inventory
-	case "payment":
-		return r.pools.Payment
-	}
-	return r.pools.Fulfillment
-}
-
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
 // stuckOrders: each state's time is that of its first history entry (later
@@ -485,7 +473,11 @@ func (r *run) repairLost() error {
 		if len(ids) == 0 {
 			continue
 		}
-		marked, err := outbox.RepublishAll(r.ctx, r.pool(service), ids)
+		pool, err := r.pools.Of(service)
+		if err != nil {
+			return fmt.Errorf("reconcile: %w", err)
+		}
+		marked, err := outbox.RepublishAll(r.ctx, pool, ids)
 		if err != nil {
 			return fmt.Errorf("reconcile: %s: %w", service, err)
 		}
@@ -531,7 +523,15 @@ func (r *run) repair() error {
 // republishLost republishes producer's published events of order id that
 // consumer (in service's schema) has not processed, oldest first.
 func (r *run) republishLost(id, producer, service, consumer string) (int, error) {
-	rows, err := r.pool(producer).Query(r.ctx, `
+	producerPool, err := r.pools.Of(producer)
+	if err != nil {
+		return 0, fmt.Errorf("reconcile: %w", err)
+	}
+	servicePool, err := r.pools.Of(service)
+	if err != nil {
+		return 0, fmt.Errorf("reconcile: %w", err)
+	}
+	rows, err := producerPool.Query(r.ctx, `
 		SELECT event_id FROM outbox
 		WHERE aggregate_type = 'order' AND aggregate_id = $1 AND dead_at IS NULL
 		  AND published_at < now() - $2 * interval '1 microsecond'
@@ -546,7 +546,7 @@ func (r *run) republishLost(id, producer, service, consumer string) (int, error)
 	}
 	// Handled: processed, or parked as an open dead letter (a copy would
 	// only fail the same way and park again).
-	rows, err = r.pool(service).Query(r.ctx, `
+	rows, err = servicePool.Query(r.ctx, `
 		SELECT event_id FROM processed_events WHERE consumer_name = $1 AND event_id = ANY($2)
 		UNION
 		SELECT event_id FROM dead_letters WHERE consumer_name = $1 AND event_id = ANY($2) AND resolved_at IS NULL`,
@@ -566,7 +566,7 @@ func (r *run) republishLost(id, producer, service, consumer string) (int, error)
 		if slices.Contains(processed, ev) {
 			continue
 		}
-		err := outbox.Republish(r.ctx, r.pool(producer), ev)
+		err := outbox.Republish(r.ctx, producerPool, ev)
 		if errors.Is(err, outbox.ErrNotFound) {
 			continue // republished meanwhile (another reconciler), or deleted by retention
 		}

@@ -120,7 +120,11 @@ func AuditStreams(ctx context.Context, pools Pools, js jetstream.JetStream, cfg 
 		if streamOf[s] == "" {
 			return nil, fmt.Errorf("audit streams: unknown service %q (want one of %v)", s, services)
 		}
-		a, err := auditStream(ctx, pools.of(s), js, s, cfg)
+		pool, err := pools.Of(s)
+		if err != nil {
+			return nil, fmt.Errorf("audit streams: %w", err)
+		}
+		a, err := auditStream(ctx, pool, js, s, cfg)
 		if err != nil {
 			return nil, err
 		}

@@ -83,16 +83,26 @@ func (r Report) Write(w io.Writer) {
 // Pools are the services' database pools, each bound to its schema.
 type Pools struct{ Order, Inventory, Payment, Fulfillment *pgxpool.Pool }
 
-func (p Pools) of(service string) *pgxpool.Pool {
+// Of is service's pool. An unknown service, or one without a pool, is an
+// error: a check must never quietly read another service's tables.
+func (p Pools) Of(service string) (*pgxpool.Pool, error) {
+	var pool *pgxpool.Pool
 	switch service {
 	case "order":
-		return p.Order
+		pool = p.Order
 	case "inventory":
-		return p.Inventory
+		pool = p.Inventory
 	case "payment":
-		return p.Payment
+		pool = p.Payment
+	case "fulfillment":
+		pool = p.Fulfillment
+	default:
+		return nil, fmt.Errorf("no pool for unknown service %q: add it to verify.Pools", service)
 	}
-	return p.Fulfillment
+	if pool == nil {
+		return nil, fmt.Errorf("no pool for service %q", service)
+	}
+	return pool, nil
 }
 
 // consumers are the durable consumers of docs/events.md: who reads whose
@@ -194,7 +204,12 @@ func (v *run) rows(service, sql string, args ...any) []string {
 	if v.err != nil {
 		return nil
 	}
-	rows, err := v.pools.of(service).Query(v.ctx, sql, args...)
+	pool, err := v.pools.Of(service)
+	if err != nil {
+		v.err = err
+		return nil
+	}
+	rows, err := pool.Query(v.ctx, sql, args...)
 	if err != nil {
 		v.err = fmt.Errorf("%s: %w", service, err)
 		return nil

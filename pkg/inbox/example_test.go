@@ -45,23 +45,22 @@ func ExampleNewConsumer() {
 	c, err := inbox.NewConsumer(pool, js, inbox.Config{
 		Name:   "payment",
 		Stream: "INVENTORY",
+		// Every event of the stream passes the sequence check; only these
+		// types reach Handler, the others are recorded without a
+		// transaction.
+		Handles: []string{"InventoryReserved"},
 		Handler: func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-			switch m.Type {
-			case "InventoryReserved":
-				var ev struct {
-					OrderID string `json:"order_id"`
-					Total   int64  `json:"total"`
-				}
-				if err := json.Unmarshal(m.Data, &ev); err != nil {
-					return inbox.Poison(err) // retrying will not make it parse
-				}
-				_, err := tx.Exec(ctx,
-					`INSERT INTO payments (order_id, amount, status) VALUES ($1, $2, 'PENDING')`,
-					ev.OrderID, ev.Total)
-				return err // a transient error is retried with backoff
-			default:
-				return nil // every type must pass through for the sequence check
+			var ev struct {
+				OrderID string `json:"order_id"`
+				Total   int64  `json:"total"`
 			}
+			if err := json.Unmarshal(m.Data, &ev); err != nil {
+				return inbox.Poison(err) // retrying will not make it parse
+			}
+			_, err := tx.Exec(ctx,
+				`INSERT INTO payments (order_id, amount, status) VALUES ($1, $2, 'PENDING')`,
+				ev.OrderID, ev.Total)
+			return err // a transient error is retried with backoff
 		},
 		Logger: slog.Default(),
 	})

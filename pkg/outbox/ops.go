@@ -162,14 +162,10 @@ func RepublishAll(ctx context.Context, db DB, eventIDs []uuid.UUID) ([]uuid.UUID
 	return ids, nil
 }
 
-// DeleteExpired deletes up to batch-sized chunks of events published more
-// than olderThan ago and returns how many went. Pending and dead events are
-// never deleted; sequence counters stay, so numbering continues gap-free.
-func DeleteExpired(ctx context.Context, db DB, olderThan time.Duration, batch int) (int64, error) {
-	return deleteExpired(ctx, db, olderThan, batch, nil)
-}
-
-// deleteExpired is DeleteExpired with the relay's failpoint hook (nil: none).
+// deleteExpired deletes up to batch-sized chunks of events published more
+// than olderThan ago and returns how many went; failpoint is the relay's
+// hook (nil: none). Pending and dead events are never deleted; sequence
+// counters stay, so numbering continues gap-free.
 func deleteExpired(ctx context.Context, db DB, olderThan time.Duration, batch int, failpoint func(string) error) (int64, error) {
 	var total int64
 	for {

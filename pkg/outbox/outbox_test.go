@@ -554,7 +554,7 @@ func TestRetentionDeletesOnlyOldPublishedEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := DeleteExpired(ctx, e.db.Pool, 72*time.Hour, 1)
+	n, err := deleteExpired(ctx, e.db.Pool, 72*time.Hour, 1, nil)
 	if err != nil || n != 1 {
 		t.Fatalf("deleted %d, %v; want 1", n, err)
 	}

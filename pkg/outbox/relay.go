@@ -217,10 +217,10 @@ func unixNano(n int64) time.Time {
 	return time.Unix(0, n)
 }
 
-// Kick wakes the relay to look for new events now. It never blocks. One
+// wake wakes the relay to look for new events now. It never blocks. One
 // waiting worker wakes; busy workers look again anyway when they finish a
 // full batch.
-func (r *Relay) Kick() {
+func (r *Relay) wake() {
 	select {
 	case r.kick <- struct{}{}:
 	default:
@@ -667,10 +667,10 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
-		r.Kick()
+		r.wake()
 		// Writers coalesce their NOTIFYs; a transaction that skipped its own
 		// may commit just after the one that woke us. Look once more.
-		time.AfterFunc(notifyFollowUp, r.Kick)
+		time.AfterFunc(notifyFollowUp, r.wake)
 	}
 }
 

@@ -87,7 +87,7 @@ func (s *Scanner) Fired() int64 { return s.fired.Load() }
 func (s *Scanner) Run(ctx context.Context) error {
 	for {
 		for {
-			fired, err := s.FireOne(ctx)
+			fired, err := s.fireOne(ctx)
 			if err != nil && ctx.Err() == nil {
 				s.cfg.Logger.Error("saga timeout failed", "err", err)
 			}
@@ -103,7 +103,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 	}
 }
 
-// FireOne fires one due timeout, if there is one, and reports whether it did.
+// fireOne fires one due timeout, if there is one, and reports whether it did.
 // In one short transaction it claims the timeout and its instance with FOR
 // UPDATE SKIP LOCKED (so concurrent scanners take different timeouts, and an
 // instance busy with a transition is left for the next scan), deletes the
@@ -113,7 +113,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 // A scan that finds nothing costs two round trips (BEGIN with the claim,
 // then ROLLBACK); a fired timeout costs three plus its func's reads: BEGIN
 // with the claim, the transition's batch, COMMIT.
-func (s *Scanner) FireOne(ctx context.Context) (bool, error) {
+func (s *Scanner) fireOne(ctx context.Context) (bool, error) {
 	var in Instance
 	var name string
 	var armed map[string]string // the trace context of the transaction that armed it

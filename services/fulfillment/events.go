@@ -54,7 +54,7 @@ type ShipmentDelivered struct {
 // that this OrderPaid was processed commit together or not at all.
 func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 	if m.Type != typeOrderPaid {
-		return nil // the sequence check still advances past it
+		return nil // unreachable while the stream filter delivers only OrderPaid; recorded and ignored if it changes
 	}
 	if m.SchemaVersion != 1 {
 		// A version this code does not know will not parse better on the

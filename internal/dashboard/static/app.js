@@ -1,7 +1,9 @@
 // The dashboard's page: follows /api/events (server-sent events), falls back
 // to polling /api/state, and renders the state into the board and panels.
 // Cards are kept per order id and moved between columns, so a button does not
-// vanish under the pointer when the next update arrives.
+// vanish under the pointer when the next update arrives. Clicking a card opens
+// the order's journey (/api/orders/{id}/journey), read again with every update
+// while it is open.
 "use strict";
 
 const STATES = ["PENDING", "WAIT_PAY", "PAID", "FULFILLING", "COMPLETED", "REJECTED", "CLOSED"];
@@ -47,15 +49,18 @@ function card(o) {
   let c = cards.get(o.order_id);
   if (!c) {
     const pay = el("button", { className: "pay", type: "button", textContent: "Pay" });
-    pay.addEventListener("click", () => payOrder(o.order_id, pay));
+    pay.addEventListener("click", (e) => { e.stopPropagation(); payOrder(o.order_id, pay); });
     c = el("li", { className: "card" },
       el("span", { className: "id", title: o.order_id, textContent: "…" + o.order_id.slice(-8) }),
       el("span", { className: "total" }), pay, el("span", { className: "meta" }));
     c.dataset.orderId = o.order_id;
+    c.title = "Show the journey of order " + o.order_id;
+    c.addEventListener("click", () => openJourney(o.order_id));
     cards.set(o.order_id, c);
   }
   c.dataset.status = o.status;
   c.classList.toggle("mine", mine.has(o.order_id));
+  c.classList.toggle("open", journeyOf === o.order_id);
   c.querySelector(".total").textContent = money(o.total);
   c.querySelector(".meta").textContent = "updated " + ago(o.updated_at);
   const pay = c.querySelector(".pay");
@@ -101,6 +106,82 @@ function render(st) {
   rows($("#events"), st.events, (e) => [
     td(new Date(e.published_at).toLocaleTimeString()), td(e.subject), td(e.type),
   ]);
+  if (journeyOf) loadJourney();
+}
+
+// ---- the journey of one order ----
+
+let journeyOf = "";      // the order whose journey is open, "" when closed
+let journeyBusy = false; // a read is in flight: updates do not pile up
+
+const clock = (iso) => new Date(iso).toLocaleTimeString([],
+  { hour12: false, hour: "2-digit", minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3 });
+
+function span(seconds) {
+  if (seconds === undefined || seconds === null) return "";
+  const sign = seconds < 0 ? "−" : "";
+  const s = Math.abs(seconds);
+  if (s < 1) return sign + (s * 1000).toFixed(s < 0.01 ? 1 : 0) + " ms";
+  return sign + duration(s);
+}
+
+function openJourney(id) {
+  journeyOf = id;
+  for (const [cid, c] of cards) c.classList.toggle("open", cid === id);
+  $("#journey-id").textContent = id;
+  $("#journey-status").textContent = "";
+  $("#journey-entries").replaceChildren();
+  $("#journey-notes").replaceChildren();
+  $("#journey-problem").hidden = true;
+  $("#journey").hidden = false;
+  $("#journey").scrollIntoView({ block: "nearest" });
+  loadJourney();
+}
+
+function closeJourney() {
+  journeyOf = "";
+  $("#journey").hidden = true;
+  for (const c of cards.values()) c.classList.remove("open");
+}
+
+async function loadJourney() {
+  if (journeyBusy) return;
+  journeyBusy = true;
+  const id = journeyOf;
+  try {
+    const res = await fetch("/api/orders/" + encodeURIComponent(id) + "/journey", { cache: "no-store" });
+    const j = await res.json();
+    if (!res.ok) throw new Error(j.error || res.statusText);
+    if (id === journeyOf) renderJourney(j);
+  } catch (e) {
+    if (id === journeyOf) {
+      const p = $("#journey-problem");
+      p.textContent = "Cannot read the journey: " + e.message;
+      p.hidden = false;
+    }
+  } finally {
+    journeyBusy = false;
+  }
+}
+
+function renderJourney(j) {
+  $("#journey-problem").hidden = true;
+  $("#journey-status").textContent = j.status || "(no order row)";
+  const tbody = $("#journey-entries");
+  tbody.replaceChildren(...j.entries.map((e, i) => {
+    const hop = e.hop_from ? span(e.hop_seconds) + " after " + e.hop_from : "";
+    const tr = el("tr", {},
+      td(clock(e.at), "time"), td(i === 0 ? "" : "+" + span(e.since_previous_seconds), "num"),
+      td(hop, "num"), td(e.service), td(e.what));
+    tr.dataset.kind = e.kind;
+    if (e.consumer) tr.dataset.consumer = e.consumer;
+    if (e.event_type) tr.dataset.eventType = e.event_type;
+    if (e.state) tr.dataset.state = e.state;
+    return tr;
+  }));
+  const notes = j.notes.slice();
+  for (const t of j.timeouts) notes.push("the saga's " + t.name + " timeout is armed: due " + clock(t.due_at));
+  $("#journey-notes").replaceChildren(...notes.map((n) => el("li", { textContent: n })));
 }
 
 function say(text, error = false, orderId = "") {
@@ -198,4 +279,5 @@ function follow() {
 
 buildBoard();
 $("#place").addEventListener("click", placeOrder);
+$("#journey-close").addEventListener("click", closeJourney);
 follow();
