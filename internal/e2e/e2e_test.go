@@ -257,6 +257,17 @@ func waitStatus(t *testing.T, id, want string) {
 	eventually(t, 20*time.Second, "order "+id+" "+want, func() bool { return orderStatus(t, id) == want })
 }
 
+// waitPayable waits until the order is WAIT_PAY and payment knows it is
+// payable: payment learns it from OrderAwaitingPayment, a moment after the
+// order service changes state; a payment simulated in between gets 409.
+func waitPayable(t *testing.T, id string) {
+	t.Helper()
+	waitStatus(t, id, "WAIT_PAY")
+	eventually(t, 20*time.Second, "payment to know order "+id+" is payable", func() bool {
+		return do(t, "GET", shop.payment+"/payments/"+id, nil, nil).body["state"] == "PAYABLE"
+	})
+}
+
 func stock(t *testing.T, sku string) (onHand, reserved, sold int) {
 	t.Helper()
 	r := do(t, "GET", shop.inventory+"/stock/"+sku, nil, nil)

@@ -42,11 +42,7 @@ func TestUnappliedPaymentsAreRefunded(t *testing.T) {
 	restock(t, s, 5, 1000)
 	r := placeOrder(t, "unapplied-"+randHex(), item(s, 1))
 	id := r.body["order_id"].(string)
-	waitStatus(t, id, "WAIT_PAY")
-	eventually(t, 10*time.Second, "payment to know the order is payable", func() bool {
-		v := do(t, "GET", shop.payment+"/payments/"+id, nil, nil)
-		return v.body["state"] == "PAYABLE"
-	})
+	waitPayable(t, id)
 
 	short, stray := "psp-short-"+randHex(), "psp-stray-"+randHex()
 	unknown := uuid.NewString()

@@ -22,7 +22,7 @@ func TestHappyPathToCompleted(t *testing.T) {
 		t.Fatalf("place order: %d %s", r.status, r.raw)
 	}
 	id := r.body["order_id"].(string)
-	waitStatus(t, id, "WAIT_PAY")
+	waitPayable(t, id)
 	if pay := do(t, "POST", shop.payment+"/payments/"+id+"/simulate", nil, map[string]string{"outcome": "succeeded"}); pay.status != http.StatusOK {
 		t.Fatalf("simulate payment: %d %s", pay.status, pay.raw)
 	}
@@ -60,11 +60,13 @@ func TestPaymentFailureClosesAndReleases(t *testing.T) {
 	s := sku("fail")
 	restock(t, s, 5, 700)
 	id := placeOrder(t, "fail-"+randHex(), item(s, 3)).body["order_id"].(string)
-	waitStatus(t, id, "WAIT_PAY")
+	waitPayable(t, id)
 	if _, reserved, _ := stock(t, s); reserved != 3 {
 		t.Fatalf("WAIT_PAY holds %d units, want 3", reserved)
 	}
-	do(t, "POST", shop.payment+"/payments/"+id+"/simulate", nil, map[string]string{"outcome": "failed"})
+	if pay := do(t, "POST", shop.payment+"/payments/"+id+"/simulate", nil, map[string]string{"outcome": "failed"}); pay.status != http.StatusOK {
+		t.Fatalf("simulate a failed payment: %d %s", pay.status, pay.raw)
+	}
 	waitStatus(t, id, "CLOSED")
 	checkInvariants(t)
 	if _, reserved, _ := stock(t, s); reserved != 0 {

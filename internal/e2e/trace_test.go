@@ -38,11 +38,7 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 		t.Fatalf("place order: %d %s", r.status, r.raw)
 	}
 	id := r.body["order_id"].(string)
-	waitStatus(t, id, "WAIT_PAY")
-	// WAIT_PAY is the order's; payment learns it from OrderAwaitingPayment.
-	eventually(t, 10*time.Second, "payment to know the order is payable", func() bool {
-		return do(t, "GET", shop.payment+"/payments/"+id, nil, nil).body["state"] == "PAYABLE"
-	})
+	waitPayable(t, id)
 	if pay := do(t, "POST", shop.payment+"/payments/"+id+"/simulate", nil, map[string]string{"outcome": "succeeded"}); pay.status != http.StatusOK {
 		t.Fatalf("simulate payment: %d %s", pay.status, pay.raw)
 	}
