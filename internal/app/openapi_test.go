@@ -3,11 +3,13 @@ package app
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -105,6 +107,7 @@ func TestOpenAPI(t *testing.T) {
 			}
 		}
 		checkRefs(t, doc.raw, doc.raw, "#")
+		checkProblemCodes(t, doc.raw)
 		paths := doc.raw.(map[string]any)["paths"].(map[string]any)
 		for path, v := range paths {
 			item := v.(map[string]any)
@@ -219,6 +222,57 @@ func TestOpenAPI(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// problemCode finds the code of every problem the server builds:
+// httpx.NewProblem(status, "code", …) anywhere in the module.
+var problemCode = regexp.MustCompile(`NewProblem\([^,()]+,\s*"([a-z-]+)"`)
+
+// checkProblemCodes checks that Problem.code's enum is exactly the codes
+// the server's source emits: a client that switches on the enum meets no
+// surprise, and the document lists no code nothing sends.
+func checkProblemCodes(t *testing.T, root any) {
+	t.Helper()
+	schema := asMap(asMap(asMap(asMap(asMap(root)["components"])["schemas"])["Problem"])["properties"])["code"]
+	documented := map[string]bool{}
+	for _, c := range asSlice(asMap(schema)["enum"]) {
+		documented[c.(string)] = true
+	}
+	emitted := map[string]bool{}
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".")) && path != "../..":
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range problemCode.FindAllSubmatch(src, -1) {
+			emitted[string(m[1])] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(emitted) == 0 {
+		t.Fatal("found no httpx.NewProblem calls in the module's source")
+	}
+	for _, c := range slices.Sorted(maps.Keys(emitted)) {
+		if !documented[c] {
+			t.Errorf("api/openapi.yaml: the server emits problem code %q, which Problem.code's enum lacks", c)
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(documented)) {
+		if !emitted[c] {
+			t.Errorf("api/openapi.yaml: Problem.code's enum lists %q, which no httpx.NewProblem call emits", c)
+		}
 	}
 }
 
