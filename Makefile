@@ -50,11 +50,12 @@ lint: lint-api
 # scripts/ensure-node.sh finds (or fetches) a Node new enough; npm ci runs
 # again only when the lock file changes.
 lint-api: api/node_modules/.installed
-	PATH="$$(scripts/ensure-node.sh):$$PATH" REDOCLY_TELEMETRY=off npx --prefix api --no -- redocly lint --config api/redocly.yaml api/openapi.yaml
-	PATH="$$(scripts/ensure-node.sh):$$PATH" npx --prefix api --no -- spectral lint --fail-severity=warn --ruleset api/.spectral.yaml api/openapi.yaml
+	node=$$(scripts/ensure-node.sh) && export PATH="$$node:$$PATH" REDOCLY_TELEMETRY=off && \
+	npx --prefix api --no -- redocly lint --config api/redocly.yaml api/openapi.yaml && \
+	npx --prefix api --no -- spectral lint --fail-severity=warn --ruleset api/.spectral.yaml api/openapi.yaml
 
 api/node_modules/.installed: api/package.json api/package-lock.json
-	PATH="$$(scripts/ensure-node.sh):$$PATH" npm ci --prefix api --ignore-scripts --no-audit --no-fund
+	node=$$(scripts/ensure-node.sh) && PATH="$$node:$$PATH" npm ci --prefix api --ignore-scripts --no-audit --no-fund
 	@touch $@
 
 # make bench — the whole-system table (internal/benchsuite): every row the
