@@ -1,7 +1,7 @@
 # make demo  — Postgres up, build, run every service in one process
-# make test  — Postgres up, every test with the race detector
+# make test  — Postgres up, the API linters, every test with the race detector
 # make chaos — the chaos run for DURATION (default 5m), see README "Chaos run"
-.PHONY: build test lint bench bench-outbox demo clean chaos
+.PHONY: build test lint lint-api bench bench-outbox demo clean chaos
 
 # Benchmarks size their own work (a backlog of N events per run), so one
 # iteration each is a measurement; raise it for steadier figures.
@@ -18,7 +18,7 @@ build:
 # one package at a time (tests inside a package still run in parallel):
 # the end-to-end shop and the many-relays test each hold dozens of
 # connections, and together they would pass Postgres's default limit of 100.
-test:
+test: lint-api
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
@@ -38,11 +38,25 @@ chaos:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./internal/chaos -chaos.duration=$(DURATION) -chaos.nodes=$(NODES) -chaos.logs=$(CHAOS_LOGS)
 
-lint:
+lint: lint-api
 	@unformatted=$$(gofmt -l .); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
 	go vet -tags shopbench ./...
+
+# api/openapi.yaml under redocly's recommended rules (strict: a warning
+# fails too; api/redocly.yaml) and spectral's oas ruleset (warnings fail;
+# api/.spectral.yaml), with the versions pinned in api/package-lock.json.
+# scripts/ensure-node.sh finds (or fetches) a Node new enough; npm ci runs
+# again only when the lock file changes.
+lint-api: api/node_modules/.installed
+	node=$$(scripts/ensure-node.sh) && export PATH="$$node:$$PATH" REDOCLY_TELEMETRY=off && \
+	npx --prefix api --no -- redocly lint --config api/redocly.yaml api/openapi.yaml && \
+	npx --prefix api --no -- spectral lint --fail-severity=warn --ruleset api/.spectral.yaml api/openapi.yaml
+
+api/node_modules/.installed: api/package.json api/package-lock.json
+	node=$$(scripts/ensure-node.sh) && PATH="$$node:$$PATH" npm ci --prefix api --ignore-scripts --no-audit --no-fund
+	@touch $@
 
 # make bench — the whole-system table (internal/benchsuite): every row the
 # median, min and max of RUNS runs, all in this one invocation; see
@@ -64,4 +78,4 @@ demo: build
 	bin/shop all -demo
 
 clean:
-	rm -rf bin data
+	rm -rf bin data api/node_modules .cache

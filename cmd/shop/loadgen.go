@@ -16,9 +16,11 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/shop-ref/shop/internal/app"
@@ -295,8 +297,20 @@ func (g *loadgen) run(parent context.Context) error {
 	return nil
 }
 
-// create places order i, retrying what a careful client retries — a timed
-// out or refused-for-now request — with the same Idempotency-Key.
+// maxConnRetries bounds the retries of one order's request that got no
+// answer at all (timed out, connection refused or reset, the response cut
+// off): the service may be restarting, but one that stays away fails the
+// order rather than keeping it spinning until -timeout.
+const maxConnRetries = 8
+
+// maxRetryWait caps the wait between two attempts, Retry-After included.
+const maxRetryWait = 5 * time.Second
+
+// create places order i, retrying what a careful client retries — a
+// request that got no answer, a twin in flight (409), a shop refusing for
+// now (429, 5xx) — with the same Idempotency-Key, so that a first attempt
+// that did commit is answered with its order instead of making a second.
+// It waits as the answer's Retry-After says, else with capped backoff.
 func (g *loadgen) create(ctx context.Context, i int, r *orderRun) {
 	key := fmt.Sprintf("loadgen-%s-%d", g.runID, i)
 	body, _ := json.Marshal(map[string]any{
@@ -304,12 +318,12 @@ func (g *loadgen) create(ctx context.Context, i int, r *orderRun) {
 		"items":       []map[string]any{{"sku": g.cfg.skus[i%len(g.cfg.skus)], "quantity": g.cfg.quantity}},
 	})
 	r.createdAt = time.Now()
-	backoff := 20 * time.Millisecond
+	backoff, wait, connErrs := 20*time.Millisecond, time.Duration(0), 0
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			g.retried.Add(1)
 			select {
-			case <-time.After(backoff):
+			case <-time.After(max(wait, backoff)):
 			case <-ctx.Done():
 				r.failed = fmt.Errorf("order %d: %w", i, ctx.Err())
 				g.failed.Add(1)
@@ -317,12 +331,14 @@ func (g *loadgen) create(ctx context.Context, i int, r *orderRun) {
 			}
 			backoff = min(2*backoff, time.Second)
 		}
-		status, resp, err := g.do(ctx, http.MethodPost, g.cfg.orderURL+"/orders", key, body)
+		status, header, resp, err := g.do(ctx, http.MethodPost, g.cfg.orderURL+"/orders", key, body)
+		wait = retryAfter(header)
 		if err != nil {
-			if ctx.Err() == nil && isTimeout(err) {
+			if ctx.Err() == nil && (isTimeout(err) || isConnError(err)) && connErrs < maxConnRetries {
+				connErrs++
 				continue // the same key again: the shop answers with the same order
 			}
-			r.failed = err
+			r.failed = fmt.Errorf("order %d: POST /orders: %w", i, err)
 			break
 		}
 		switch {
@@ -396,7 +412,7 @@ func (g *loadgen) follow(ctx context.Context, i int, r *orderRun, sem chan struc
 		case <-ctx.Done():
 			return
 		}
-		status, resp, err := g.do(ctx, http.MethodGet, g.cfg.orderURL+"/orders/"+r.id, "", nil)
+		status, _, resp, err := g.do(ctx, http.MethodGet, g.cfg.orderURL+"/orders/"+r.id, "", nil)
 		<-sem
 		if err != nil || status != http.StatusOK {
 			continue
@@ -421,7 +437,7 @@ func (g *loadgen) simulate(ctx context.Context, id string, sem chan struct{}) (b
 		return false, ctx.Err()
 	}
 	defer func() { <-sem }()
-	status, resp, err := g.do(ctx, http.MethodPost, g.cfg.paymentURL+"/payments/"+id+"/simulate", "", []byte(`{"outcome":"succeeded"}`))
+	status, _, resp, err := g.do(ctx, http.MethodPost, g.cfg.paymentURL+"/payments/"+id+"/simulate", "", []byte(`{"outcome":"succeeded"}`))
 	switch {
 	case err != nil:
 		return false, nil // try again on the next round
@@ -437,14 +453,14 @@ func (g *loadgen) simulate(ctx context.Context, id string, sem chan struct{}) (b
 }
 
 // do sends one request and reads the whole answer.
-func (g *loadgen) do(ctx context.Context, method, url, key string, body []byte) (int, []byte, error) {
+func (g *loadgen) do(ctx context.Context, method, url, key string, body []byte) (int, http.Header, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -454,19 +470,40 @@ func (g *loadgen) do(ctx context.Context, method, url, key string, body []byte) 
 	}
 	res, err := g.client.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
-	return res.StatusCode, b, nil
+	return res.StatusCode, res.Header, b, nil
 }
 
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded)
+}
+
+// isConnError reports whether err is a request that got no answer because
+// of its connection: refused (the service restarting), reset or closed
+// before the response was complete (the service died mid-request). The
+// request may or may not have been processed, so only an idempotent retry
+// is safe.
+func isConnError(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// retryAfter is the wait an answer's Retry-After header asks for (in
+// seconds; the HTTP-date form is not used by the shop), capped at
+// maxRetryWait; 0 without one.
+func retryAfter(h http.Header) time.Duration {
+	secs, err := strconv.Atoi(h.Get("Retry-After"))
+	if err != nil || secs < 0 {
+		return 0
+	}
+	return min(time.Duration(secs)*time.Second, maxRetryWait)
 }
 
 // isTerminal reports whether w is a character device (a terminal).
@@ -495,6 +532,10 @@ func (g *loadgen) progress(start time.Time, n int) (stop func()) {
 		el := time.Since(start)
 		if c+f < int64(n) || rate == 0 {
 			rate = float64(c) / max(el.Seconds(), 1e-9) // frozen once every order is created
+		}
+		if !g.cfg.follow { // nothing is followed: no completion to count
+			return fmt.Sprintf("%d/%d created, %d failed, %.1f orders/s, %s",
+				c, n, f, rate, el.Round(100*time.Millisecond))
 		}
 		return fmt.Sprintf("%d/%d created, %d failed, %d completed, %.1f orders/s, %s",
 			c, n, f, d, rate, el.Round(100*time.Millisecond))
@@ -568,8 +609,14 @@ func (g *loadgen) report(runs []orderRun, start, creationEnd time.Time, total ti
 	if g.cfg.rate > 0 {
 		rate = fmt.Sprintf("%g/s", g.cfg.rate)
 	}
-	fmt.Fprintf(w, "\nloadgen: %d orders against %s (concurrency %d, rate %s, pay %g%%), %s",
-		len(runs), g.cfg.orderURL, g.cfg.concurrency, rate, g.cfg.pay*100, total.Round(time.Millisecond))
+	// Only what was measured: with -follow=false no order was paid or
+	// polled, so neither the pay fraction nor a final status applies.
+	pay := fmt.Sprintf(", pay %g%%", g.cfg.pay*100)
+	if !g.cfg.follow {
+		pay = ", -follow=false: creation only"
+	}
+	fmt.Fprintf(w, "\nloadgen: %d orders against %s (concurrency %d, rate %s%s), %s",
+		len(runs), g.cfg.orderURL, g.cfg.concurrency, rate, pay, total.Round(time.Millisecond))
 	if timedOut {
 		fmt.Fprintf(w, " (stopped by -timeout %v)", g.cfg.timeout)
 	}
@@ -584,6 +631,9 @@ func (g *loadgen) report(runs []orderRun, start, creationEnd time.Time, total ti
 	if ok > 0 {
 		fmt.Fprintf(w, "creation latency:  p50 %s  p90 %s  p99 %s  max %s\n",
 			fmtDur(percentile(createLat, .5)), fmtDur(percentile(createLat, .9)), fmtDur(percentile(createLat, .99)), fmtDur(createLat[len(createLat)-1]))
+	}
+	if !g.cfg.follow {
+		return
 	}
 	if len(toDone) > 0 {
 		fmt.Fprintf(w, "order→COMPLETED:   %d completed  p50 %s  p99 %s  max %s\n",

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -314,7 +315,151 @@ func TestLoadgenWithoutFollowingOnlyCreates(t *testing.T) {
 	if want := map[string]int{"POST orders": 20}; fmt.Sprint(requests) != fmt.Sprint(want) {
 		t.Errorf("requests %v, want only %v and health checks", requests, want)
 	}
-	if report := out.String(); !strings.Contains(report, "final status:      PENDING 20") {
-		t.Errorf("report lacks the creation-time status of every order:\n%s", report)
+	// It prints what it measured, creation, and nothing it did not: no
+	// pay fraction, no statuses it never polled, no completions.
+	report := out.String()
+	if !strings.Contains(report, "orders created:    20 ok, 0 failed") || !strings.Contains(report, "creation latency:") {
+		t.Errorf("report lacks the creation figures:\n%s", report)
+	}
+	for _, absent := range []string{"pay ", "final status", "PENDING", "completed", "COMPLETED"} {
+		if strings.Contains(report, absent) {
+			t.Errorf("with -follow=false the report shows %q, which it did not measure:\n%s", absent, report)
+		}
+	}
+}
+
+// A request that gets no answer because its connection is reset (the
+// service crashed mid-request, or is restarting) is sent again with the same
+// Idempotency-Key, after a backoff, a bounded number of times.
+func TestLoadgenRetriesConnectionErrorsWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	// reset answers a request by resetting its connection (RST, not FIN).
+	reset := func(t *testing.T, w http.ResponseWriter) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_ = conn.(*net.TCPConn).SetLinger(0)
+		conn.Close()
+	}
+	// shop answers POST /orders for a key only after fails resets; a GET of
+	// an order says PENDING.
+	shop := func(t *testing.T, fails int, seen map[string]int, mu *sync.Mutex) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost || r.URL.Path != "/orders" {
+				return // the health checks
+			}
+			key := r.Header.Get("Idempotency-Key")
+			mu.Lock()
+			seen[key]++
+			n := seen[key]
+			mu.Unlock()
+			if n <= fails {
+				reset(t, w)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"order_id":%q,"status":"PENDING"}`, "o-"+key)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+
+	t.Run("retried until it gets through", func(t *testing.T) {
+		t.Parallel()
+		var mu sync.Mutex
+		seen := map[string]int{}
+		srv := shop(t, 2, seen, &mu)
+		var out strings.Builder
+		err := run(context.Background(), []string{"loadgen", "-orders", "4", "-concurrency", "2", "-follow=false",
+			"-order-url", srv.URL, "-payment-url", srv.URL, "-timeout", "30s"}, env(nil), &out, &out)
+		if err != nil {
+			t.Fatalf("loadgen: %v\n%s", err, out.String())
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != 4 {
+			t.Errorf("%d distinct keys, want 4: %v", len(seen), seen)
+		}
+		for key, n := range seen {
+			if n != 3 {
+				t.Errorf("key %s sent %d times, want 3 (two resets, then the answer)", key, n)
+			}
+		}
+		if report := out.String(); !strings.Contains(report, "orders created:    4 ok, 0 failed (") {
+			t.Errorf("report:\n%s", report)
+		}
+	})
+
+	t.Run("given up after a bounded number of tries", func(t *testing.T) {
+		t.Parallel()
+		var mu sync.Mutex
+		seen := map[string]int{}
+		srv := shop(t, 1<<30, seen, &mu)
+		var out strings.Builder
+		start := time.Now()
+		err := run(context.Background(), []string{"loadgen", "-orders", "1", "-concurrency", "1", "-follow=false",
+			"-order-url", srv.URL, "-payment-url", srv.URL, "-timeout", "60s"}, env(nil), &out, &out)
+		if err == nil || !strings.Contains(err.Error(), "1 of 1 orders failed") {
+			t.Fatalf("err = %v, want the order failed\n%s", err, out.String())
+		}
+		if el := time.Since(start); el > 30*time.Second {
+			t.Errorf("gave up after %v", el)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		// net/http itself sends a request with an Idempotency-Key again,
+		// once, when a reused connection fails before any answer; so each
+		// of loadgen's attempts reaches the server once or twice.
+		for key, n := range seen {
+			if n < maxConnRetries+1 || n > 2*(maxConnRetries+1) {
+				t.Errorf("key %s sent %d times, want %d attempts (each once or twice)", key, n, maxConnRetries+1)
+			}
+		}
+		if report := out.String(); !strings.Contains(report, fmt.Sprintf("(%d retried requests)", maxConnRetries)) {
+			t.Errorf("report does not count %d retries:\n%s", maxConnRetries, report)
+		}
+		if report := out.String(); !strings.Contains(report, "connection reset by peer") {
+			t.Errorf("report does not name the error:\n%s", report)
+		}
+	})
+}
+
+// A 503 (the shop shedding, or its database away) is retried with the same
+// key after the Retry-After it names.
+func TestLoadgenHonoursRetryAfter(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var times []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return
+		}
+		mu.Lock()
+		times = append(times, time.Now())
+		first := len(times) == 1
+		mu.Unlock()
+		if first {
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `{"code":"dependency-unavailable","status":503}`)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order_id":%q,"status":"PENDING"}`, "o-"+r.Header.Get("Idempotency-Key"))
+	}))
+	defer srv.Close()
+	var out strings.Builder
+	err := run(context.Background(), []string{"loadgen", "-orders", "1", "-concurrency", "1", "-follow=false",
+		"-order-url", srv.URL, "-payment-url", srv.URL, "-timeout", "30s"}, env(nil), &out, &out)
+	if err != nil {
+		t.Fatalf("loadgen: %v\n%s", err, out.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(times) != 2 || times[1].Sub(times[0]) < 900*time.Millisecond {
+		t.Errorf("attempts at %v, want two, a Retry-After second apart", times)
 	}
 }

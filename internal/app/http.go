@@ -8,7 +8,10 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/nats-io/nats.go"
+
+	"github.com/shop-ref/shop/internal/httpx"
 )
 
 // pinger is the one method of a pool that readiness needs.
@@ -17,10 +20,14 @@ type pinger interface {
 }
 
 // newRouter returns the routes every service has: /healthz and /readyz,
-// behind middlewares (chi wants them before the first route).
+// behind middlewares (chi wants them before the first route). HEAD is
+// served wherever GET is, by the GET handler (net/http drops the body), as
+// RFC 9110 expects and as monitors and curl -I assume; chi alone answers
+// it 405.
 func newRouter(db pinger, nc *nats.Conn, js *jetStreamWatch, middlewares ...func(http.Handler) http.Handler) chi.Router {
 	r := chi.NewRouter()
 	r.Use(middlewares...)
+	r.Use(middleware.GetHead)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -68,6 +75,9 @@ func readyz(db pinger, nc *nats.Conn, js *jetStreamWatch) http.HandlerFunc {
 		}
 		if js != nil {
 			body.Dependencies["jetstream"] = js.state().dependency()
+		}
+		if code == http.StatusServiceUnavailable {
+			httpx.SetRetryAfter(w, 0)
 		}
 		writeJSON(w, code, body)
 	}

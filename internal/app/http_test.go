@@ -70,6 +70,34 @@ func TestHealth(t *testing.T) {
 		if code != http.StatusServiceUnavailable || body.Status != "unavailable" || dep.Status != "down" || dep.Error == "" {
 			t.Errorf("GET /readyz = %d %+v, want 503 with the database down and why", code, body)
 		}
+		rec := httptest.NewRecorder()
+		newRouter(pool, nc, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		if got := rec.Header().Get("Retry-After"); rec.Code != http.StatusServiceUnavailable || got != "1" {
+			t.Errorf("GET /readyz = %d with Retry-After %q, want 503 with Retry-After: 1", rec.Code, got)
+		}
+	})
+
+	t.Run("HEAD is served wherever GET is", func(t *testing.T) {
+		t.Parallel()
+		h := newRouter(db.Pool, nc, nil)
+		for _, path := range []string{"/healthz", "/readyz"} {
+			// A real server: it is net/http that leaves out the body.
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			res, err := http.Head(srv.URL + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("HEAD %s = %d %q, want 200 application/json", path, res.StatusCode, res.Header.Get("Content-Type"))
+			}
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/healthz", nil))
+		if rec.Code != http.StatusMethodNotAllowed {
+			t.Errorf("POST /healthz = %d, want 405", rec.Code)
+		}
 	})
 }
 

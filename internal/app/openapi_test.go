@@ -3,17 +3,22 @@ package app
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 
+	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/migrations"
@@ -86,7 +91,10 @@ func loadOpenAPI(t *testing.T) *openAPIDoc {
 
 // TestOpenAPI checks api/openapi.yaml against the routers: every route a
 // service's router serves is documented for that service (or for all), and
-// every operation documented for a service is served by its router.
+// every operation documented for a service is served by its router; each
+// GET and HEAD route's real response is validated against the document.
+// (internal/e2e validates every response of the running shop, each status
+// it documents included.)
 func TestOpenAPI(t *testing.T) {
 	t.Parallel()
 	doc := loadOpenAPI(t)
@@ -99,6 +107,7 @@ func TestOpenAPI(t *testing.T) {
 			}
 		}
 		checkRefs(t, doc.raw, doc.raw, "#")
+		checkProblemCodes(t, doc.raw)
 		paths := doc.raw.(map[string]any)["paths"].(map[string]any)
 		for path, v := range paths {
 			item := v.(map[string]any)
@@ -138,6 +147,10 @@ func TestOpenAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
+	checker, err := apitest.New()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range migrations.Services {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -167,6 +180,32 @@ func TestOpenAPI(t *testing.T) {
 			if len(served) == 0 {
 				t.Fatalf("the %s router serves no routes", name)
 			}
+			// HEAD is served wherever GET is, by middleware, which
+			// chi.Walk does not see: ask the running router, through a
+			// client whose every response is checked against the
+			// document (the GET's too).
+			hs := httptest.NewServer(handler)
+			t.Cleanup(hs.Close)
+			client := &http.Client{Transport: checker.Transport(nil)}
+			for _, op := range slices.Sorted(maps.Keys(served)) {
+				route, ok := strings.CutPrefix(op, http.MethodGet+" ")
+				if !ok {
+					continue
+				}
+				path := strings.NewReplacer("{id}", uuid.NewString(), "{order_id}", uuid.NewString(), "{sku}", "SKU-1").Replace(route)
+				for _, method := range []string{http.MethodGet, http.MethodHead} {
+					req, _ := http.NewRequest(method, hs.URL+path, nil)
+					res, err := client.Do(req)
+					if err != nil {
+						t.Errorf("%s %s: %v", method, path, err)
+						continue
+					}
+					res.Body.Close()
+					if method == http.MethodHead && res.StatusCode != http.StatusMethodNotAllowed {
+						served[http.MethodHead+" "+route] = true
+					}
+				}
+			}
 			for _, op := range slices.Sorted(maps.Keys(served)) {
 				switch service, ok := doc.ops[op]; {
 				case !ok:
@@ -183,6 +222,57 @@ func TestOpenAPI(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// problemCode finds the code of every problem the server builds:
+// httpx.NewProblem(status, "code", …) anywhere in the module.
+var problemCode = regexp.MustCompile(`NewProblem\([^,()]+,\s*"([a-z-]+)"`)
+
+// checkProblemCodes checks that Problem.code's enum is exactly the codes
+// the server's source emits: a client that switches on the enum meets no
+// surprise, and the document lists no code nothing sends.
+func checkProblemCodes(t *testing.T, root any) {
+	t.Helper()
+	schema := asMap(asMap(asMap(asMap(asMap(root)["components"])["schemas"])["Problem"])["properties"])["code"]
+	documented := map[string]bool{}
+	for _, c := range asSlice(asMap(schema)["enum"]) {
+		documented[c.(string)] = true
+	}
+	emitted := map[string]bool{}
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".")) && path != "../..":
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range problemCode.FindAllSubmatch(src, -1) {
+			emitted[string(m[1])] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(emitted) == 0 {
+		t.Fatal("found no httpx.NewProblem calls in the module's source")
+	}
+	for _, c := range slices.Sorted(maps.Keys(emitted)) {
+		if !documented[c] {
+			t.Errorf("api/openapi.yaml: the server emits problem code %q, which Problem.code's enum lacks", c)
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(documented)) {
+		if !emitted[c] {
+			t.Errorf("api/openapi.yaml: Problem.code's enum lists %q, which no httpx.NewProblem call emits", c)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package database
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -15,7 +16,10 @@ import (
 // Transient reports whether err is Postgres being unreachable or busy for
 // now — refused or dropped connections, "too many clients", a server
 // starting up or shutting down — rather than anything retrying cannot cure
-// (a wrong password, a missing privilege, bad SQL).
+// (a wrong password, a missing privilege, bad SQL). A connection dropped
+// mid-request shows as an EOF from the socket or pgx's "conn closed"; when
+// that happens during COMMIT the outcome is unknown, which only an
+// idempotent retry can settle.
 func Transient(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -31,7 +35,8 @@ func Transient(err error) bool {
 	}
 	var netErr net.Error
 	var connErr *pgconn.ConnectError
-	return errors.As(err, &netErr) || errors.As(err, &connErr) || errors.Is(err, context.DeadlineExceeded)
+	return errors.As(err, &netErr) || errors.As(err, &connErr) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed)
 }
 
 // Retry calls fn until it succeeds, returns an error Transient does not

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"testing"
 
@@ -22,6 +23,8 @@ func TestTransient(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "53300"}), true},
 		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
 		{context.DeadlineExceeded, true},
+		{fmt.Errorf("commit: %w", io.ErrUnexpectedEOF), true}, // the connection dropped mid-answer
+		{fmt.Errorf("create order: %w", pgconn.ErrConnClosed), true},
 		{&pgconn.PgError{Code: "28P01"}, false}, // invalid_password
 		{&pgconn.PgError{Code: "42501"}, false}, // insufficient_privilege
 		{&pgconn.PgError{Code: "42601"}, false}, // syntax_error

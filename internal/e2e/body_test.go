@@ -33,7 +33,7 @@ func TestOversizedBodiesAreAlways413(t *testing.T) {
 			for _, known := range []bool{true, false} {
 				t.Run(fmt.Sprintf("%s %s %s %dMB length known %v", ep.method, ep.url, ep.contentType, size>>20, known), func(t *testing.T) {
 					for i := range 8 {
-						client := &http.Client{Transport: &http.Transport{DisableKeepAlives: i%2 == 0}}
+						client := &http.Client{Transport: shop.api.Transport(&http.Transport{DisableKeepAlives: i%2 == 0})}
 						var rd io.Reader = bytes.NewReader(body)
 						if !known {
 							rd = io.MultiReader(rd)

@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,6 +30,7 @@ import (
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
@@ -50,15 +52,38 @@ var shop struct {
 	pools                                  verify.Pools
 	js                                     jetstream.JetStream         // the shop's broker, for the stream audit
 	spans                                  *tracetest.InMemoryExporter // every service's spans
+	// api checks every response a test receives against api/openapi.yaml
+	// (http.DefaultTransport is wrapped; a client of its own wraps its
+	// transport with api.Transport).
+	api *apitest.Checker
 }
+
+// documentedStatuses are the statuses the suite must have seen, each
+// checked against api/openapi.yaml at least once, when it runs whole.
+var documentedStatuses = []int{200, 201, 202, 400, 401, 404, 409, 413, 415, 422, 503}
 
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
 
-func runMain(m *testing.M) int {
+func runMain(m *testing.M) (code int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+
+	var err error
+	if shop.api, err = apitest.New(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	http.DefaultTransport = shop.api.Transport(http.DefaultTransport)
+	defer func() {
+		// The round trip's error already failed the request's test;
+		// this also catches requests whose caller ignores errors.
+		if bad := shop.api.Mismatches(); len(bad) > 0 {
+			fmt.Fprintf(os.Stderr, "e2e: %d responses do not match api/openapi.yaml:\n  %s\n", len(bad), strings.Join(bad, "\n  "))
+			code = 1
+		}
+	}()
 
 	// A throwaway database: the services use their fixed schema names.
 	db, err := pgtest.CreateDatabase(ctx, "shop_e2e_")
@@ -145,7 +170,21 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	return m.Run()
+	if code = m.Run(); code != 0 {
+		return code
+	}
+	// The validation is only as good as the responses it saw: the whole
+	// suite must have produced every status it claims to check.
+	if f := flag.Lookup("test.run"); f != nil && f.Value.String() != "" {
+		return code // a subset ran: it need not produce them all
+	}
+	seen := shop.api.Statuses()
+	fmt.Fprintf(os.Stderr, "e2e: responses checked against api/openapi.yaml, by status: %v\n", seen)
+	if missing := shop.api.Missing(documentedStatuses...); len(missing) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: no test produced a response with status %v, so api/openapi.yaml was not checked for it\n", missing)
+		return 1
+	}
+	return code
 }
 
 // checkInvariants waits until the shop is quiet and every invariant holds,

@@ -4,6 +4,7 @@
 package httpx
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/shop-ref/shop/internal/database"
 )
 
 // MaxBody is the largest request body accepted (the contract's 64 KiB).
@@ -25,7 +29,15 @@ type Problem struct {
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
 	Code   string `json:"code"`
+
+	// RetryAfter, when set, is sent as the Retry-After header (in whole
+	// seconds): how long the client should wait before sending the same
+	// request again. Every 503 carries one (DefaultRetryAfter if unset).
+	RetryAfter time.Duration `json:"-"`
 }
+
+// DefaultRetryAfter is the Retry-After of a 503 that names none.
+const DefaultRetryAfter = time.Second
 
 func (p *Problem) Error() string {
 	if p.Detail != "" {
@@ -46,20 +58,57 @@ func NewProblem(status int, code, detail string) *Problem {
 	}
 }
 
+// WithRetryAfter sets p's RetryAfter and returns p, for building a problem
+// in one expression.
+func (p *Problem) WithRetryAfter(d time.Duration) *Problem {
+	p.RetryAfter = d
+	return p
+}
+
 // Invalid is a 422: well-formed but not acceptable input.
 func Invalid(format string, args ...any) *Problem {
 	return NewProblem(http.StatusUnprocessableEntity, "invalid-request", fmt.Sprintf(format, args...))
 }
 
-// WriteProblem writes err as a problem response: a *Problem as it is, any
-// other error as a 500 whose detail is not shown (it is logged instead).
+// Unavailable is the 503 of a request whose database failed under it: it
+// was unreachable, refused the connection, or dropped it mid-request — at
+// worst during COMMIT, so that whether the write took effect is unknown.
+// Retrying is safe because every write is idempotent: POST /orders by its
+// Idempotency-Key, the webhook by the provider's payment id, PUT /stock
+// and cancel by being absolute.
+func Unavailable() *Problem {
+	return NewProblem(http.StatusServiceUnavailable, "dependency-unavailable",
+		"the database did not answer, so the request may or may not have taken effect; "+
+			"send it again after Retry-After seconds (POST /orders: with the same Idempotency-Key, "+
+			"which returns the order if the first attempt created it)").WithRetryAfter(DefaultRetryAfter)
+}
+
+// WriteProblem writes err as a problem response: a *Problem as it is; an
+// error database.Transient accepts (Postgres unreachable or the connection
+// lost, the commit's outcome unknown with it) as the 503 of Unavailable;
+// any other error as a 500 whose detail is not shown. Both are logged.
 func WriteProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	var p *Problem
-	if !errors.As(err, &p) {
+	switch {
+	case errors.As(err, &p):
+	case database.Transient(err):
+		log.Warn("request failed: the database did not answer", "method", r.Method, "path", r.URL.Path, "err", err)
+		p = Unavailable()
+	default:
 		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		p = NewProblem(http.StatusInternalServerError, "internal", "")
 	}
+	if p.RetryAfter > 0 || p.Status == http.StatusServiceUnavailable {
+		SetRetryAfter(w, p.RetryAfter)
+	}
 	write(w, p.Status, "application/problem+json", p)
+}
+
+// SetRetryAfter sets the Retry-After header to d in whole seconds, rounded
+// up, at least one (DefaultRetryAfter when d is 0).
+func SetRetryAfter(w http.ResponseWriter, d time.Duration) {
+	secs := max(int64((cmp.Or(d, DefaultRetryAfter)+time.Second-1)/time.Second), 1)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 }
 
 // WriteJSON writes v with status.

@@ -115,7 +115,6 @@ func (a *admission) shed() (overloaded, bool) {
 // may be sent again, with the same Idempotency-Key, a second later (the
 // backlog is read five times in that second).
 func writeOverloaded(w http.ResponseWriter, r *http.Request, log *slog.Logger, e overloaded) {
-	w.Header().Set("Retry-After", "1")
 	httpx.WriteProblem(w, r, log, httpx.NewProblem(http.StatusServiceUnavailable, "overloaded",
-		e.Error()+"; retry with the same Idempotency-Key"))
+		e.Error()+"; retry with the same Idempotency-Key").WithRetryAfter(time.Second))
 }

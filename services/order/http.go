@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/go-chi/chi/v5"
@@ -161,7 +162,9 @@ func (req *createRequest) hash() []byte {
 }
 
 var (
-	errInFlight    = httpx.NewProblem(http.StatusConflict, "request-in-flight", "a request with this Idempotency-Key is still being processed; retry shortly")
+	// errInFlight says when to retry: the twin's transaction is a few
+	// round trips long, so a second is plenty.
+	errInFlight    = httpx.NewProblem(http.StatusConflict, "request-in-flight", "a request with this Idempotency-Key is still being processed; retry shortly").WithRetryAfter(time.Second)
 	errKeyReused   = httpx.NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused", "this Idempotency-Key was used with a different request")
 	errOrderTooBig = httpx.Invalid("the order total is too large")
 )

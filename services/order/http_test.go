@@ -2,12 +2,18 @@ package order
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/httpx"
 )
 
 func TestCreateOrder(t *testing.T) {
@@ -267,4 +273,95 @@ func TestCancel(t *testing.T) {
 			t.Fatalf("cancel: %d %s", res.status, res.body)
 		}
 	})
+}
+
+// A database failure under POST /orders is a 503 the client can act on: it
+// says when and how to retry (the same Idempotency-Key), and the retry
+// settles the order exactly once, whether or not the failed attempt
+// committed.
+func TestDatabaseFailureIs503(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	body := `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`
+	want503 := func(t *testing.T, res response) {
+		t.Helper()
+		p := decode[httpx.Problem](t, res.body)
+		if res.status != http.StatusServiceUnavailable || p.Code != "dependency-unavailable" || res.header.Get("Retry-After") != "1" ||
+			res.header.Get("Content-Type") != "application/problem+json" || !strings.Contains(p.Detail, "same Idempotency-Key") {
+			t.Fatalf("%d Retry-After %q %s, want 503 dependency-unavailable with Retry-After", res.status, res.header.Get("Retry-After"), res.body)
+		}
+	}
+
+	t.Run("connection lost mid-transaction", func(t *testing.T) {
+		// The session dies while writing the key's record, the last write
+		// of the order's batch, as when Postgres restarts or an operator
+		// runs pg_terminate_backend.
+		for _, q := range []string{
+			`CREATE FUNCTION die() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5); RETURN NEW; END $$`,
+			`CREATE TRIGGER die BEFORE INSERT ON idempotency_keys FOR EACH ROW WHEN (NEW.key = 'doomed') EXECUTE FUNCTION die()`,
+		} {
+			if _, err := e.pool.Exec(context.Background(), q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want503(t, e.post(t, "doomed", body))
+		if n := e.count(t, `SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM idempotency_keys WHERE key = 'doomed')`); n != 0 {
+			t.Fatalf("the failed attempt wrote %d rows", n)
+		}
+		if _, err := e.pool.Exec(context.Background(), `DROP TRIGGER die ON idempotency_keys`); err != nil {
+			t.Fatal(err)
+		}
+		res := e.post(t, "doomed", body)
+		if res.status != http.StatusCreated || res.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("retry with the same key: %d %s", res.status, res.body)
+		}
+		if again := e.post(t, "doomed", body); again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" ||
+			decode[Order](t, again.body).ID != decode[Order](t, res.body).ID {
+			t.Fatalf("second retry: %d %s", again.status, again.body)
+		}
+	})
+
+	t.Run("database unreachable", func(t *testing.T) {
+		// Nothing listens on port 1: every request's first query fails.
+		pool, err := database.NewPool(context.Background(), "postgres://postgres@127.0.0.1:1/shop?connect_timeout=2", "orders", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		svc, err := New(pool, e.js, Config{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := chi.NewRouter()
+		svc.Routes(r)
+		hs := httptest.NewServer(r)
+		t.Cleanup(hs.Close)
+		down := &env{url: hs.URL}
+		want503(t, down.post(t, "unreachable", body))
+		want503(t, down.do(t, http.MethodGet, "/orders/"+uuid.NewString(), "", "", nil))
+		want503(t, down.do(t, http.MethodPost, "/orders/"+uuid.NewString()+"/cancel", "", "", nil))
+	})
+}
+
+// A twin in flight is a 409 that says when to try again.
+func TestRequestInFlightSaysRetryAfter(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	key := "held-" + uuid.NewString()
+	// The twin's transaction holds the key's advisory lock; so does this one.
+	tx, err := e.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck
+	if _, err := tx.Exec(context.Background(), `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, key); err != nil {
+		t.Fatal(err)
+	}
+	res := e.post(t, key, `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`)
+	if p := decode[httpx.Problem](t, res.body); res.status != http.StatusConflict || p.Code != "request-in-flight" || res.header.Get("Retry-After") != "1" {
+		t.Fatalf("%d Retry-After %q %s, want 409 request-in-flight with Retry-After: 1", res.status, res.header.Get("Retry-After"), res.body)
+	}
 }
