@@ -1,0 +1,206 @@
+package broker
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Who may do what on NATS. Anyone who reaches an unsecured NATS server may publish into any stream
+// (a forged OrderCreated, a PaymentSucceeded nobody paid), delete or purge a
+// stream, or pull another service's messages. So every shop service connects
+// as its own NATS user, whose permissions ([Permissions]) allow exactly what
+// that service does: publish its own events, ensure its own stream, and run
+// its own durable consumers on the streams it reads. Everything else the
+// server refuses with a permissions violation, and the client logs it.
+//
+// The table is [Services]; the embedded server of `shop all` gets it as
+// [Users], and deploy/nats/auth.conf is its rendering ([AuthConfig]), which
+// a test holds to it.
+
+// Access is what one service does on NATS.
+type Access struct {
+	// User is the service's NATS user: its name ("order").
+	User string
+	// Stream is the stream it owns and publishes to ("ORDERS"), Subjects
+	// that stream's subjects ("orders.>").
+	Stream   string
+	Subjects []string
+	// Durables are its durable consumers on the streams it reads.
+	Durables []Durable
+}
+
+// Durable is a durable pull consumer a service runs on another's stream.
+type Durable struct {
+	Stream string // "INVENTORY"
+	Name   string // "order-inventory"
+}
+
+// Reads lists the streams of a's durables, each once, in order.
+func (a Access) Reads() []string {
+	var reads []string
+	for _, d := range a.Durables {
+		if !slices.Contains(reads, d.Stream) {
+			reads = append(reads, d.Stream)
+		}
+	}
+	return reads
+}
+
+// Services is every shop service's access, in start-up order. It is the
+// contract's streams and the consumers the services create
+// (internal/app's tests hold each service's consumers to it).
+var Services = []Access{
+	{User: "order", Stream: "ORDERS", Subjects: []string{"orders.>"}, Durables: []Durable{
+		{"INVENTORY", "order-inventory"}, {"PAYMENT", "order-payment"}, {"FULFILLMENT", "order-fulfillment"},
+	}},
+	{User: "inventory", Stream: "INVENTORY", Subjects: []string{"inventory.>"}, Durables: []Durable{{"ORDERS", "inventory-orders"}}},
+	{User: "payment", Stream: "PAYMENT", Subjects: []string{"payment.>"}, Durables: []Durable{{"ORDERS", "payment-orders"}}},
+	{User: "fulfillment", Stream: "FULFILLMENT", Subjects: []string{"fulfillment.>"}, Durables: []Durable{{"ORDERS", "fulfillment-orders"}}},
+}
+
+// AccessOf returns the access of the service called user.
+func AccessOf(user string) (Access, bool) {
+	i := slices.IndexFunc(Services, func(a Access) bool { return a.User == user })
+	if i < 0 {
+		return Access{}, false
+	}
+	return Services[i], true
+}
+
+// AuditUser is the operator's NATS user: `shop verify`, `shop outbox` and
+// the reconciler of `shop all` read streams, their messages and consumer
+// state with it, and may change nothing.
+const AuditUser = "audit"
+
+// denied is what no shop user may do, even where an allow would match:
+// removing a stream's messages is an operator's act on the server itself.
+var denied = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.STREAM.MSG.DELETE.>"}
+
+// Permissions are a's NATS permissions. Publish: its own subjects; of the
+// JetStream API, account info and stream lookup by subject (the relay's
+// outage checks), create, update and info of its own stream, create and
+// info of the streams it reads (so a consumer that starts before the
+// producer can create the stream, which the producer then owns; create
+// never changes a stream that exists), and create, info, next and ack of
+// its own durables. Subscribe: reply subjects only (_INBOX.>), where pull
+// consumers, publish acks and API answers arrive.
+func Permissions(a Access) *server.Permissions {
+	pub := slices.Clone(a.Subjects)
+	pub = append(pub, "$JS.API.INFO", "$JS.API.STREAM.NAMES")
+	for _, verb := range []string{"CREATE", "UPDATE", "INFO"} {
+		pub = append(pub, "$JS.API.STREAM."+verb+"."+a.Stream)
+	}
+	for _, s := range a.Reads() {
+		pub = append(pub, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.INFO."+s)
+	}
+	for _, d := range a.Durables {
+		sn := d.Stream + "." + d.Name
+		pub = append(pub,
+			"$JS.API.CONSUMER.CREATE."+sn,         // nats.go ≥ 1.30, several filter subjects
+			"$JS.API.CONSUMER.CREATE."+sn+".>",    // one filter subject
+			"$JS.API.CONSUMER.DURABLE.CREATE."+sn, // older clients
+			"$JS.API.CONSUMER.INFO."+sn,
+			"$JS.API.CONSUMER.MSG.NEXT."+sn,
+			"$JS.ACK."+sn+".>")
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: slices.Clone(denied)},
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+	}
+}
+
+// AuditPermissions are the audit user's: JetStream API reads (account,
+// streams, stream messages, consumers), ephemeral ordered consumers to read
+// a stream through (create, next), replies; no publish to any stream and no
+// delete or purge.
+func AuditPermissions() *server.Permissions {
+	return &server.Permissions{
+		Publish: &server.SubjectPermission{Allow: []string{
+			"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
+			"$JS.API.STREAM.INFO.*", "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>",
+			"$JS.API.CONSUMER.NAMES.*", "$JS.API.CONSUMER.LIST.*", "$JS.API.CONSUMER.INFO.*.*",
+			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.MSG.NEXT.*.*",
+		}, Deny: auditDenied()},
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+	}
+}
+
+// auditDenied keeps the audit user off the services' durables: it may not
+// change one or pull (and so delay) a service's messages through it.
+func auditDenied() []string {
+	deny := append(slices.Clone(denied), "$JS.API.CONSUMER.DURABLE.CREATE.>")
+	for _, a := range Services {
+		for _, d := range a.Durables {
+			sn := d.Stream + "." + d.Name
+			deny = append(deny, "$JS.API.CONSUMER.CREATE."+sn, "$JS.API.CONSUMER.CREATE."+sn+".>", "$JS.API.CONSUMER.MSG.NEXT."+sn)
+		}
+	}
+	return deny
+}
+
+// Users are the nats-server users of every service and the audit user,
+// with the passwords by user name (every one must be there).
+func Users(passwords map[string]string) ([]*server.User, error) {
+	users := make([]*server.User, 0, len(Services)+1)
+	for _, a := range Services {
+		users = append(users, &server.User{Username: a.User, Password: passwords[a.User], Permissions: Permissions(a)})
+	}
+	users = append(users, &server.User{Username: AuditUser, Password: passwords[AuditUser], Permissions: AuditPermissions()})
+	for _, u := range users {
+		if u.Password == "" {
+			return nil, fmt.Errorf("nats users: no password for %s", u.Username)
+		}
+	}
+	return users, nil
+}
+
+// WithUsers makes the server require one of users on every connection: an
+// anonymous client, or one with a wrong password, is refused.
+func WithUsers(users []*server.User) Option {
+	return func(o *server.Options) { o.Users = users }
+}
+
+// PasswordVar is the environment variable that holds user's password in
+// deploy/nats/auth.conf: ORDER_NATS_PASSWORD, …, AUDIT_NATS_PASSWORD.
+func PasswordVar(user string) string { return strings.ToUpper(user) + "_NATS_PASSWORD" }
+
+// AuthConfig renders the users as nats-server configuration (an
+// authorization block), each password as password(user), a value of
+// nats-server's syntax: deploy/nats/auth.conf passes "$" + PasswordVar(user),
+// which the server reads from its environment; the chaos test passes the
+// passwords themselves, quoted.
+func AuthConfig(password func(user string) string) string {
+	var b strings.Builder
+	b.WriteString("authorization {\n  users = [\n")
+	user := func(name string, p *server.Permissions) {
+		fmt.Fprintf(&b, "    {\n      user: %s\n      password: %s\n      permissions: {\n", name, password(name))
+		subjects := func(kind string, sp *server.SubjectPermission) {
+			fmt.Fprintf(&b, "        %s: {\n", kind)
+			list := func(key string, subs []string) {
+				if len(subs) == 0 {
+					return
+				}
+				fmt.Fprintf(&b, "          %s: [\n", key)
+				for _, s := range subs {
+					fmt.Fprintf(&b, "            %q\n", s)
+				}
+				b.WriteString("          ]\n")
+			}
+			list("allow", sp.Allow)
+			list("deny", sp.Deny)
+			b.WriteString("        }\n")
+		}
+		subjects("publish", p.Publish)
+		subjects("subscribe", p.Subscribe)
+		b.WriteString("      }\n    }\n")
+	}
+	for _, a := range Services {
+		user(a.User, Permissions(a))
+	}
+	user(AuditUser, AuditPermissions())
+	b.WriteString("  ]\n}\n")
+	return b.String()
+}
