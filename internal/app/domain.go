@@ -74,12 +74,3 @@ func poolSize(name string) int32 {
 	}
 	return 14 // one consumer of 8 workers, the relay and the HTTP handlers
 }
-
-// streams are every producer's stream: a service ensures them all, because
-// its consumers read the others' streams and may start first.
-var streams = map[string][]string{
-	"ORDERS":      {"orders.>"},
-	"INVENTORY":   {"inventory.>"},
-	"PAYMENT":     {"payment.>"},
-	"FULFILLMENT": {"fulfillment.>"},
-}

@@ -81,7 +81,9 @@ var denied = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.
 
 // Permissions are a's NATS permissions. Publish: its own subjects; of the
 // JetStream API, account info and stream lookup by subject (the relay's
-// outage checks), create, update and info of its own stream, create and
+// outage checks), create, update and info of its own stream and info of
+// the consumers on it (the order service's admission reads their backlog),
+// create and
 // info of the streams it reads (so a consumer that starts before the
 // producer can create the stream, which the producer then owns; create
 // never changes a stream that exists), and create, info, next and ack of
@@ -93,6 +95,8 @@ func Permissions(a Access) *server.Permissions {
 	for _, verb := range []string{"CREATE", "UPDATE", "INFO"} {
 		pub = append(pub, "$JS.API.STREAM."+verb+"."+a.Stream)
 	}
+	// The backlog of its own events (the order service's admission reads it).
+	pub = append(pub, "$JS.API.CONSUMER.INFO."+a.Stream+".*")
 	for _, s := range a.Reads() {
 		pub = append(pub, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.INFO."+s)
 	}
@@ -114,28 +118,30 @@ func Permissions(a Access) *server.Permissions {
 
 // AuditPermissions are the audit user's: JetStream API reads (account,
 // streams, stream messages, consumers), ephemeral ordered consumers to read
-// a stream through (create, next), replies; no publish to any stream and no
-// delete or purge.
+// a stream through (create, next, delete), replies; no publish to any
+// stream, no delete or purge of one, and hands off the services' durables.
 func AuditPermissions() *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{
 			"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
 			"$JS.API.STREAM.INFO.*", "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>",
 			"$JS.API.CONSUMER.NAMES.*", "$JS.API.CONSUMER.LIST.*", "$JS.API.CONSUMER.INFO.*.*",
-			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.MSG.NEXT.*.*",
+			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.API.CONSUMER.DELETE.*.*",
 		}, Deny: auditDenied()},
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 	}
 }
 
 // auditDenied keeps the audit user off the services' durables: it may not
-// change one or pull (and so delay) a service's messages through it.
+// change or delete one, or pull (and so delay) a service's messages
+// through it.
 func auditDenied() []string {
 	deny := append(slices.Clone(denied), "$JS.API.CONSUMER.DURABLE.CREATE.>")
 	for _, a := range Services {
 		for _, d := range a.Durables {
 			sn := d.Stream + "." + d.Name
-			deny = append(deny, "$JS.API.CONSUMER.CREATE."+sn, "$JS.API.CONSUMER.CREATE."+sn+".>", "$JS.API.CONSUMER.MSG.NEXT."+sn)
+			deny = append(deny, "$JS.API.CONSUMER.CREATE."+sn, "$JS.API.CONSUMER.CREATE."+sn+".>",
+				"$JS.API.CONSUMER.MSG.NEXT."+sn, "$JS.API.CONSUMER.DELETE."+sn)
 		}
 	}
 	return deny

@@ -165,6 +165,33 @@ func TestPermissions(t *testing.T) {
 			t.Error("payment changed inventory's consumer")
 		}
 	})
+	t.Run("the audit user reads a stream and cannot touch a service's durable", func(t *testing.T) {
+		_, audit := srv.ConnectAs(t, broker.AuditUser)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := audit.Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cons.Next(jetstream.FetchMaxWait(2 * time.Second)); err != nil {
+			t.Fatalf("read ORDERS: %v", err)
+		}
+		if err := audit.DeleteConsumer(ctx, "ORDERS", cons.CachedInfo().Name); err != nil {
+			t.Errorf("delete its own ephemeral consumer: %v", err)
+		}
+		short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		if err := audit.DeleteConsumer(short, "ORDERS", "inventory-orders"); err == nil {
+			t.Error("the audit user deleted inventory's consumer")
+		}
+		if _, err := audit.Publish(short, "orders.x.OrderCreated", nil); err == nil {
+			t.Error("the audit user published into ORDERS")
+		}
+	})
 	t.Run("an anonymous client is refused", func(t *testing.T) {
 		nc, err := nats.Connect(srv.URL())
 		if err == nil {

@@ -121,21 +121,11 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, repl
 
 // EnsureStreamWith is EnsureStream with the given limits.
 func EnsureStreamWith(ctx context.Context, js jetstream.JetStream, name string, replicas int, limits Limits, subjects ...string) (jetstream.Stream, error) {
-	want := jetstream.StreamConfig{
-		Name:       name,
-		Subjects:   subjects,
-		Storage:    jetstream.FileStorage,
-		Retention:  jetstream.LimitsPolicy,
-		Duplicates: DuplicateWindow,
-		Replicas:   max(replicas, 1),
-		MaxAge:     limits.MaxAge,
-		MaxBytes:   cmpOr(limits.MaxBytes, -1),
-		Discard:    jetstream.DiscardNew,
-	}
+	want := streamConfig(name, replicas, limits, subjects)
 	// Look first and change only what differs: every service ensures every
-	// stream at start-up, and an update of a stream while another process
-	// creates a consumer on it is needless churn (nats-server 2.15 even races
-	// on it internally).
+	// stream it uses at start-up, and an update of a stream while another
+	// process creates a consumer on it is needless churn (nats-server 2.15
+	// even races on it internally).
 	st, err := js.Stream(ctx, name)
 	switch {
 	case err == nil && sameStream(st.CachedInfo().Config, want):
@@ -152,6 +142,39 @@ func EnsureStreamWith(ctx context.Context, js jetstream.JetStream, name string, 
 		return nil, fmt.Errorf("ensure stream %s: %w", name, err)
 	}
 	return st, nil
+}
+
+// CreateStreamIfMissing returns the stream called name as it is, or
+// creates it with EnsureStreamWith's configuration when it does not exist.
+// It is how a consumer ensures the stream it reads, which its producer owns:
+// a consumer may start first, and only the owner may change the stream (its
+// NATS user may update it; a reader's may only create it).
+func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, name string, replicas int, limits Limits, subjects ...string) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		st, err = js.CreateStream(ctx, streamConfig(name, replicas, limits, subjects))
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			st, err = js.Stream(ctx, name) // another process created it just now
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", name, err)
+	}
+	return st, nil
+}
+
+func streamConfig(name string, replicas int, limits Limits, subjects []string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:       name,
+		Subjects:   subjects,
+		Storage:    jetstream.FileStorage,
+		Retention:  jetstream.LimitsPolicy,
+		Duplicates: DuplicateWindow,
+		Replicas:   max(replicas, 1),
+		MaxAge:     limits.MaxAge,
+		MaxBytes:   cmpOr(limits.MaxBytes, -1),
+		Discard:    jetstream.DiscardNew,
+	}
 }
 
 func cmpOr(n, alt int64) int64 {
