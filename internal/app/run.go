@@ -87,10 +87,11 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 			nc.Close()
 		}
 	}()
-	for _, name := range append(slices.Clone(names), broker.AuditUser) {
-		if name == broker.AuditUser && !runsAll(names) {
-			continue // only the reconciler of shop all reads as the audit user
-		}
+	users := slices.Clone(names)
+	if runsAll(names) {
+		users = append(users, broker.AuditUser) // the reconciler's: it reads the streams
+	}
+	for _, name := range users {
 		nc, err := connectNATS(url, name, auth[name], log)
 		if err != nil {
 			return err
