@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -178,11 +179,19 @@ func PasswordVar(user string) string { return strings.ToUpper(user) + "_NATS_PAS
 // nats-server's syntax: deploy/nats/auth.conf passes "$" + PasswordVar(user),
 // which the server reads from its environment; the chaos test passes the
 // passwords themselves, quoted.
-func AuthConfig(password func(user string) string) string {
+//
+// extra users (a test harness's own) are rendered after the shop's, each
+// with its password quoted and its permissions (none: every permission).
+func AuthConfig(password func(user string) string, extra ...*server.User) string {
 	var b strings.Builder
 	b.WriteString("authorization {\n  users = [\n")
-	user := func(name string, p *server.Permissions) {
-		fmt.Fprintf(&b, "    {\n      user: %s\n      password: %s\n      permissions: {\n", name, password(name))
+	user := func(name, password string, p *server.Permissions) {
+		fmt.Fprintf(&b, "    {\n      user: %s\n      password: %s\n", name, password)
+		if p == nil {
+			b.WriteString("    }\n")
+			return
+		}
+		b.WriteString("      permissions: {\n")
 		subjects := func(kind string, sp *server.SubjectPermission) {
 			fmt.Fprintf(&b, "        %s: {\n", kind)
 			list := func(key string, subs []string) {
@@ -204,9 +213,12 @@ func AuthConfig(password func(user string) string) string {
 		b.WriteString("      }\n    }\n")
 	}
 	for _, a := range Services {
-		user(a.User, Permissions(a))
+		user(a.User, password(a.User), Permissions(a))
 	}
-	user(AuditUser, AuditPermissions())
+	user(AuditUser, password(AuditUser), AuditPermissions())
+	for _, u := range extra {
+		user(u.Username, strconv.Quote(u.Password), u.Permissions)
+	}
 	b.WriteString("  ]\n}\n")
 	return b.String()
 }
