@@ -216,12 +216,13 @@ func writeDemoAuditPassword(p string) error {
 }
 
 // AuditConnectOptions are the options to connect to cfg's NATS as the audit
-// user: with AUDIT_NATS_PASSWORD; else, against the local demo (NATS_URL
-// empty), with the password it left in DemoAuditPasswordFile; else none,
-// anonymous, as an unsecured server allows.
+// user: with AUDIT_NATS_PASSWORD; else with the password a local demo left
+// in DemoAuditPasswordFile (its server may be on 4222 or, when that was
+// taken, on the port it logged); else none, anonymous, as an unsecured
+// server allows.
 func AuditConnectOptions(cfg Config) []nats.Option {
 	p := cfg.AuditNATSPassword
-	if p == "" && cfg.NATSURL == "" {
+	if p == "" { // the demo's, if one ran here: wrong for any other secured server, ignored by an open one
 		if b, err := os.ReadFile(DemoAuditPasswordFile); err == nil {
 			p = strings.TrimSpace(string(b))
 		}
