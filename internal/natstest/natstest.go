@@ -73,15 +73,34 @@ const AdminUser = "test-admin"
 // by user name; Connect connects as AdminUser, ConnectAs as any user.
 func NewSecured(t testing.TB, opts ...broker.Option) (*Server, map[string]string) {
 	t.Helper()
-	passwords := map[string]string{AdminUser: rand.Text()}
+	passwords := map[string]string{broker.AuditUser: rand.Text()}
 	for _, a := range broker.Services {
 		passwords[a.User] = rand.Text()
 	}
-	passwords[broker.AuditUser] = rand.Text()
 	users, err := broker.Users(passwords)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newSecured(t, users, passwords, opts)
+}
+
+// NewSecuredFor is NewSecured with the users of services instead of the
+// shop's (each with broker.Permissions, no audit user): for tests of the
+// libraries on their own streams under a service's permissions.
+func NewSecuredFor(t testing.TB, services []broker.Access, opts ...broker.Option) (*Server, map[string]string) {
+	t.Helper()
+	passwords := map[string]string{}
+	var users []*server.User
+	for _, a := range services {
+		passwords[a.User] = rand.Text()
+		users = append(users, &server.User{Username: a.User, Password: passwords[a.User], Permissions: broker.Permissions(a)})
+	}
+	return newSecured(t, users, passwords, opts)
+}
+
+func newSecured(t testing.TB, users []*server.User, passwords map[string]string, opts []broker.Option) (*Server, map[string]string) {
+	t.Helper()
+	passwords[AdminUser] = rand.Text()
 	users = append(users, &server.User{Username: AdminUser, Password: passwords[AdminUser]})
 	s := New(t, append(opts, broker.WithUsers(users))...)
 	s.passwords = passwords
