@@ -9,18 +9,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// Who may do what on NATS. Anyone who reaches an unsecured NATS server may publish into any stream
-// (a forged OrderCreated, a PaymentSucceeded nobody paid), delete or purge a
-// stream, or pull another service's messages. So every shop service connects
-// as its own NATS user, whose permissions ([Permissions]) allow exactly what
-// that service does: publish its own events, ensure its own stream, and run
-// its own durable consumers on the streams it reads. Everything else the
-// server refuses with a permissions violation, and the client logs it.
-//
-// The table is [Services]; the embedded server of `shop all` gets it as
-// [Users], and deploy/nats/auth.conf is its rendering ([AuthConfig]), which
-// a test holds to it.
-
 // Access is what one service does on NATS.
 type Access struct {
 	// User is the service's NATS user: its name ("order").
@@ -33,7 +21,7 @@ type Access struct {
 	Durables []Durable
 }
 
-// Durable is a durable pull consumer a service runs on another's stream.
+// Durable is a durable pull consumer a service runs on a stream it reads.
 type Durable struct {
 	Stream string // "INVENTORY"
 	Name   string // "order-inventory"

@@ -17,6 +17,19 @@
 // it). What it costs is measured by `make bench` (docs/performance.md).
 // What a broker loses anyway — a disk, a hand that deletes messages — is
 // found by internal/verify's stream audit and republished from the outbox.
+//
+// # Who may do what on NATS
+//
+// Anyone who reaches an unsecured NATS server may publish into any stream
+// (a forged OrderCreated, a PaymentSucceeded nobody paid), delete or purge a
+// stream, or pull another service's messages. So every shop service
+// connects as its own NATS user, whose [Permissions] allow what that
+// service does and nothing else: publish its own events, ensure its own
+// stream, run its own durable consumers on the streams it reads. The
+// server refuses the rest with a permissions violation, which the client
+// logs. The table is [Services]; the embedded server of `shop all` gets it
+// as [Users], and deploy/nats/auth.conf is its rendering ([AuthConfig]),
+// which a test holds to it.
 package broker
 
 import (
