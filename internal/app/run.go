@@ -216,10 +216,10 @@ func writeDemoAuditPassword(p string) error {
 }
 
 // AuditConnectOptions are the options to connect to cfg's NATS as the audit
-// user: with AUDIT_NATS_PASSWORD; else with the password a local demo left
-// in DemoAuditPasswordFile (its server may be on 4222 or, when that was
-// taken, on the port it logged); else none, anonymous, as an unsecured
-// server allows.
+// user (broker.UserOptions): with AUDIT_NATS_PASSWORD; else with the
+// password a local demo left in DemoAuditPasswordFile (its server may be on
+// 4222 or, when that was taken, on the port it logged); else anonymous, as
+// an unsecured server allows.
 func AuditConnectOptions(cfg Config) []nats.Option {
 	p := cfg.AuditNATSPassword
 	if p == "" { // the demo's, if one ran here: wrong for any other secured server, ignored by an open one
@@ -227,10 +227,7 @@ func AuditConnectOptions(cfg Config) []nats.Option {
 			p = strings.TrimSpace(string(b))
 		}
 	}
-	if p == "" {
-		return nil
-	}
-	return []nats.Option{nats.UserInfo(broker.AuditUser, p)}
+	return broker.UserOptions(broker.AuditUser, p)
 }
 
 func startEmbeddedNATS(passwords map[string]string, log *slog.Logger) (*server.Server, error) {
@@ -280,10 +277,7 @@ func connectNATS(url, user, password string, log *slog.Logger) (*nats.Conn, erro
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats connected", "url", MaskURL(nc.ConnectedUrl())) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) { logAsyncError(log, sub, err) }),
 	}
-	if password != "" {
-		opts = append(opts, nats.UserInfo(user, password))
-	}
-	nc, err := nats.Connect(url, opts...)
+	nc, err := nats.Connect(url, append(opts, broker.UserOptions(user, password)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s as %s: %w", masked, user, err)
 	}

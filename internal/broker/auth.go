@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // Access is what one service does on NATS.
@@ -76,8 +77,9 @@ var denied = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.
 // info of the streams it reads (so a consumer that starts before the
 // producer can create the stream, which the producer then owns; create
 // never changes a stream that exists), and create, info, next and ack of
-// its own durables. Subscribe: reply subjects only (_INBOX.>), where pull
-// consumers, publish acks and API answers arrive.
+// its own durables. Subscribe: its own reply subjects only
+// (InboxPrefix(user).>), where pull consumers, publish acks and API answers
+// arrive: not the others', which would show it their messages.
 func Permissions(a Access) *server.Permissions {
 	pub := slices.Clone(a.Subjects)
 	pub = append(pub, "$JS.API.INFO", "$JS.API.STREAM.NAMES")
@@ -101,7 +103,7 @@ func Permissions(a Access) *server.Permissions {
 	}
 	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: pub, Deny: slices.Clone(denied)},
-		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(a.User) + ".>"}},
 	}
 }
 
@@ -117,7 +119,7 @@ func AuditPermissions() *server.Permissions {
 			"$JS.API.CONSUMER.NAMES.*", "$JS.API.CONSUMER.LIST.*", "$JS.API.CONSUMER.INFO.*.*",
 			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.API.CONSUMER.DELETE.*.*",
 		}, Deny: auditDenied()},
-		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(AuditUser) + ".>"}},
 	}
 }
 
@@ -134,6 +136,22 @@ func auditDenied() []string {
 		}
 	}
 	return deny
+}
+
+// InboxPrefix is the prefix of user's reply subjects ("_INBOX.order"), the
+// only subjects it may subscribe to. A client of the user must connect with
+// it (UserOptions): under nats.go's default, _INBOX.<random>, every reply
+// would be refused.
+func InboxPrefix(user string) string { return "_INBOX." + user }
+
+// UserOptions are the options to connect as user: its password (none:
+// anonymous) and its reply subjects under InboxPrefix(user).
+func UserOptions(user, password string) []nats.Option {
+	opts := []nats.Option{nats.CustomInboxPrefix(InboxPrefix(user))}
+	if password != "" {
+		opts = append(opts, nats.UserInfo(user, password))
+	}
+	return opts
 }
 
 // Users are the nats-server users of every service and the audit user,

@@ -192,6 +192,25 @@ func TestPermissions(t *testing.T) {
 			t.Error("the audit user published into ORDERS")
 		}
 	})
+	t.Run("a service cannot read another's replies", func(t *testing.T) {
+		// Pull deliveries come on reply subjects: a subscription to every
+		// inbox would show payment inventory's messages.
+		for _, subject := range []string{"_INBOX.>", broker.InboxPrefix("inventory") + ".>"} {
+			nc, err := nats.Connect(srv.URL(), append(broker.UserOptions("payment", passwordOf(t, srv, "payment")),
+				nats.PermissionErrOnSubscribe(true))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub, err := nc.SubscribeSync(subject)
+			if err == nil {
+				_, err = sub.NextMsg(2 * time.Second)
+			}
+			if !errors.Is(err, nats.ErrPermissionViolation) {
+				t.Errorf("payment subscribing to %s: %v, want a permissions violation", subject, err)
+			}
+			nc.Close()
+		}
+	})
 	t.Run("an anonymous client is refused", func(t *testing.T) {
 		nc, err := nats.Connect(srv.URL())
 		if err == nil {

@@ -116,8 +116,8 @@ func (c *cluster) connect(user string) (*nats.Conn, error) {
 	for i, nd := range c.nodes {
 		urls[i] = nd.url()
 	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.Name("chaos "+user), nats.UserInfo(user, c.passwords[user]),
-		nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
+	nc, err := nats.Connect(strings.Join(urls, ","), append(broker.UserOptions(user, c.passwords[user]), nats.Name("chaos "+user),
+		nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))...)
 	if err != nil {
 		return nil, err
 	}

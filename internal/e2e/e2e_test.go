@@ -140,7 +140,7 @@ func runMain(m *testing.M) int {
 	}
 	shop.pools = verify.Pools{Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"]}
 	// The stream audit reads as the operator does.
-	nc, err := nats.Connect(srv.URL(), nats.UserInfo(broker.AuditUser, passwords[broker.AuditUser]))
+	nc, err := nats.Connect(srv.URL(), broker.UserOptions(broker.AuditUser, passwords[broker.AuditUser])...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1

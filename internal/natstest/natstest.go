@@ -202,7 +202,7 @@ func (s *Server) ConnectAs(t testing.TB, user string) (*nats.Conn, jetstream.Jet
 	if !ok {
 		t.Fatalf("natstest: no user %q on this server", user)
 	}
-	return s.connect(t, nats.UserInfo(user, p))
+	return s.connect(t, broker.UserOptions(user, p)...)
 }
 
 func (s *Server) connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
