@@ -266,7 +266,8 @@ func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, repair, 
 	var unreachable error
 	natsURL := cmp.Or(cfg.NATSURL, app.DefaultNATSURL)
 	if streams {
-		nc, err := nats.Connect(natsURL, nats.Name("shop verify"), nats.Timeout(5*time.Second))
+		// As the read-only audit user (AUDIT_NATS_PASSWORD, or the demo's).
+		nc, err := nats.Connect(natsURL, append(app.AuditConnectOptions(cfg), nats.Name("shop verify"), nats.Timeout(5*time.Second))...)
 		if err == nil {
 			defer nc.Close()
 			js, err = jetstream.New(nc)

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
@@ -216,6 +217,34 @@ func TestVerify(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// On a server that requires the shop's users, verify audits the streams as
+// the read-only audit user, with AUDIT_NATS_PASSWORD; without it the server
+// refuses it and verify says it could not reach NATS.
+func TestVerifyAsTheAuditUser(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := newDatabase(t)
+	ns, passwords := natstest.NewSecured(t)
+	for _, a := range broker.Services {
+		_, js := ns.ConnectAs(t, a.User)
+		ns.Stream(t, js, a.Stream, a.Subjects...)
+	}
+	vars := env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": ns.URL(), "AUDIT_NATS_PASSWORD": passwords[broker.AuditUser]})
+	if err := run(ctx, []string{"migrate"}, vars, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := run(ctx, []string{"verify"}, vars, &out, io.Discard); err != nil || !strings.Contains(out.String(), "all invariants hold") {
+		t.Fatalf("verify as the audit user: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	anonymous := env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": ns.URL()})
+	err := run(ctx, []string{"verify"}, anonymous, &out, io.Discard)
+	if err == nil || !strings.Contains(out.String()+err.Error(), "cannot reach NATS") {
+		t.Fatalf("verify without the password: %v\n%s", err, out.String())
 	}
 }
 

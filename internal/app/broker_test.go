@@ -79,7 +79,10 @@ func TestKeepStreamsRecreatesADeletedStream(t *testing.T) {
 	t.Parallel()
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
-	s := &Service{Name: "test", Logger: slog.New(slog.DiscardHandler)}
+	// The order service: it owns ORDERS and reads PAYMENT, which it may
+	// create again but not change.
+	access, _ := broker.AccessOf("order")
+	s := &Service{Name: "order", Stream: access.Stream, Subjects: access.Subjects, access: access, Logger: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := s.ensureStreams(ctx, js); err != nil {
@@ -104,8 +107,8 @@ func TestCheckWindows(t *testing.T) {
 		t.Fatalf("the relay's retry horizon %s is not shorter than broker.DuplicateWindow %s", horizon, broker.DuplicateWindow)
 	}
 	all := map[string]time.Duration{}
-	for name := range streams {
-		all[name] = broker.DuplicateWindow
+	for _, a := range broker.Services {
+		all[a.Stream] = broker.DuplicateWindow
 	}
 	if err := checkWindows(horizon, all, consumersOnly{}); err != nil {
 		t.Fatalf("the shipped configuration breaks the rule: %v", err)
@@ -234,8 +237,8 @@ func forward(ln net.Listener, target string) {
 func TestCheckLimits(t *testing.T) {
 	t.Parallel()
 	all := map[string]jetstream.StreamConfig{}
-	for name := range streams {
-		all[name] = jetstream.StreamConfig{Name: name, MaxAge: broker.DefaultLimits.MaxAge}
+	for _, a := range broker.Services {
+		all[a.Stream] = jetstream.StreamConfig{Name: a.Stream, MaxAge: broker.DefaultLimits.MaxAge}
 	}
 	if err := checkLimits(all, consumersOnly{}); err != nil {
 		t.Fatalf("the shipped limits break the rule: %v", err)

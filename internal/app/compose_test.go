@@ -537,6 +537,7 @@ func TestComposeSeed(t *testing.T) {
 
 func TestComposeNATSCluster(t *testing.T) {
 	_, byName, _ := loadCompose(t)
+	setNATSPasswords(t, byName["nats-1"])
 	nodes := []string{"nats-1", "nats-2", "nats-3"}
 	var routes []string
 	for _, n := range nodes {
@@ -592,6 +593,8 @@ func TestComposeNATSCluster(t *testing.T) {
 // of the cluster profile (deploy/nats/cluster.conf) syncs before it
 // acknowledges too. A file that drops or changes `sync_interval` fails here.
 func TestComposeNATSSync(t *testing.T) {
+	_, byName, _ := loadCompose(t)
+	setNATSPasswords(t, byName["nats"])
 	srv, err := broker.Embedded("127.0.0.1", -1, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -729,5 +732,87 @@ func TestComposeBinary(t *testing.T) {
 	out, _ := exec.Command(bin, "no-such-command").CombinedOutput()
 	if !strings.Contains(string(out), "unknown command") {
 		t.Errorf("shop no-such-command did not say it is unknown (the check above would be blind):\n%s", out)
+	}
+}
+
+// TestComposeNATSUsers holds docker-compose.yml to the shop's NATS users:
+// every NATS server mounts deploy/nats/auth.conf and gets every user's
+// password; every service gets its own user's password, with the same
+// default as the servers', and no other's; and the servers' configuration,
+// as nats-server reads it with those passwords, has exactly the users and
+// permissions of broker.Users (what the embedded server of `shop all` runs).
+func TestComposeNATSUsers(t *testing.T) {
+	_, byName, _ := loadCompose(t)
+	users := []string{broker.AuditUser}
+	for _, a := range broker.Services {
+		users = append(users, a.User)
+	}
+	defaults := map[string]string{}
+	for _, name := range []string{"nats", "nats-1", "nats-2", "nats-3"} {
+		s := byName[name]
+		if !slices.Contains(s.volumes, "./deploy/nats/auth.conf:/etc/nats/auth.conf:ro") {
+			t.Errorf("service %s does not mount deploy/nats/auth.conf beside its config: volumes %q", name, s.volumes)
+		}
+		for _, u := range users {
+			v, ok := s.env[broker.PasswordVar(u)]
+			if !ok || interpolationDefault(v) == "" {
+				t.Errorf("service %s: %s is not set (nats-server refuses to start without it)", name, broker.PasswordVar(u))
+			}
+			if d, seen := defaults[u]; seen && d != interpolationDefault(v) {
+				t.Errorf("service %s: %s defaults to %q, another NATS server's to %q", name, broker.PasswordVar(u), interpolationDefault(v), d)
+			}
+			defaults[u] = interpolationDefault(v)
+		}
+	}
+	for _, name := range Names {
+		s := byName[name]
+		for _, u := range users {
+			v, ok := s.env[broker.PasswordVar(u)]
+			switch {
+			case u == name && !ok:
+				t.Errorf("service %s has no NATS user: set %s", name, broker.PasswordVar(u))
+			case u == name && interpolationDefault(v) != defaults[u]:
+				t.Errorf("service %s: %s defaults to %q, the NATS servers' to %q", name, broker.PasswordVar(u), interpolationDefault(v), defaults[u])
+			case u != name && ok:
+				t.Errorf("service %s is given %s, another user's password", name, broker.PasswordVar(u))
+			}
+		}
+	}
+
+	want, err := broker.Users(defaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range users {
+		t.Setenv(broker.PasswordVar(u), defaults[u])
+	}
+	t.Setenv("NATS_SERVER_NAME", "nats-1")
+	for _, file := range []string{"single.conf", "cluster.conf"} {
+		opts, err := server.ProcessConfigFile(filepath.Join(repoRoot, "deploy/nats", file))
+		if err != nil {
+			t.Fatalf("deploy/nats/%s: %v", file, err)
+		}
+		if opts.NoAuthUser != "" || len(opts.Users) != len(want) {
+			t.Fatalf("deploy/nats/%s: %d users (no_auth_user %q), want the %d of broker.Users", file, len(opts.Users), opts.NoAuthUser, len(want))
+		}
+		for i, u := range opts.Users {
+			w := want[i]
+			if u.Username != w.Username || u.Password != w.Password || !reflect.DeepEqual(u.Permissions, w.Permissions) {
+				t.Errorf("deploy/nats/%s: user %s differs from broker.Users' %s (regenerate auth.conf: go test ./internal/broker -run TestAuthConfMatchesTheTable -update)",
+					file, u.Username, w.Username)
+			}
+		}
+	}
+}
+
+// setNATSPasswords sets the users' passwords as the NATS server s has them
+// by default, for nats-server to read its configuration (auth.conf refers
+// to them).
+func setNATSPasswords(t *testing.T, s *composeService) {
+	t.Helper()
+	for k, v := range s.env {
+		if strings.HasSuffix(k, "_NATS_PASSWORD") {
+			t.Setenv(k, interpolationDefault(v))
+		}
 	}
 }

@@ -47,6 +47,12 @@ type Config struct {
 	// NATSURL is the NATS server or cluster (NATS_URL). Empty: `shop all`
 	// embeds a server, a single service uses DefaultNATSURL.
 	NATSURL string
+	// AuditNATSPassword is the password of the NATS audit user
+	// (broker.AuditUser) that `shop verify`, `shop outbox` and the
+	// reconciler of `shop all` read the streams with (AUDIT_NATS_PASSWORD).
+	// Empty: anonymous, or, for the local demo's embedded server, the
+	// password it wrote (DemoAuditPasswordFile).
+	AuditNATSPassword string
 	// Services holds each service's own settings, by service name.
 	Services map[string]*ServiceConfig
 
@@ -114,20 +120,27 @@ type ServiceConfig struct {
 	// provider Config.TracesEndpoint would make: tests and embedders pass
 	// their own. It is never shut down by the service.
 	TracerProvider trace.TracerProvider
+	// NATSPassword is the password of the service's own NATS user, named
+	// after the service (ORDER_NATS_PASSWORD, …; broker.Services). Empty:
+	// it connects anonymously, with a warning, as an unsecured server
+	// allows. The embedded server of `shop all` ignores it and makes its
+	// own.
+	NATSPassword string
 }
 
 // LoadConfig reads the configuration from getenv (os.Getenv in main). It
 // fails only on a value it cannot parse.
 func LoadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{
-		DatabaseURL:   cmp.Or(getenv("DATABASE_URL"), DefaultDatabaseURL),
-		NATSURL:       getenv("NATS_URL"),
-		Services:      make(map[string]*ServiceConfig, len(migrations.Services)),
-		WebhookSecret: cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
-		OperatorToken: getenv("OPERATOR_TOKEN"),
-		NATSReplicas:  1,
-		StreamLimits:  broker.DefaultLimits,
-		DashboardAddr: cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
+		DatabaseURL:       cmp.Or(getenv("DATABASE_URL"), DefaultDatabaseURL),
+		NATSURL:           getenv("NATS_URL"),
+		AuditNATSPassword: getenv(broker.PasswordVar(broker.AuditUser)),
+		Services:          make(map[string]*ServiceConfig, len(migrations.Services)),
+		WebhookSecret:     cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
+		OperatorToken:     getenv("OPERATOR_TOKEN"),
+		NATSReplicas:      1,
+		StreamLimits:      broker.DefaultLimits,
+		DashboardAddr:     cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
 		// Read here only to know whether to export: the exporter reads
 		// these and the other OTEL_* variables itself, as specified.
 		TracesEndpoint: cmp.Or(getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
@@ -195,8 +208,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("service %q has no default HTTP address: add it to defaultAddrs in internal/app/config.go", name)
 		}
 		cfg.Services[name] = &ServiceConfig{
-			DatabaseURL: getenv(prefix + "_DATABASE_URL"),
-			Addr:        cmp.Or(getenv(prefix+"_ADDR"), defaultAddrs[name]),
+			DatabaseURL:  getenv(prefix + "_DATABASE_URL"),
+			Addr:         cmp.Or(getenv(prefix+"_ADDR"), defaultAddrs[name]),
+			NATSPassword: getenv(broker.PasswordVar(name)),
 		}
 	}
 	return cfg, nil
@@ -264,10 +278,11 @@ func (cfg Config) LogValue() slog.Value {
 		slog.Bool("default_webhook_secret", cfg.WebhookSecret == DefaultWebhookSecret),
 		slog.Bool("fake_provider", cfg.FakeProvider),
 		slog.Bool("operator_token_set", cfg.OperatorToken != ""),
+		slog.Bool("audit_nats_password_set", cfg.AuditNATSPassword != ""),
 	}
 	for _, name := range migrations.Services {
 		sc := cfg.Services[name]
-		group := []any{slog.String("addr", sc.Addr)}
+		group := []any{slog.String("addr", sc.Addr), slog.Bool("nats_password_set", sc.NATSPassword != "")}
 		if sc.DatabaseURL != "" {
 			group = append(group, slog.String("database_url", MaskURL(sc.DatabaseURL)))
 		}

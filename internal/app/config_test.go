@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/shop-ref/shop/migrations"
 )
 
 func TestConfig(t *testing.T) {
@@ -142,20 +140,6 @@ func TestLoadConfigRefusesBadValues(t *testing.T) {
 		})
 		if err == nil || !strings.Contains(err.Error(), k) {
 			t.Errorf("%s=%q: err = %v, want an error naming %s", k, v, err, k)
-		}
-	}
-}
-
-// A new service has its stream from its schema alone: ensured by every
-// service, named as the contract names it.
-func TestStreamsFollowTheSchemas(t *testing.T) {
-	got := streamsOf(map[string]string{"order": "orders", "loyalty": "loyalty"})
-	if len(got) != 2 || got["ORDERS"][0] != "orders.>" || got["LOYALTY"][0] != "loyalty.>" {
-		t.Fatalf("streamsOf = %v", got)
-	}
-	for _, name := range migrations.Services {
-		if _, ok := streams[strings.ToUpper(migrations.Schemas[name])]; !ok {
-			t.Errorf("no stream for %s", name)
 		}
 	}
 }

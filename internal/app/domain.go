@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -13,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/internal/failpoint"
-	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/services/fulfillment"
 	"github.com/shop-ref/shop/services/inventory"
@@ -80,19 +78,4 @@ func poolSize(name string) int32 {
 		return order.PoolSize + 4 // three consumers, and the relay
 	}
 	return 14 // one consumer of 8 workers, the relay and the HTTP handlers
-}
-
-// streams are every producer's stream: a service ensures them all, because
-// its consumers read the others' streams and may start first. The contract
-// names each stream after the producing schema, in capitals, with subjects
-// <schema>.<aggregate_id>.<EventType>; derived from migrations.Schemas, so a
-// new service has its stream without a second list to forget.
-var streams = streamsOf(migrations.Schemas)
-
-func streamsOf(schemas map[string]string) map[string][]string {
-	out := make(map[string][]string, len(schemas))
-	for _, schema := range schemas {
-		out[strings.ToUpper(schema)] = []string{schema + ".>"}
-	}
-	return out
 }

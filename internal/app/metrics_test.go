@@ -159,7 +159,7 @@ func startServices(t *testing.T, names ...string) map[string]string {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	streamCtx, cancelStreams := context.WithTimeout(ctx, 10*time.Second)
 	defer cancelStreams()
-	if _, err := (&Service{Name: "test", Logger: log}).ensureStreams(streamCtx, js); err != nil || streamCtx.Err() != nil {
+	if err := ensureEveryStream(streamCtx, js, log); err != nil || streamCtx.Err() != nil {
 		t.Fatalf("ensure streams: %v %v", err, streamCtx.Err())
 	}
 	for _, run := range runs {

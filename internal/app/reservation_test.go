@@ -79,7 +79,7 @@ func testShop(t *testing.T, env map[string]string) map[string]*part {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := (&Service{Name: "test", Logger: slog.New(slog.DiscardHandler)}).ensureStreams(ctx, js); err != nil || ctx.Err() != nil {
+	if err := ensureEveryStream(ctx, js, slog.New(slog.DiscardHandler)); err != nil || ctx.Err() != nil {
 		t.Fatalf("ensure streams: %v %v", err, ctx.Err())
 	}
 	for _, name := range Names {

@@ -2,10 +2,17 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -16,11 +23,12 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 )
 
-// Run runs the named services in this process until ctx ends, over one NATS
-// connection: `shop all` passes every name, `shop order` one. When
+// Run runs the named services in this process until ctx ends, each over its
+// own NATS connection as its own user: `shop all` passes every name, `shop
+// order` one. When
 // cfg.NATSURL is empty it first starts an embedded NATS server with
 // JetStream on 127.0.0.1:4222 (a free port if that is taken), storing
-// under EmbeddedNATSDir. Running every service, it serves the dashboard on
+// under EmbeddedNATSDir, whose users (broker.Users) get random passwords. Running every service, it serves the dashboard on
 // cfg.DashboardAddr too. Every listener is bound before anything starts, so
 // an address that is taken stops the start-up at once. When one
 // service fails, the others are stopped too and Run returns the error.
@@ -49,9 +57,10 @@ func RunDemo(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) e
 // the dashboard's under "dashboard".
 func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 	ready func(ctx context.Context, urls map[string]string)) error {
-	url := cfg.NATSURL
+	url, auth := cfg.NATSURL, natsAuth(cfg)
 	if url == "" {
-		srv, err := startEmbeddedNATS(log)
+		passwords := newPasswords()
+		srv, err := startEmbeddedNATS(passwords, log)
 		if err != nil {
 			return err
 		}
@@ -60,18 +69,39 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 			srv.Shutdown()
 			srv.WaitForShutdown()
 		}()
-		url = srv.ClientURL()
+		url, auth = srv.ClientURL(), passwords
 		log.Info("embedded nats started", "url", url, "store", EmbeddedNATSDir)
+		if err := writeDemoAuditPassword(passwords[broker.AuditUser]); err != nil {
+			log.Warn("could not leave the audit user's password for shop verify", "err", err)
+		}
+	} else if missing := anonymous(auth, names); len(missing) > 0 {
+		log.Warn("no NATS password for some services: they connect anonymously, and anyone who reaches NATS may publish "+
+			"into any stream or delete one; set <SERVICE>_NATS_PASSWORD for a server with the shop's users (deploy/nats/auth.conf)",
+			"services", missing)
 	}
-	nc, err := connectNATS(url, log)
-	if err != nil {
-		return err
+	// One connection per service, as its own NATS user: what one service
+	// may do on NATS is only what it needs (broker.Permissions).
+	conns := make(map[string]*nats.Conn, len(names))
+	defer func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}()
+	users := slices.Clone(names)
+	if runsAll(names) {
+		users = append(users, broker.AuditUser) // the reconciler's: it reads the streams
 	}
-	defer nc.Close()
+	for _, name := range users {
+		nc, err := connectNATS(url, name, auth[name], log)
+		if err != nil {
+			return err
+		}
+		conns[name] = nc
+	}
 
 	services := make([]*Service, 0, len(names))
 	for _, name := range names {
-		s, err := New(name, cfg, nc, log)
+		s, err := New(name, cfg, conns[name], log)
 		if err != nil {
 			return err
 		}
@@ -95,6 +125,7 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 	}
 	var dashboardLn net.Listener
 	if runsAll(names) {
+		var err error
 		if dashboardLn, err = listenDashboard(cfg, log); err != nil {
 			closeListeners(services)
 			return err
@@ -105,7 +136,7 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 	if runsAll(names) {
 		// The reconciler reads every schema (see reconcile.go), so only
 		// `shop all` runs it; its counts are served by the order service.
-		job, closeJob, err := newReconcileJob(ctx, cfg, nc, log)
+		job, closeJob, err := newReconcileJob(ctx, cfg, conns[broker.AuditUser], log)
 		if err != nil {
 			return err
 		}
@@ -145,7 +176,70 @@ func closeListeners(services []*Service) {
 	}
 }
 
-func startEmbeddedNATS(log *slog.Logger) (*server.Server, error) {
+// natsAuth is the NATS password of each user cfg gives one, by user name.
+func natsAuth(cfg Config) map[string]string {
+	auth := map[string]string{broker.AuditUser: cfg.AuditNATSPassword}
+	for name, sc := range cfg.Services {
+		auth[name] = sc.NATSPassword
+	}
+	return auth
+}
+
+// anonymous lists the services of names without a password in auth.
+func anonymous(auth map[string]string, names []string) []string {
+	var missing []string
+	for _, name := range names {
+		if auth[name] == "" {
+			missing = append(missing, name)
+		}
+	}
+	return missing
+}
+
+// newPasswords makes a random password for every NATS user of the shop, for
+// the embedded server of one `shop all`: nothing outside the process knows
+// them (but the audit user's, see writeDemoAuditPassword).
+func newPasswords() map[string]string {
+	passwords := map[string]string{broker.AuditUser: rand.Text()}
+	for _, a := range broker.Services {
+		passwords[a.User] = rand.Text()
+	}
+	return passwords
+}
+
+// DemoAuditPasswordFile is where `shop all` leaves the password of its
+// embedded server's audit user (read-only), so that `shop verify` and `shop
+// outbox` run beside the demo can read its streams. It is rewritten at
+// every start, readable by the owner only.
+var DemoAuditPasswordFile = filepath.Join(EmbeddedNATSDir, "audit.password")
+
+func writeDemoAuditPassword(p string) error {
+	if err := os.MkdirAll(filepath.Dir(DemoAuditPasswordFile), 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(DemoAuditPasswordFile, []byte(p+"\n"), 0o600)
+}
+
+// AuditConnectOptions are the options to connect to cfg's NATS as the audit
+// user (broker.UserOptions): with AUDIT_NATS_PASSWORD; else with the
+// password a local demo left in DemoAuditPasswordFile (its server may be on
+// 4222 or, when that was taken, on the port it logged); else anonymous, as
+// an unsecured server allows.
+func AuditConnectOptions(cfg Config) []nats.Option {
+	p := cfg.AuditNATSPassword
+	if p == "" { // the demo's, if one ran here: wrong for any other secured server, ignored by an open one
+		if b, err := os.ReadFile(DemoAuditPasswordFile); err == nil {
+			p = strings.TrimSpace(string(b))
+		}
+	}
+	return broker.UserOptions(broker.AuditUser, p)
+}
+
+func startEmbeddedNATS(passwords map[string]string, log *slog.Logger) (*server.Server, error) {
+	users, err := broker.Users(passwords)
+	if err != nil {
+		return nil, err
+	}
 	// The demo's own services are the only clients, so when something (often
 	// the machine's own NATS server) holds 4222, any free port will do.
 	port := 4222
@@ -157,16 +251,19 @@ func startEmbeddedNATS(log *slog.Logger) (*server.Server, error) {
 	} else {
 		ln.Close()
 	}
-	return broker.Embedded("127.0.0.1", port, EmbeddedNATSDir)
+	return broker.Embedded("127.0.0.1", port, EmbeddedNATSDir, broker.WithUsers(users))
 }
 
-// connectNATS connects to url and keeps reconnecting for as long as the
-// process lives, including when the server is not up yet at start-up: a
-// broker outage delays publishing but stops no service.
-func connectNATS(url string, log *slog.Logger) (*nats.Conn, error) {
+// connectNATS connects to url as user (with password; none: anonymously)
+// and keeps reconnecting for as long as the process lives, including when
+// the server is not up yet at start-up: a broker outage delays publishing
+// but stops no service. A permissions violation — the server refusing
+// something this user may not do — is logged at ERROR and ends nothing.
+func connectNATS(url, user, password string, log *slog.Logger) (*nats.Conn, error) {
 	masked := MaskURL(url)
-	nc, err := nats.Connect(url,
-		nats.Name("shop"),
+	log = log.With("nats_user", user)
+	opts := []nats.Option{
+		nats.Name("shop " + user),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
@@ -175,7 +272,7 @@ func connectNATS(url string, log *slog.Logger) (*nats.Conn, error) {
 		// minutes the connection would look fine for up to 6. Every 10s,
 		// two unanswered: stale after about 30s, then reconnect, to another
 		// node of a cluster if one answers.
-		nats.PingInterval(10*time.Second),
+		nats.PingInterval(10 * time.Second),
 		nats.MaxPingsOutstanding(2),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -183,9 +280,33 @@ func connectNATS(url string, log *slog.Logger) (*nats.Conn, error) {
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats connected", "url", MaskURL(nc.ConnectedUrl())) }),
-	)
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) { logAsyncError(log, sub, err) }),
+	}
+	nc, err := nats.Connect(url, append(opts, broker.UserOptions(user, password)...)...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", masked, err)
+		return nil, fmt.Errorf("connect to nats %s as %s: %w", masked, user, err)
 	}
 	return nc, nil
+}
+
+// violationSubject finds the subject in the server's permissions error
+// ("Permissions Violation for Publish to \"orders.x\" …"), for the log.
+var violationSubject = regexp.MustCompile(`(?:Publish|Subscription) to "([^"]*)"`)
+
+// logAsyncError logs an error the server sent outside any request: a
+// permissions violation at ERROR, with its subject (a bug, or a service
+// configured with another's user: an operator must see it), anything else
+// (a slow consumer) at WARN.
+func logAsyncError(log *slog.Logger, sub *nats.Subscription, err error) {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		log.Warn("nats error", "err", err)
+		return
+	}
+	subject := ""
+	if m := violationSubject.FindStringSubmatch(err.Error()); m != nil {
+		subject = m[1]
+	} else if sub != nil {
+		subject = sub.Subject
+	}
+	log.Error("nats permissions violation", "subject", subject, "err", err)
 }

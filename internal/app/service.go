@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,6 +58,7 @@ type Service struct {
 
 	cfg    Config               // the process's configuration, for the service's domain
 	tracer trace.TracerProvider // the service's spans; nil: none
+	access broker.Access        // what it does on NATS: its stream and the streams it reads
 	ln     net.Listener         // bound by listen, before Run
 	watch  *jetStreamWatch      // whether JetStream answers, for /readyz and /metrics
 
@@ -66,7 +68,8 @@ type Service struct {
 // New returns the service called name, configured by cfg, publishing over nc.
 func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	schema, ok := migrations.Schemas[name]
-	if !ok {
+	access, known := broker.AccessOf(name)
+	if !ok || !known {
 		return nil, fmt.Errorf("unknown service %q (want one of %s)", name, strings.Join(Names, ", "))
 	}
 	watch, err := newJetStreamWatch(nc, log.With("service", name))
@@ -74,13 +77,12 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return &Service{
-		watch: watch,
-		Name:  name,
-		// The contract names each stream after the producing schema, in
-		// capitals, and its subjects <schema>.<aggregate_id>.<EventType>.
+		watch:       watch,
+		Name:        name,
 		Schema:      schema,
-		Stream:      strings.ToUpper(schema),
-		Subjects:    []string{schema + ".>"},
+		Stream:      access.Stream,
+		Subjects:    access.Subjects,
+		access:      access,
 		Addr:        cfg.Services[name].Addr,
 		DatabaseURL: cfg.DatabaseURLOf(name),
 		NATS:        nc,
@@ -224,7 +226,8 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	return relay, dom, router, nil
 }
 
-// ensureStreams creates or updates every producer's stream, waiting while
+// ensureStreams creates or updates the service's own stream, and creates
+// each stream it reads unless it exists (its producer owns it), waiting while
 // NATS is unreachable or JetStream cannot answer (no quorum yet, a leader
 // election, switched off): the service serves HTTP and commits events to its
 // outbox meanwhile, which is what the outbox is for. It logs once when it
@@ -235,7 +238,7 @@ func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (ma
 	wait := 250 * time.Millisecond
 	waiting := false
 	for {
-		windows, err := ensureAll(ctx, js, s.cfg.NATSReplicas, s.cfg.StreamLimits)
+		windows, err := s.ensureAll(ctx, js)
 		var apiErr *jetstream.APIError
 		switch {
 		case err == nil:
@@ -260,13 +263,13 @@ func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (ma
 	}
 }
 
-// ensureAll ensures every stream once, each call bounded so that a hung
-// request (a partition) cannot stall the retries.
-func ensureAll(ctx context.Context, js jetstream.JetStream, replicas int, limits broker.Limits) (map[string]jetstream.StreamConfig, error) {
-	configs := make(map[string]jetstream.StreamConfig, len(streams))
-	for name, subjects := range streams {
+// ensureAll ensures each stream of the service once, each call bounded so
+// that a hung request (a partition) cannot stall the retries.
+func (s *Service) ensureAll(ctx context.Context, js jetstream.JetStream) (map[string]jetstream.StreamConfig, error) {
+	configs := make(map[string]jetstream.StreamConfig, 1+len(s.access.Reads()))
+	for _, name := range append([]string{s.Stream}, s.access.Reads()...) {
 		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		st, err := broker.EnsureStreamWith(callCtx, js, name, replicas, limits, subjects...)
+		st, err := s.ensureStream(callCtx, js, name)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -276,7 +279,18 @@ func ensureAll(ctx context.Context, js jetstream.JetStream, replicas int, limits
 	return configs, nil
 }
 
-// keepStreams ensures the streams again every every, so that a
+// ensureStream ensures the stream called name: the service's own is created
+// or updated to the configuration, another's (which only its owner may
+// change) created when missing.
+func (s *Service) ensureStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	if name == s.Stream {
+		return broker.EnsureStreamWith(ctx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, s.Subjects...)
+	}
+	owner := broker.Services[slices.IndexFunc(broker.Services, func(a broker.Access) bool { return a.Stream == name })]
+	return broker.CreateStreamIfMissing(ctx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, owner.Subjects...)
+}
+
+// keepStreams ensures the service's streams again every every, so that a
 // stream an operator deleted (or a cluster that lost it) is back within
 // seconds: until it is, every event for it would be dead ("no stream for the
 // subject"), and the consumers of it wait. Failures are the outages the
@@ -290,11 +304,11 @@ func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every
 			return
 		case <-t.C:
 		}
-		for name := range streams {
+		for _, name := range append([]string{s.Stream}, s.access.Reads()...) {
 			callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := js.Stream(callCtx, name)
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				if _, err := broker.EnsureStreamWith(callCtx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, streams[name]...); err == nil {
+				if _, err := s.ensureStream(callCtx, js, name); err == nil {
 					s.Logger.Warn("stream was missing; created it again (its earlier messages are gone)", "stream", name)
 				}
 			}

@@ -17,6 +17,19 @@
 // it). What it costs is measured by `make bench` (docs/performance.md).
 // What a broker loses anyway — a disk, a hand that deletes messages — is
 // found by internal/verify's stream audit and republished from the outbox.
+//
+// # Who may do what on NATS
+//
+// Anyone who reaches an unsecured NATS server may publish into any stream
+// (a forged OrderCreated, a PaymentSucceeded nobody paid), delete or purge a
+// stream, or pull another service's messages. So every shop service
+// connects as its own NATS user, whose [Permissions] allow what that
+// service does and nothing else: publish its own events, ensure its own
+// stream, run its own durable consumers on the streams it reads. The
+// server refuses the rest with a permissions violation, which the client
+// logs. The table is [Services]; the embedded server of `shop all` gets it
+// as [Users], and deploy/nats/auth.conf is its rendering ([AuthConfig]),
+// which a test holds to it.
 package broker
 
 import (
@@ -121,21 +134,11 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, repl
 
 // EnsureStreamWith is EnsureStream with the given limits.
 func EnsureStreamWith(ctx context.Context, js jetstream.JetStream, name string, replicas int, limits Limits, subjects ...string) (jetstream.Stream, error) {
-	want := jetstream.StreamConfig{
-		Name:       name,
-		Subjects:   subjects,
-		Storage:    jetstream.FileStorage,
-		Retention:  jetstream.LimitsPolicy,
-		Duplicates: DuplicateWindow,
-		Replicas:   max(replicas, 1),
-		MaxAge:     limits.MaxAge,
-		MaxBytes:   cmpOr(limits.MaxBytes, -1),
-		Discard:    jetstream.DiscardNew,
-	}
+	want := streamConfig(name, replicas, limits, subjects)
 	// Look first and change only what differs: every service ensures every
-	// stream at start-up, and an update of a stream while another process
-	// creates a consumer on it is needless churn (nats-server 2.15 even races
-	// on it internally).
+	// stream it uses at start-up, and an update of a stream while another
+	// process creates a consumer on it is needless churn (nats-server 2.15
+	// even races on it internally).
 	st, err := js.Stream(ctx, name)
 	switch {
 	case err == nil && sameStream(st.CachedInfo().Config, want):
@@ -152,6 +155,39 @@ func EnsureStreamWith(ctx context.Context, js jetstream.JetStream, name string, 
 		return nil, fmt.Errorf("ensure stream %s: %w", name, err)
 	}
 	return st, nil
+}
+
+// CreateStreamIfMissing returns the stream called name as it is, or
+// creates it with EnsureStreamWith's configuration when it does not exist.
+// It is how a consumer ensures the stream it reads, which its producer owns:
+// a consumer may start first, and only the owner may change the stream (its
+// NATS user may update it; a reader's may only create it).
+func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, name string, replicas int, limits Limits, subjects ...string) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		st, err = js.CreateStream(ctx, streamConfig(name, replicas, limits, subjects))
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			st, err = js.Stream(ctx, name) // another process created it just now
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", name, err)
+	}
+	return st, nil
+}
+
+func streamConfig(name string, replicas int, limits Limits, subjects []string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:       name,
+		Subjects:   subjects,
+		Storage:    jetstream.FileStorage,
+		Retention:  jetstream.LimitsPolicy,
+		Duplicates: DuplicateWindow,
+		Replicas:   max(replicas, 1),
+		MaxAge:     limits.MaxAge,
+		MaxBytes:   cmpOr(limits.MaxBytes, -1),
+		Discard:    jetstream.DiscardNew,
+	}
 }
 
 func cmpOr(n, alt int64) int64 {

@@ -101,13 +101,17 @@ type Result struct {
 	DeadEvents      int            // outbox rows with dead_at set, in every schema
 	StreamLoss      StreamLoss     // acked events missing from their streams, before and after the repair
 	Hostile         Hostile        // what the hostile lane sent, and what it left to discard
-	DeadNotes       []string
-	PeakConns       int // most Postgres client connections to the run's database at once (sampled each second)
-	PeakServerConns int // and to the whole server, which other tests share
-	Violations      int
-	Report          verify.Report
-	Unended         int // orders whose saga had not ended by the deadline
-	Elapsed         time.Duration
+	// PermissionViolations counts the shop processes' logged NATS
+	// permissions violations: something a service needed that its user may
+	// not do.
+	PermissionViolations int
+	DeadNotes            []string
+	PeakConns            int // most Postgres client connections to the run's database at once (sampled each second)
+	PeakServerConns      int // and to the whole server, which other tests share
+	Violations           int
+	Report               verify.Report
+	Unended              int // orders whose saga had not ended by the deadline
+	Elapsed              time.Duration
 }
 
 // ScenarioResult counts one kind of order by final status.
@@ -182,7 +186,13 @@ func Run(t testing.TB, cfg Config) Result {
 	go func() { defer close(scraped); h.scrapeLoop(scrapeCtx) }()
 
 	var err error
-	if h.hostile, err = newHostile(h, h.nats.nc); err != nil {
+	// The hostile peer has the order service's NATS rights: it may publish
+	// only where a buggy order service could write (orders.>).
+	orderNC, err := h.nats.connect("order")
+	if err != nil {
+		t.Fatalf("hostile peer: %v", err)
+	}
+	if h.hostile, err = newHostile(h, orderNC); err != nil {
 		t.Fatal(err)
 	}
 	h.chaosOn.Store(true)
@@ -286,6 +296,9 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 	if res.DeadEvents, res.DeadNotes, err = h.deadEvents(ctx); err != nil {
 		h.t.Errorf("%v", err)
 	}
+	for _, s := range h.slots {
+		res.PermissionViolations += s.permissionViolations()
+	}
 	return res
 }
 
@@ -314,6 +327,9 @@ func (h *harness) judge(r Result) {
 	}
 	if r.Hostile.Early == 0 || r.Hostile.Garbage == 0 {
 		t.Errorf("the hostile lane sent %+v: no early events or no garbage (chaos too short?)", r.Hostile)
+	}
+	if r.PermissionViolations > 0 {
+		t.Errorf("the shop processes logged %d NATS permissions violations: a service needs what its user may not do (broker.Permissions)", r.PermissionViolations)
 	}
 	if r.StreamLoss.After > 0 {
 		t.Errorf("%d acked events still missing from their streams after the repair: %v", r.StreamLoss.After, r.StreamLoss.Notes)

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,14 +10,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/broker"
 )
 
 // cluster is the run's NATS: n separate nats-server processes (3, or 1 for
@@ -28,6 +33,9 @@ type cluster struct {
 	t     testing.TB
 	bin   string
 	nodes []*node
+	// passwords are the NATS users' (broker.Users and adminUser), made for
+	// the run: every node requires them, as deploy/nats/auth.conf does.
+	passwords map[string]string
 	// nc is the harness's admin connection, straight to every node's client
 	// port (never through the shop's proxies), for the JetStream API.
 	nc   *nats.Conn
@@ -59,7 +67,11 @@ type node struct {
 // newCluster starts n nodes and waits until JetStream is up on all of
 // them. t.Cleanup stops them.
 func newCluster(ctx context.Context, t testing.TB, bin, dir string, n int) *cluster {
-	c := &cluster{t: t, bin: bin, http: &http.Client{Timeout: 2 * time.Second}}
+	c := &cluster{t: t, bin: bin, http: &http.Client{Timeout: 2 * time.Second}, passwords: map[string]string{adminUser: rand.Text()}}
+	for _, a := range broker.Services {
+		c.passwords[a.User] = rand.Text()
+	}
+	c.passwords[broker.AuditUser] = rand.Text()
 	for i := 1; i <= n; i++ {
 		nd := &node{c: c, name: fmt.Sprintf("n%d", i), dir: filepath.Join(dir, fmt.Sprintf("n%d", i)),
 			port: freePort(t), clusterPort: freePort(t), httpPort: freePort(t)}
@@ -81,17 +93,36 @@ func newCluster(ctx context.Context, t testing.TB, bin, dir string, n int) *clus
 	for i, nd := range c.nodes {
 		urls[i] = nd.url()
 	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.Name("chaos-admin"),
-		nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
+	nc, err := c.connect(adminUser)
 	if err != nil {
 		t.Fatalf("admin connection to nats: %v", err)
 	}
-	t.Cleanup(nc.Close)
 	c.nc = nc
 	if c.js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// adminUser is the harness's own NATS user, with every permission: it
+// injects faults (deletes consumers, reads any state). The shop's processes
+// and the hostile lane connect as the shop's users.
+const adminUser = "chaos-admin"
+
+// connect connects as user straight to every node (never through the
+// shop's proxies), reconnecting for ever; t.Cleanup closes it.
+func (c *cluster) connect(user string) (*nats.Conn, error) {
+	urls := make([]string, len(c.nodes))
+	for i, nd := range c.nodes {
+		urls[i] = nd.url()
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), append(broker.UserOptions(user, c.passwords[user]), nats.Name("chaos "+user),
+		nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))...)
+	if err != nil {
+		return nil, err
+	}
+	c.t.Cleanup(nc.Close)
+	return nc, nil
 }
 
 func (nd *node) url() string  { return fmt.Sprintf("nats://127.0.0.1:%d", nd.port) }
@@ -107,6 +138,9 @@ func (nd *node) config() string {
 	// As deploy/nats/cluster.conf: fsync before every acknowledgement, so
 	// that a killed node loses nothing it acknowledged (internal/broker).
 	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  enabled: %t\n  sync_interval: always\n}\n", filepath.Join(nd.dir, "store"), !nd.jsOff)
+	// The shop's users, as deploy/nats/auth.conf has them, and the harness's.
+	b.WriteString(broker.AuthConfig(func(user string) string { return strconv.Quote(nd.c.passwords[user]) },
+		&server.User{Username: adminUser, Password: nd.c.passwords[adminUser]}))
 	if len(nd.c.nodes) > 1 {
 		routes := make([]string, len(nd.c.nodes))
 		for i, o := range nd.c.nodes {

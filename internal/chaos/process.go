@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
 )
@@ -182,6 +183,7 @@ func (s *slot) startLocked(job fpJob) (<-chan error, error) {
 	cmd.SysProcAttr = orphanKill()
 	cmd.Env = append(s.h.env(withAppName(s.h.dbURL, "shop-"+s.name), s.natsURL()),
 		strings.ToUpper(s.service)+"_ADDR="+s.addr,
+		broker.PasswordVar(s.service)+"="+s.h.nats.passwords[s.service], // its own NATS user, no other's
 		failpoint.EnvVar+"="+job.spec)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
@@ -298,6 +300,22 @@ func (s *slot) dropJob(name string) {
 		return // running with it: leave the process alone
 	}
 	s.queue = slices.DeleteFunc(s.queue, func(j fpJob) bool { return j.name == name })
+}
+
+// permissionViolations counts the NATS permissions violations the slot's
+// processes logged, over every start.
+func (s *slot) permissionViolations() int {
+	s.mu.Lock()
+	gens := s.gen
+	s.mu.Unlock()
+	n := 0
+	for gen := 1; gen <= gens; gen++ {
+		b, err := os.ReadFile(s.logPath(gen))
+		if err == nil {
+			n += strings.Count(string(b), `msg="nats permissions violation"`)
+		}
+	}
+	return n
 }
 
 func firedIn(path string) string {

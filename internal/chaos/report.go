@@ -188,6 +188,7 @@ func (h *harness) table(r Result) {
 	fmt.Fprintf(w, "dead events in the outboxes\t%d\t0\t\n", r.DeadEvents)
 	fmt.Fprintf(w, "acked events missing from streams, before the repair\t%d\t\t\n", r.StreamLoss.Before)
 	fmt.Fprintf(w, "acked events missing from streams, after the repair\t%d\t0\t\n", r.StreamLoss.After)
+	fmt.Fprintf(w, "NATS permissions violations logged by the shop\t%d\t0\t\n", r.PermissionViolations)
 	fmt.Fprintf(w, "invariant violations\t%d\t0\t\n", r.Violations)
 	fmt.Fprintf(w, "sagas not ended\t%d\t0\t\n", r.Unended)
 	w.Flush()

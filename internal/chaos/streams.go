@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -28,7 +29,12 @@ type StreamLoss struct {
 }
 
 func (h *harness) auditStreams(ctx context.Context) (StreamLoss, error) {
-	js, err := jetstream.New(h.nats.nc)
+	// As `shop verify` does: the read-only audit user.
+	nc, err := h.nats.connect(broker.AuditUser)
+	if err != nil {
+		return StreamLoss{}, fmt.Errorf("audit: %w", err)
+	}
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return StreamLoss{}, fmt.Errorf("audit: %w", err)
 	}

@@ -21,6 +21,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
@@ -48,7 +50,7 @@ const (
 // shop is the running system every test in the package talks to.
 var shop struct {
 	order, inventory, payment, fulfillment string // base URLs
-	natsURL                                string
+	nats                                   *natstest.Server
 	pools                                  verify.Pools
 	js                                     jetstream.JetStream         // the shop's broker, for the stream audit
 	spans                                  *tracetest.InMemoryExporter // every service's spans
@@ -98,9 +100,11 @@ func runMain(m *testing.M) (code int) {
 	}()
 	dbURL := db.URL
 
-	srv := natstest.New(&mainTB{})
+	// The shop's own NATS users, as deploy/nats/auth.conf has them: every
+	// test here runs with the services' permissions on.
+	srv, passwords := natstest.NewSecured(&mainTB{})
 	defer srv.Stop()
-	shop.natsURL = srv.URL()
+	shop.nats = srv
 
 	env := map[string]string{
 		"DATABASE_URL":           dbURL,
@@ -119,17 +123,21 @@ func runMain(m *testing.M) (code int) {
 	}
 	for _, name := range app.Names {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr()
+		env[broker.PasswordVar(name)] = passwords[name]
 	}
+	env[broker.PasswordVar(broker.AuditUser)] = passwords[broker.AuditUser]
 	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	shop.spans = traceServices(cfg)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var h slog.Handler = slog.NewTextHandler(io.Discard, nil)
 	if os.Getenv("E2E_LOG") != "" {
-		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		h = slog.NewTextHandler(os.Stderr, nil)
 	}
+	violations := violationCounter{h, new(atomic.Int64)}
+	log := slog.New(violations)
 	done := make(chan error, 1)
 	go func() { done <- app.Run(ctx, cfg, app.Names, log) }()
 	defer func() {
@@ -160,7 +168,8 @@ func runMain(m *testing.M) (code int) {
 		pools[name] = pool
 	}
 	shop.pools = verify.Pools{Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"]}
-	nc, err := nats.Connect(srv.URL())
+	// The stream audit reads as the operator does.
+	nc, err := nats.Connect(srv.URL(), broker.UserOptions(broker.AuditUser, passwords[broker.AuditUser])...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
@@ -170,7 +179,14 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	if code = m.Run(); code != 0 {
+	code = m.Run()
+	// Every test ran with the services' permissions on: a service that
+	// needed what its NATS user may not do shows here, not as a slow test.
+	if n := violations.n.Load(); n > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: the shop logged %d NATS permissions violations (E2E_LOG=1 shows them)\n", n)
+		return 1
+	}
+	if code != 0 {
 		return code
 	}
 	// The validation is only as good as the responses it saw: the whole
@@ -185,6 +201,28 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	return code
+}
+
+// violationCounter counts the shop's "nats permissions violation" records,
+// into one count shared by the handlers derived from it (log.With).
+type violationCounter struct {
+	slog.Handler
+	n *atomic.Int64
+}
+
+func (c violationCounter) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "nats permissions violation" {
+		c.n.Add(1)
+	}
+	return c.Handler.Handle(ctx, r)
+}
+
+func (c violationCounter) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return violationCounter{c.Handler.WithAttrs(attrs), c.n}
+}
+
+func (c violationCounter) WithGroup(name string) slog.Handler {
+	return violationCounter{c.Handler.WithGroup(name), c.n}
 }
 
 // checkInvariants waits until the shop is quiet and every invariant holds,

@@ -30,15 +30,7 @@ func TestEarlyMessagesDoNotStopTheShop(t *testing.T) {
 	restock(t, s, 10, 100)
 	normal := completeOrder(t, s)
 
-	nc, err := nats.Connect(shop.natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := shop.nats.ConnectAs(t, "order") // the flood is the order service's, as a buggy one would send it
 	start := time.Now()
 	natstest.PublishAll(t, js, floodEvents, func(i int) (*nats.Msg, string) {
 		e := natstest.Event{Prefix: "orders", AggregateType: "order", AggregateID: fmt.Sprint("flood-", i),

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/pkg/inbox"
@@ -99,6 +100,12 @@ func checkEffects(t *testing.T, pool *pgxpool.Pool, want int) {
 	}
 }
 
+// evAccess is what the tests' producer and consumer may do on NATS, as a
+// shop service may (broker.Permissions): publish to ev.>, its stream EV, its
+// durable "effects". The relay and the inbox need nothing more.
+var evAccess = broker.Access{User: "ev", Stream: "EV", Subjects: []string{"ev.>"},
+	Durables: []broker.Durable{{Stream: "EV", Name: "effects"}}}
+
 // TestManyRelaysAndConsumers: 4 relays and 4 consumer instances, 20,000
 // events over 1,000 aggregates, written while everything runs. Every event
 // is delivered, every aggregate in order, every effect once.
@@ -107,12 +114,12 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 	const aggregates, perAggregate, instances = 1000, 20, 4
 	producer := pgtest.New(t, "")
 	consumer := consumerSide(t)
-	srv := natstest.New(t)
-	_, js := srv.Connect(t)
+	srv, _ := natstest.NewSecuredFor(t, []broker.Access{evAccess})
+	_, js := srv.ConnectAs(t, evAccess.User)
 	srv.Stream(t, js, "EV", "ev.>")
 
 	for i := range instances {
-		_, js := srv.Connect(t) // a connection per "process"
+		_, js := srv.ConnectAs(t, evAccess.User) // a connection per "process", with a service's permissions only
 		relay, err := outbox.NewRelay(producer.NewPool(t, 3), js, outbox.Config{
 			Name: fmt.Sprint("relay-", i), PollInterval: 100 * time.Millisecond, Logger: quiet,
 		})
@@ -174,8 +181,8 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 	t.Parallel()
 	producer := pgtest.New(t, "")
 	consumer := consumerSide(t)
-	srv := natstest.New(t)
-	_, js := srv.Connect(t)
+	srv, _ := natstest.NewSecuredFor(t, []broker.Access{evAccess})
+	_, js := srv.ConnectAs(t, evAccess.User)
 	stream, err := js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
 		Name: "EV", Subjects: []string{"ev.>"}, Duplicates: 100 * time.Millisecond,
 	})

@@ -6,9 +6,11 @@ package natstest
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"testing"
@@ -29,6 +31,8 @@ type Server struct {
 	dir  string
 	opts []broker.Option
 	srv  *server.Server
+
+	passwords map[string]string // NewSecured: by user, AdminUser's among them
 }
 
 // New starts a server and stops it when the test ends. opts are passed to
@@ -56,6 +60,51 @@ func New(t testing.TB, opts ...broker.Option) *Server {
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// AdminUser is the user a secured test server (NewSecured) has besides the
+// shop's: every permission, for what a test does behind the services' backs
+// (Connect). The shop itself knows no such user.
+const AdminUser = "test-admin"
+
+// NewSecured starts a server, as New, that requires the shop's NATS users
+// (broker.Services, broker.AuditUser) with random passwords, and AdminUser:
+// an anonymous client is refused. It returns the server and the passwords
+// by user name; Connect connects as AdminUser, ConnectAs as any user.
+func NewSecured(t testing.TB, opts ...broker.Option) (*Server, map[string]string) {
+	t.Helper()
+	passwords := map[string]string{broker.AuditUser: rand.Text()}
+	for _, a := range broker.Services {
+		passwords[a.User] = rand.Text()
+	}
+	users, err := broker.Users(passwords)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newSecured(t, users, passwords, opts)
+}
+
+// NewSecuredFor is NewSecured with the users of services instead of the
+// shop's (each with broker.Permissions, no audit user): for tests of the
+// libraries on their own streams under a service's permissions.
+func NewSecuredFor(t testing.TB, services []broker.Access, opts ...broker.Option) (*Server, map[string]string) {
+	t.Helper()
+	passwords := map[string]string{}
+	var users []*server.User
+	for _, a := range services {
+		passwords[a.User] = rand.Text()
+		users = append(users, &server.User{Username: a.User, Password: passwords[a.User], Permissions: broker.Permissions(a)})
+	}
+	return newSecured(t, users, passwords, opts)
+}
+
+func newSecured(t testing.TB, users []*server.User, passwords map[string]string, opts []broker.Option) (*Server, map[string]string) {
+	t.Helper()
+	passwords[AdminUser] = rand.Text()
+	users = append(users, &server.User{Username: AdminUser, Password: passwords[AdminUser]})
+	s := New(t, append(opts, broker.WithUsers(users))...)
+	s.passwords = passwords
+	return s, maps.Clone(passwords)
 }
 
 // URL is the client URL of the server.
@@ -111,7 +160,12 @@ func (s *Server) StartWithoutJetStream() {
 	s.t.Helper()
 	var err error
 	for range 50 {
-		s.srv, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: s.port, NoSigs: true, NoLog: true})
+		o := &server.Options{Host: "127.0.0.1", Port: s.port, NoSigs: true, NoLog: true}
+		for _, opt := range s.opts { // the users of NewSecured, if any; JetStream stays off
+			opt(o)
+		}
+		o.JetStream = false
+		s.srv, err = server.NewServer(o)
 		if err == nil {
 			s.srv.Start()
 			if s.srv.ReadyForConnections(10 * time.Second) {
@@ -126,10 +180,34 @@ func (s *Server) StartWithoutJetStream() {
 }
 
 // Connect opens a client connection that reconnects forever, closed when the
-// test ends.
+// test ends: anonymous, or as AdminUser on a secured server.
 func (s *Server) Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(s.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if s.passwords != nil {
+		return s.ConnectAs(t, AdminUser)
+	}
+	return s.connect(t)
+}
+
+// Password returns user's password on a secured server.
+func (s *Server) Password(user string) (string, bool) {
+	p, ok := s.passwords[user]
+	return p, ok
+}
+
+// ConnectAs is Connect as user of a secured server (NewSecured).
+func (s *Server) ConnectAs(t testing.TB, user string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	p, ok := s.passwords[user]
+	if !ok {
+		t.Fatalf("natstest: no user %q on this server", user)
+	}
+	return s.connect(t, broker.UserOptions(user, p)...)
+}
+
+func (s *Server) connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(s.URL(), append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,134 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/pkg/inbox"
+)
+
+// broker.Services is what each service's NATS user may do; it must be what
+// the service does: its user is its name, its stream the contract's, and
+// its durables the consumers its domain really creates.
+func TestNATSAccessIsWhatEachServiceDoes(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.New(t).Connect(t)
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none") // never connects: nothing runs
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	cfg, err := LoadConfig(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(broker.Services) != len(Names) {
+		t.Errorf("broker.Services has %d services, the shop %d", len(broker.Services), len(Names))
+	}
+	for _, name := range Names {
+		a, ok := broker.AccessOf(name)
+		if !ok {
+			t.Errorf("%s has no NATS user in broker.Services", name)
+			continue
+		}
+		schema := migrations.Schemas[name]
+		if a.Stream != strings.ToUpper(schema) || !slices.Equal(a.Subjects, []string{schema + ".>"}) {
+			t.Errorf("%s: stream %s %v, the contract says %s [%s.>]", name, a.Stream, a.Subjects, strings.ToUpper(schema), schema)
+		}
+		dom, err := newDomain(name, pool, js, cfg, slog.New(slog.DiscardHandler), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var have []broker.Durable
+		for _, c := range dom.(interface{ Consumers() []*inbox.Consumer }).Consumers() {
+			have = append(have, broker.Durable{Stream: c.Stream(), Name: c.Name()})
+		}
+		if !slices.Equal(have, a.Durables) {
+			t.Errorf("%s creates the consumers %v, its NATS user may run %v", name, have, a.Durables)
+		}
+	}
+}
+
+// A service connects as its own user to a server that requires the shop's
+// users, and does its work there without a permissions violation; its
+// password is never logged. Without a password it connects anonymously, as
+// an unsecured server allows, and warns once.
+func TestServiceConnectsAsItsOwnUser(t *testing.T) {
+	t.Parallel()
+	t.Run("with its password, on a secured server", func(t *testing.T) {
+		t.Parallel()
+		ns, passwords := natstest.NewSecured(t)
+		out := runInventory(t, ns.URL(), passwords["inventory"])
+		_, js := ns.Connect(t)
+		waitFor(t, "inventory's stream and its durable consumer", func() bool {
+			_, err := js.Consumer(context.Background(), "ORDERS", "inventory-orders")
+			return err == nil
+		})
+		time.Sleep(3 * time.Second) // a few rounds of the JetStream probe and the admission of other services
+		if s := out.String(); strings.Contains(s, "permissions violation") || strings.Contains(s, passwords["inventory"]) ||
+			strings.Contains(s, "no NATS password") {
+			t.Errorf("log:\n%s", s)
+		}
+	})
+	t.Run("without one, on an open server", func(t *testing.T) {
+		t.Parallel()
+		ns := natstest.New(t)
+		out := runInventory(t, ns.URL(), "")
+		if n := strings.Count(out.String(), "no NATS password"); n != 1 {
+			t.Errorf("warned %d times, want once; log:\n%s", n, out.String())
+		}
+	})
+}
+
+// runInventory runs the inventory service against natsURL until the test
+// ends and returns its log once it is ready.
+func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
+	t.Helper()
+	db := pgtest.NewDatabase(t, "shop_app_auth_")
+	addr := freeAddr(t)
+	env := map[string]string{"DATABASE_URL": db.URL, "NATS_URL": natsURL, "INVENTORY_ADDR": addr, "INVENTORY_NATS_PASSWORD": password}
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, []string{"inventory"}, slog.New(slog.NewTextHandler(out, nil))) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	wait, stopWaiting := context.WithTimeout(ctx, time.Minute)
+	defer stopWaiting()
+	if err := httpx.WaitReady(wait, nil, "http://"+addr); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// ensureEveryStream ensures every service's streams, as each service does
+// when it starts, for tests that run the services' parts without Run.
+func ensureEveryStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
+	for _, a := range broker.Services {
+		s := &Service{Name: a.User, Stream: a.Stream, Subjects: a.Subjects, access: a, Logger: log}
+		if _, err := s.ensureStreams(ctx, js); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,230 @@
+package broker
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Access is what one service does on NATS.
+type Access struct {
+	// User is the service's NATS user: its name ("order").
+	User string
+	// Stream is the stream it owns and publishes to ("ORDERS"), Subjects
+	// that stream's subjects ("orders.>").
+	Stream   string
+	Subjects []string
+	// Durables are its durable consumers on the streams it reads.
+	Durables []Durable
+}
+
+// Durable is a durable pull consumer a service runs on a stream it reads.
+type Durable struct {
+	Stream string // "INVENTORY"
+	Name   string // "order-inventory"
+}
+
+// Reads lists the streams of a's durables, each once, in order.
+func (a Access) Reads() []string {
+	var reads []string
+	for _, d := range a.Durables {
+		if !slices.Contains(reads, d.Stream) {
+			reads = append(reads, d.Stream)
+		}
+	}
+	return reads
+}
+
+// Services is every shop service's access, in start-up order. It is the
+// contract's streams and the consumers the services create
+// (internal/app's tests hold each service's consumers to it).
+var Services = []Access{
+	{User: "order", Stream: "ORDERS", Subjects: []string{"orders.>"}, Durables: []Durable{
+		{"INVENTORY", "order-inventory"}, {"PAYMENT", "order-payment"}, {"FULFILLMENT", "order-fulfillment"},
+	}},
+	{User: "inventory", Stream: "INVENTORY", Subjects: []string{"inventory.>"}, Durables: []Durable{{"ORDERS", "inventory-orders"}}},
+	{User: "payment", Stream: "PAYMENT", Subjects: []string{"payment.>"}, Durables: []Durable{{"ORDERS", "payment-orders"}}},
+	{User: "fulfillment", Stream: "FULFILLMENT", Subjects: []string{"fulfillment.>"}, Durables: []Durable{{"ORDERS", "fulfillment-orders"}}},
+}
+
+// AccessOf returns the access of the service called user.
+func AccessOf(user string) (Access, bool) {
+	i := slices.IndexFunc(Services, func(a Access) bool { return a.User == user })
+	if i < 0 {
+		return Access{}, false
+	}
+	return Services[i], true
+}
+
+// AuditUser is the operator's NATS user: `shop verify`, `shop outbox` and
+// the reconciler of `shop all` read streams, their messages and consumer
+// state with it, and may change nothing.
+const AuditUser = "audit"
+
+// denied is what no shop user may do, even where an allow would match:
+// removing a stream's messages is an operator's act on the server itself.
+var denied = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.STREAM.MSG.DELETE.>"}
+
+// Permissions are a's NATS permissions. Publish: its own subjects; of the
+// JetStream API, account info and stream lookup by subject (the relay's
+// outage checks), create, update and info of its own stream and info of
+// the consumers on it (the order service's admission reads their backlog),
+// create and
+// info of the streams it reads (so a consumer that starts before the
+// producer can create the stream, which the producer then owns; create
+// never changes a stream that exists), and create, info, next and ack of
+// its own durables. Subscribe: its own reply subjects only
+// (InboxPrefix(user).>), where pull consumers, publish acks and API answers
+// arrive: not the others', which would show it their messages.
+func Permissions(a Access) *server.Permissions {
+	pub := slices.Clone(a.Subjects)
+	pub = append(pub, "$JS.API.INFO", "$JS.API.STREAM.NAMES")
+	for _, verb := range []string{"CREATE", "UPDATE", "INFO"} {
+		pub = append(pub, "$JS.API.STREAM."+verb+"."+a.Stream)
+	}
+	// The backlog of its own events (the order service's admission reads it).
+	pub = append(pub, "$JS.API.CONSUMER.INFO."+a.Stream+".*")
+	for _, s := range a.Reads() {
+		pub = append(pub, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.INFO."+s)
+	}
+	for _, d := range a.Durables {
+		sn := d.Stream + "." + d.Name
+		pub = append(pub,
+			"$JS.API.CONSUMER.CREATE."+sn,         // nats.go ≥ 1.30, several filter subjects
+			"$JS.API.CONSUMER.CREATE."+sn+".>",    // one filter subject
+			"$JS.API.CONSUMER.DURABLE.CREATE."+sn, // older clients
+			"$JS.API.CONSUMER.INFO."+sn,
+			"$JS.API.CONSUMER.MSG.NEXT."+sn,
+			"$JS.ACK."+sn+".>")
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: slices.Clone(denied)},
+		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(a.User) + ".>"}},
+	}
+}
+
+// AuditPermissions are the audit user's: JetStream API reads (account,
+// streams, stream messages, consumers), ephemeral ordered consumers to read
+// a stream through (create, next, delete), replies; no publish to any
+// stream, no delete or purge of one, and hands off the services' durables.
+func AuditPermissions() *server.Permissions {
+	return &server.Permissions{
+		Publish: &server.SubjectPermission{Allow: []string{
+			"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
+			"$JS.API.STREAM.INFO.*", "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>",
+			"$JS.API.CONSUMER.NAMES.*", "$JS.API.CONSUMER.LIST.*", "$JS.API.CONSUMER.INFO.*.*",
+			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.API.CONSUMER.DELETE.*.*",
+		}, Deny: auditDenied()},
+		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(AuditUser) + ".>"}},
+	}
+}
+
+// auditDenied keeps the audit user off the services' durables: it may not
+// change or delete one, or pull (and so delay) a service's messages
+// through it.
+func auditDenied() []string {
+	deny := append(slices.Clone(denied), "$JS.API.CONSUMER.DURABLE.CREATE.>")
+	for _, a := range Services {
+		for _, d := range a.Durables {
+			sn := d.Stream + "." + d.Name
+			deny = append(deny, "$JS.API.CONSUMER.CREATE."+sn, "$JS.API.CONSUMER.CREATE."+sn+".>",
+				"$JS.API.CONSUMER.MSG.NEXT."+sn, "$JS.API.CONSUMER.DELETE."+sn)
+		}
+	}
+	return deny
+}
+
+// InboxPrefix is the prefix of user's reply subjects ("_INBOX.order"), the
+// only subjects it may subscribe to. A client of the user must connect with
+// it (UserOptions): under nats.go's default, _INBOX.<random>, every reply
+// would be refused.
+func InboxPrefix(user string) string { return "_INBOX." + user }
+
+// UserOptions are the options to connect as user: its password (none:
+// anonymous) and its reply subjects under InboxPrefix(user).
+func UserOptions(user, password string) []nats.Option {
+	opts := []nats.Option{nats.CustomInboxPrefix(InboxPrefix(user))}
+	if password != "" {
+		opts = append(opts, nats.UserInfo(user, password))
+	}
+	return opts
+}
+
+// Users are the nats-server users of every service and the audit user,
+// with the passwords by user name (every one must be there).
+func Users(passwords map[string]string) ([]*server.User, error) {
+	users := make([]*server.User, 0, len(Services)+1)
+	for _, a := range Services {
+		users = append(users, &server.User{Username: a.User, Password: passwords[a.User], Permissions: Permissions(a)})
+	}
+	users = append(users, &server.User{Username: AuditUser, Password: passwords[AuditUser], Permissions: AuditPermissions()})
+	for _, u := range users {
+		if u.Password == "" {
+			return nil, fmt.Errorf("nats users: no password for %s", u.Username)
+		}
+	}
+	return users, nil
+}
+
+// WithUsers makes the server require one of users on every connection: an
+// anonymous client, or one with a wrong password, is refused.
+func WithUsers(users []*server.User) Option {
+	return func(o *server.Options) { o.Users = users }
+}
+
+// PasswordVar is the environment variable that holds user's password in
+// deploy/nats/auth.conf: ORDER_NATS_PASSWORD, …, AUDIT_NATS_PASSWORD.
+func PasswordVar(user string) string { return strings.ToUpper(user) + "_NATS_PASSWORD" }
+
+// AuthConfig renders the users as nats-server configuration (an
+// authorization block), each password as password(user), a value of
+// nats-server's syntax: deploy/nats/auth.conf passes "$" + PasswordVar(user),
+// which the server reads from its environment; the chaos test passes the
+// passwords themselves, quoted.
+//
+// extra users (a test harness's own) are rendered after the shop's, each
+// with its password quoted and its permissions (none: every permission).
+func AuthConfig(password func(user string) string, extra ...*server.User) string {
+	var b strings.Builder
+	b.WriteString("authorization {\n  users = [\n")
+	user := func(name, password string, p *server.Permissions) {
+		fmt.Fprintf(&b, "    {\n      user: %s\n      password: %s\n", name, password)
+		if p == nil {
+			b.WriteString("    }\n")
+			return
+		}
+		b.WriteString("      permissions: {\n")
+		subjects := func(kind string, sp *server.SubjectPermission) {
+			fmt.Fprintf(&b, "        %s: {\n", kind)
+			list := func(key string, subs []string) {
+				if len(subs) == 0 {
+					return
+				}
+				fmt.Fprintf(&b, "          %s: [\n", key)
+				for _, s := range subs {
+					fmt.Fprintf(&b, "            %q\n", s)
+				}
+				b.WriteString("          ]\n")
+			}
+			list("allow", sp.Allow)
+			list("deny", sp.Deny)
+			b.WriteString("        }\n")
+		}
+		subjects("publish", p.Publish)
+		subjects("subscribe", p.Subscribe)
+		b.WriteString("      }\n    }\n")
+	}
+	for _, a := range Services {
+		user(a.User, password(a.User), Permissions(a))
+	}
+	user(AuditUser, password(AuditUser), AuditPermissions())
+	for _, u := range extra {
+		user(u.Username, strconv.Quote(u.Password), u.Permissions)
+	}
+	b.WriteString("  ]\n}\n")
+	return b.String()
+}

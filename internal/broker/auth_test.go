@@ -1,0 +1,240 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/natstest"
+)
+
+var update = flag.Bool("update", false, "rewrite deploy/nats/auth.conf from broker.AuthConfig")
+
+// The deployed server's users are the ones the embedded server gets: the
+// file is the rendering of broker.Services, and fails here when either
+// changes without the other (go test ./internal/broker -run AuthConf -update).
+func TestAuthConfMatchesTheTable(t *testing.T) {
+	const path = "../../deploy/nats/auth.conf"
+	want := authConfHeader + broker.AuthConfig(func(user string) string { return "$" + broker.PasswordVar(user) })
+	if *update {
+		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	have, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(have) != want {
+		t.Errorf("%s differs from broker.AuthConfig; regenerate it: go test ./internal/broker -run TestAuthConfMatchesTheTable -update", path)
+	}
+}
+
+const authConfHeader = `# The NATS users of the shop, included by single.conf and cluster.conf:
+# one user per service, allowed only its own subjects, its own stream and
+# its own durable consumers, and the read-only audit user of shop verify
+# and shop outbox. An anonymous client is refused. Each password comes from
+# the server's environment (ORDER_NATS_PASSWORD, …; docker-compose.yml).
+#
+# Generated from internal/broker (broker.AuthConfig); do not edit by hand:
+# go test ./internal/broker -run TestAuthConfMatchesTheTable -update
+`
+
+// setupSecured starts a secured server with the contract's streams, created
+// by their owners.
+func setupSecured(t *testing.T) *natstest.Server {
+	t.Helper()
+	srv, _ := natstest.NewSecured(t)
+	for _, a := range broker.Services {
+		_, js := srv.ConnectAs(t, a.User)
+		srv.Stream(t, js, a.Stream, a.Subjects...)
+	}
+	return srv
+}
+
+func msgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	st, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.CachedInfo().State.Msgs
+}
+
+func TestPermissions(t *testing.T) {
+	t.Parallel()
+	srv := setupSecured(t)
+	_, admin := srv.Connect(t)
+
+	t.Run("a service cannot publish into another's stream", func(t *testing.T) {
+		before := msgs(t, admin, "ORDERS")
+		_, js := srv.ConnectAs(t, "payment")
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		_, err := js.Publish(ctx, "orders.x.OrderCreated", []byte("{}"))
+		if err == nil {
+			t.Fatal("payment published into ORDERS")
+		}
+		if after := msgs(t, admin, "ORDERS"); after != before {
+			t.Errorf("ORDERS holds %d messages, had %d", after, before)
+		}
+	})
+	t.Run("the violation reaches the client's error handler", func(t *testing.T) {
+		violations := make(chan error, 1)
+		nc, err := nats.Connect(srv.URL(), nats.UserInfo("payment", passwordOf(t, srv, "payment")),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				select {
+				case violations <- err:
+				default:
+				}
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		if err := nc.Publish("orders.x.OrderCreated", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-violations:
+			if !errors.Is(err, nats.ErrPermissionViolation) {
+				t.Errorf("error handler got %v, want a permissions violation", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no permissions violation reported")
+		}
+	})
+	t.Run("a service publishes its own events", func(t *testing.T) {
+		for _, a := range broker.Services {
+			_, js := srv.ConnectAs(t, a.User)
+			natstest.Publish(t, js, nats.NewMsg(a.Subjects[0][:len(a.Subjects[0])-1]+"x.Test"))
+		}
+	})
+	t.Run("no service and not the audit user can delete or purge a stream", func(t *testing.T) {
+		// Each service its own stream, the one it may otherwise change most;
+		// the audit user every stream.
+		targets := map[string][]string{broker.AuditUser: nil}
+		for _, a := range broker.Services {
+			targets[a.User] = []string{a.Stream}
+			targets[broker.AuditUser] = append(targets[broker.AuditUser], a.Stream)
+		}
+		for user, streams := range targets {
+			_, js := srv.ConnectAs(t, user)
+			for _, s := range streams {
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				if err := js.DeleteStream(ctx, s); err == nil {
+					t.Errorf("%s deleted %s", user, s)
+				}
+				if st, err := js.Stream(ctx, s); err == nil {
+					if err := st.Purge(ctx); err == nil {
+						t.Errorf("%s purged %s", user, s)
+					}
+				}
+				cancel()
+			}
+		}
+		for _, s := range broker.Services {
+			if _, err := admin.Stream(context.Background(), s.Stream); err != nil {
+				t.Errorf("stream %s: %v", s.Stream, err)
+			}
+		}
+	})
+	t.Run("a service cannot pull another service's consumer", func(t *testing.T) {
+		_, inv := srv.ConnectAs(t, "inventory")
+		st, err := inv.Stream(context.Background(), "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.CreateOrUpdateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "inventory-orders", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			t.Fatalf("inventory's own consumer: %v", err)
+		}
+		_, pay := srv.ConnectAs(t, "payment")
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		if _, err := pay.Consumer(ctx, "ORDERS", "inventory-orders"); err == nil {
+			t.Error("payment looked up inventory's consumer")
+		}
+		if _, err := pay.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "inventory-orders"}); err == nil {
+			t.Error("payment changed inventory's consumer")
+		}
+	})
+	t.Run("the audit user reads a stream and cannot touch a service's durable", func(t *testing.T) {
+		_, audit := srv.ConnectAs(t, broker.AuditUser)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := audit.Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cons.Next(jetstream.FetchMaxWait(2 * time.Second)); err != nil {
+			t.Fatalf("read ORDERS: %v", err)
+		}
+		if err := audit.DeleteConsumer(ctx, "ORDERS", cons.CachedInfo().Name); err != nil {
+			t.Errorf("delete its own ephemeral consumer: %v", err)
+		}
+		short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		if err := audit.DeleteConsumer(short, "ORDERS", "inventory-orders"); err == nil {
+			t.Error("the audit user deleted inventory's consumer")
+		}
+		if _, err := audit.Publish(short, "orders.x.OrderCreated", nil); err == nil {
+			t.Error("the audit user published into ORDERS")
+		}
+	})
+	t.Run("a service cannot read another's replies", func(t *testing.T) {
+		// Pull deliveries come on reply subjects: a subscription to every
+		// inbox would show payment inventory's messages.
+		for _, subject := range []string{"_INBOX.>", broker.InboxPrefix("inventory") + ".>"} {
+			nc, err := nats.Connect(srv.URL(), append(broker.UserOptions("payment", passwordOf(t, srv, "payment")),
+				nats.PermissionErrOnSubscribe(true))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub, err := nc.SubscribeSync(subject)
+			if err == nil {
+				_, err = sub.NextMsg(2 * time.Second)
+			}
+			if !errors.Is(err, nats.ErrPermissionViolation) {
+				t.Errorf("payment subscribing to %s: %v, want a permissions violation", subject, err)
+			}
+			nc.Close()
+		}
+	})
+	t.Run("an anonymous client is refused", func(t *testing.T) {
+		nc, err := nats.Connect(srv.URL())
+		if err == nil {
+			nc.Close()
+			t.Fatal("anonymous connection accepted")
+		}
+		if !errors.Is(err, nats.ErrAuthorization) {
+			t.Errorf("err = %v, want an authorization violation", err)
+		}
+	})
+	t.Run("a wrong password is refused", func(t *testing.T) {
+		nc, err := nats.Connect(srv.URL(), nats.UserInfo("order", "guess"))
+		if err == nil {
+			nc.Close()
+			t.Fatal("wrong password accepted")
+		}
+	})
+}
+
+func passwordOf(t *testing.T, srv *natstest.Server, user string) string {
+	t.Helper()
+	p, ok := srv.Password(user)
+	if !ok {
+		t.Fatalf("no user %s", user)
+	}
+	return p
+}
