@@ -30,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
@@ -352,10 +353,7 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		nc, err := nats.Connect(s.natsURL(tb))
-		if err != nil {
-			tb.Fatal(err)
-		}
+		nc := s.auditConn(tb)
 		defer nc.Close()
 		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
 		post := func(url, key, body string) (int, []byte, error) {
@@ -378,8 +376,19 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 		completedAt := map[string]time.Time{}
 		var paid sync.Map
 		payQ := make(chan string, 1<<16)
-		sub, err := nc.Subscribe("orders.>", func(m *nats.Msg) {
-			parts := strings.Split(m.Subject, ".")
+		// The order events, read as the audit user reads a stream (an
+		// ordered consumer from now on): the shop's NATS users may not
+		// subscribe to another's subjects.
+		js, err := jetstream.New(nc)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		oc, err := js.OrderedConsumer(ctx, "ORDERS", jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		sub, err := oc.Consume(func(m jetstream.Msg) {
+			parts := strings.Split(m.Subject(), ".")
 			if len(parts) != 3 {
 				return
 			}
@@ -400,10 +409,7 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 		if err != nil {
 			tb.Fatal(err)
 		}
-		defer sub.Unsubscribe()
-		if err := nc.Flush(); err != nil {
-			tb.Fatal(err)
-		}
+		defer sub.Stop()
 		var errs, shed atomic.Int64
 		var firstErr atomic.Value
 		noteErr := func(err error) {
@@ -597,6 +603,25 @@ func (s *shop) waitIdle(tb testing.TB, limit time.Duration) {
 }
 
 var reNATS = regexp.MustCompile(`embedded nats started"? url=(\S+)`)
+
+// auditConn connects to the shop's NATS server as the audit user, with
+// the password its embedded server left in its directory (a server given
+// in NATS_URL is the benchmark's own, open to anyone).
+func (s *shop) auditConn(tb testing.TB) *nats.Conn {
+	var opts []nats.Option
+	if s.nats == "" {
+		b, err := os.ReadFile(filepath.Join(s.dir, app.DemoAuditPasswordFile))
+		if err != nil {
+			tb.Fatalf("the audit password of the shop's embedded NATS server: %v", err)
+		}
+		opts = broker.UserOptions(broker.AuditUser, strings.TrimSpace(string(b)))
+	}
+	nc, err := nats.Connect(s.natsURL(tb), opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return nc
+}
 
 // natsURL is the URL of the shop's NATS server: the one it was given, or
 // its embedded server's, read from its log.
