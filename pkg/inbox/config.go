@@ -42,6 +42,11 @@ type Config struct {
 	// BatchSize is how many deliveries a worker may apply in one
 	// transaction: those already waiting for it, never waiting for more
 	// (see the package documentation). 1 turns batching off. Default 64.
+	// A batch holds every lock its handlers take until it commits: a
+	// handler that locks rows shared across aggregates (stock per SKU, say)
+	// in an order of its own deadlocks with other workers' batches, and
+	// each deadlock redoes the batch one delivery at a time; such a
+	// consumer wants 1 (the inventory service's does, see make bench).
 	BatchSize int
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
