@@ -3,7 +3,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -132,7 +131,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "verify":
 		fs.DurationVar(&wait, "wait", 0, "keep checking up to this long until the invariants hold (events in flight settle)")
 		fs.BoolVar(&repair, "repair", false, "first reconcile: report stuck orders, unrefunded payments, held reservations and events a stream lost, and republish the lost events")
-		fs.BoolVar(&streams, "streams", true, "also audit every service's stream on the NATS server (NATS_URL, default "+app.DefaultNATSURL+") against its outbox; false checks the databases only and says so")
+		fs.BoolVar(&streams, "streams", true, "also audit every service's stream on the NATS server (NATS_URL; else a demo's embedded server running here; else "+app.DefaultNATSURL+") against its outbox; false checks the databases only and says so")
 	case "all":
 		fs.BoolVar(&demo, "demo", false, "stock a small catalogue and print curl commands to try")
 	case "migrate":
@@ -264,7 +263,7 @@ func runVerify(ctx context.Context, cfg app.Config, wait time.Duration, repair, 
 	var opts []verify.Option
 	var js jetstream.JetStream
 	var unreachable error
-	natsURL := cmp.Or(cfg.NATSURL, app.DefaultNATSURL)
+	natsURL := app.OperatorNATSURL(cfg)
 	if streams {
 		// As the read-only audit user (AUDIT_NATS_PASSWORD, or the demo's).
 		nc, err := nats.Connect(natsURL, append(app.AuditConnectOptions(cfg), nats.Name("shop verify"), nats.Timeout(5*time.Second))...)

@@ -740,7 +740,7 @@ func (c *outboxCmd) republish(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	url := cmp.Or(*natsURL, c.cfg.NATSURL, app.DefaultNATSURL)
+	url := cmp.Or(*natsURL, app.OperatorNATSURL(c.cfg))
 	nc, err := nats.Connect(url, append(app.AuditConnectOptions(c.cfg), nats.Name("shop outbox republish"), nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return fmt.Errorf("%s: cannot reach NATS at %s: %w", c.name, app.MaskURL(url), err)

@@ -71,9 +71,11 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		}()
 		url, auth = srv.ClientURL(), passwords
 		log.Info("embedded nats started", "url", url, "store", EmbeddedNATSDir)
-		if err := writeDemoAuditPassword(passwords[broker.AuditUser]); err != nil {
-			log.Warn("could not leave the audit user's password for shop verify", "err", err)
+		if err := writeDemoNATS(url, passwords[broker.AuditUser]); err != nil {
+			log.Warn("could not leave the embedded server's address and audit password for shop verify", "err", err)
 		}
+		// A stopped demo's server is gone: verify must not be sent there.
+		defer os.Remove(DemoNATSURLFile)
 	} else if missing := anonymous(auth, names); len(missing) > 0 {
 		log.Warn("no NATS password for some services: they connect anonymously, and anyone who reaches NATS may publish "+
 			"into any stream or delete one; set <SERVICE>_NATS_PASSWORD for a server with the shop's users (deploy/nats/auth.conf)",
@@ -198,7 +200,7 @@ func anonymous(auth map[string]string, names []string) []string {
 
 // newPasswords makes a random password for every NATS user of the shop, for
 // the embedded server of one `shop all`: nothing outside the process knows
-// them (but the audit user's, see writeDemoAuditPassword).
+// them (but the audit user's, see writeDemoNATS).
 func newPasswords() map[string]string {
 	passwords := map[string]string{broker.AuditUser: rand.Text()}
 	for _, a := range broker.Services {
@@ -208,16 +210,39 @@ func newPasswords() map[string]string {
 }
 
 // DemoAuditPasswordFile is where `shop all` leaves the password of its
-// embedded server's audit user (read-only), so that `shop verify` and `shop
-// outbox` run beside the demo can read its streams. It is rewritten at
-// every start, readable by the owner only.
-var DemoAuditPasswordFile = filepath.Join(EmbeddedNATSDir, "audit.password")
+// embedded server's audit user (read-only), and DemoNATSURLFile the
+// server's address while it runs (4222 is often another server's: this
+// machine kind's own NATS, say), so that `shop verify` and `shop outbox`
+// run beside the demo read its streams. Rewritten at every start,
+// readable by the owner only.
+var (
+	DemoAuditPasswordFile = filepath.Join(EmbeddedNATSDir, "audit.password")
+	DemoNATSURLFile       = filepath.Join(EmbeddedNATSDir, "url")
+)
 
-func writeDemoAuditPassword(p string) error {
+func writeDemoNATS(url, auditPassword string) error {
 	if err := os.MkdirAll(filepath.Dir(DemoAuditPasswordFile), 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(DemoAuditPasswordFile, []byte(p+"\n"), 0o600)
+	if err := os.WriteFile(DemoAuditPasswordFile, []byte(auditPassword+"\n"), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(DemoNATSURLFile, []byte(url+"\n"), 0o600)
+}
+
+// OperatorNATSURL is where the operator commands (verify, outbox republish)
+// find NATS: NATS_URL; else the embedded server of a demo running here;
+// else DefaultNATSURL.
+func OperatorNATSURL(cfg Config) string {
+	if cfg.NATSURL != "" {
+		return cfg.NATSURL
+	}
+	if b, err := os.ReadFile(DemoNATSURLFile); err == nil {
+		if u := strings.TrimSpace(string(b)); u != "" {
+			return u
+		}
+	}
+	return DefaultNATSURL
 }
 
 // AuditConnectOptions are the options to connect to cfg's NATS as the audit
