@@ -447,49 +447,42 @@ func (c *outboxCmd) find(ctx context.Context, names []string, id uuid.UUID) (str
 // dead lists the outboxes' dead events: what `status` counts, with the ids
 // that `show` and `requeue` take.
 func (c *outboxCmd) dead(ctx context.Context, args []string) error {
-	fs := c.flags("")
-	service := fs.String("service", "", "only this `service`'s outbox (default: all)")
-	limit := fs.Int("limit", 100, "at most `N` per service")
-	if _, err := c.parse(fs, args, 0, ""); err != nil {
-		return err
-	}
-	if *limit <= 0 {
-		return c.usageErr("--limit %d: want a positive number", *limit)
-	}
-	names, err := c.services(*service)
-	if err != nil {
-		return err
-	}
 	out := []eventJSON{}
-	for _, name := range names {
-		p, err := c.pool(ctx, name)
-		if err != nil {
-			return err
-		}
-		recs, err := outbox.ListDead(ctx, p, *limit)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
+	err := c.forServices(ctx, args, "dead events", false, func(name string, p *pgxpool.Pool, _ string, limit int) error {
+		recs, err := outbox.ListDead(ctx, p, limit)
 		for _, r := range recs {
 			out = append(out, eventOf(name, r))
 		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
+	return printList(c, out, "no dead events", "SERVICE\tEVENT ID\tAGGREGATE\tSEQ\tTYPE\tATTEMPTS\tDEAD AT\tLAST ERROR",
+		func(e eventJSON) string {
+			lastErr := "-"
+			if e.LastError != nil {
+				lastErr = oneLine(*e.LastError, 80)
+			}
+			return fmt.Sprintf("%s\t%s\t%s %s\t%d\t%s\t%d\t%s\t%s", e.Service, e.EventID, e.AggregateType, e.AggregateID,
+				e.AggregateSeq, e.EventType, e.Attempts, e.DeadAt.Format(time.RFC3339), lastErr)
+		})
+}
+
+// printList prints a list command's result: as JSON with --json, else none
+// when it is empty, else a table of header and one row per item.
+func printList[T any](c *outboxCmd, out []T, none, header string, row func(T) string) error {
 	if c.json {
 		return c.printJSON(out)
 	}
 	if len(out) == 0 {
-		fmt.Fprintln(c.stdout, "no dead events")
+		fmt.Fprintln(c.stdout, none)
 		return nil
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "SERVICE\tEVENT ID\tAGGREGATE\tSEQ\tTYPE\tATTEMPTS\tDEAD AT\tLAST ERROR")
-	for _, e := range out {
-		lastErr := "-"
-		if e.LastError != nil {
-			lastErr = oneLine(*e.LastError, 80)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s %s\t%d\t%s\t%d\t%s\t%s\n", e.Service, e.EventID, e.AggregateType, e.AggregateID,
-			e.AggregateSeq, e.EventType, e.Attempts, e.DeadAt.Format(time.RFC3339), lastErr)
+	fmt.Fprintln(tw, header)
+	for _, item := range out {
+		fmt.Fprintln(tw, row(item))
 	}
 	return tw.Flush()
 }
@@ -862,9 +855,19 @@ type deadLetterJSON struct {
 // it names, with its pool.
 func (c *outboxCmd) eachService(ctx context.Context, args []string, what string,
 	list func(name string, p *pgxpool.Pool, consumer string, limit int) error) error {
+	return c.forServices(ctx, args, what, true, list)
+}
+
+// forServices is eachService; withConsumer false leaves out --consumer,
+// for the lists that no consumer owns (the outboxes' dead events).
+func (c *outboxCmd) forServices(ctx context.Context, args []string, what string, withConsumer bool,
+	list func(name string, p *pgxpool.Pool, consumer string, limit int) error) error {
 	fs := c.flags("")
 	service := fs.String("service", "", "only this `service`'s "+what+" (default: all)")
-	consumer := fs.String("consumer", "", "only this `consumer`'s "+what)
+	consumer := new(string)
+	if withConsumer {
+		fs.StringVar(consumer, "consumer", "", "only this `consumer`'s "+what)
+	}
 	limit := fs.Int("limit", 100, "at most `N` per service")
 	if _, err := c.parse(fs, args, 0, ""); err != nil {
 		return err
@@ -914,24 +917,15 @@ func (c *outboxCmd) deadLettersList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if c.json {
-		return c.printJSON(out)
-	}
-	if len(out) == 0 {
-		fmt.Fprintln(c.stdout, "no open dead letters")
-		return nil
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "SERVICE\tID\tCONSUMER\tSUBJECT\tATTEMPTS\tLAST FAILED\tREQUEUED\tERROR")
-	for _, d := range out {
-		requeued := "-"
-		if d.RequeuedAt != nil {
-			requeued = d.RequeuedAt.Format(time.RFC3339)
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Service, d.ID, d.Consumer, d.Subject, d.Attempts,
-			d.LastFailedAt.Format(time.RFC3339), requeued, oneLine(d.Error, 80))
-	}
-	return tw.Flush()
+	return printList(c, out, "no open dead letters", "SERVICE\tID\tCONSUMER\tSUBJECT\tATTEMPTS\tLAST FAILED\tREQUEUED\tERROR",
+		func(d deadLetterJSON) string {
+			requeued := "-"
+			if d.RequeuedAt != nil {
+				requeued = d.RequeuedAt.Format(time.RFC3339)
+			}
+			return fmt.Sprintf("%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s", d.Service, d.ID, d.Consumer, d.Subject, d.Attempts,
+				d.LastFailedAt.Format(time.RFC3339), requeued, oneLine(d.Error, 80))
+		})
 }
 
 // oneLine shortens s to one line of at most n runes.

@@ -127,6 +127,9 @@ func TestOutbox(t *testing.T) {
 		if out := cli.ok("outbox", "dead", "--service", "payment"); !strings.Contains(out, "no dead events") {
 			t.Errorf("dead --service payment:\n%s", out)
 		}
+		if _, _, err := cli.run("outbox", "dead", "--consumer", "payment-orders"); !errors.Is(err, errUsage) {
+			t.Errorf("dead --consumer: %v, want a usage error (no consumer owns an outbox's dead events)", err)
+		}
 	})
 
 	t.Run("show", func(t *testing.T) {

@@ -96,20 +96,11 @@ func (c *outboxCmd) parkedList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if c.json {
-		return c.printJSON(out)
-	}
-	if len(out) == 0 {
-		fmt.Fprintln(c.stdout, "no parked events")
-		return nil
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "SERVICE\tCONSUMER\tEVENT\tSUBJECT\tSEQ\tWAITS FOR\tPARKED FOR")
-	for _, e := range out {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.Service, e.Consumer, e.EventID, e.Subject, e.Seq, e.WaitsFor,
-			roundDuration(time.Since(e.ParkedAt)))
-	}
-	return tw.Flush()
+	return printList(c, out, "no parked events", "SERVICE\tCONSUMER\tEVENT\tSUBJECT\tSEQ\tWAITS FOR\tPARKED FOR",
+		func(e parkedJSON) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", e.Service, e.Consumer, e.EventID, e.Subject, e.Seq, e.WaitsFor,
+				roundDuration(time.Since(e.ParkedAt)))
+		})
 }
 
 // parkedDiscard is `shop outbox parked discard <event-id> --service S --consumer C --reason TEXT`.
