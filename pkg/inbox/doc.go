@@ -37,6 +37,12 @@
 // acks, brings the whole batch back, and every copy meets its
 // processed_events row.
 //
+// A batch holds its handlers' locks until it commits. A handler that locks
+// rows shared by many aggregates (stock per SKU) deadlocks with other
+// workers' batches; each deadlock is a handler error, so the batch is redone
+// one delivery at a time and nothing is lost, but throughput is. Such a
+// consumer sets BatchSize 1 (the inventory service does).
+//
 // # Traces
 //
 // With Config.TracerProvider set, every delivery the consumer applies is a
