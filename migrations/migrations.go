@@ -1,17 +1,27 @@
-// Package migrations holds the SQL of every service schema and applies it with
-// goose.
+// Package migrations applies the SQL of every service schema with goose.
 //
-// Each service owns one Postgres schema and keeps its own goose version table
-// inside it, so services migrate independently and a schema can move to its
-// own database later. Version 1 of every schema is eventing.sql (the outbox,
-// inbox and dead-letter tables, one definition shared by all services), and
-// later shared versions count from 1000002 (eventing_inbox.sql);
-// migrations/<service>/*.sql hold the service's own tables from version 2 on.
+// Each service owns one Postgres schema, so services migrate independently
+// and a schema can move to its own database later. A schema holds several
+// lines of migrations (Sets), each with a goose version table of its own, so
+// that one line's versions never interleave with another's:
+//
+//   - the libraries' tables, shipped by the libraries themselves: pkg/outbox
+//     and pkg/inbox in every schema (Eventing), pkg/saga in the schema of a
+//     service that runs a saga (Saga);
+//   - the service's own tables: migrations/<service>/*.sql (Service), in
+//     goose's default version table.
+//
+// The libraries' sets are applied first, so a service's tables may refer to
+// theirs. Schemas migrated before the libraries carried their own DDL have
+// the libraries' tables recorded as versions 1 and 1000002 of the service's
+// version table; the libraries' statements are idempotent, so their own
+// version tables simply record them again.
 //
 // Apply is idempotent and safe to run from several processes at once: goose
-// takes a Postgres advisory lock per schema for the duration. Run by a role
-// that may not create in an existing schema (a service's least-privilege
-// role, see `shop migrate -roles`), it only checks that nothing is pending.
+// takes a Postgres advisory lock per schema while it applies a set, and every
+// process applies the sets in the same order. Run by a role that may not
+// create in an existing schema (a service's least-privilege role, see `shop
+// migrate -roles`), it only checks that nothing is pending.
 package migrations
 
 import (
@@ -29,39 +39,72 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/pkg/saga"
 )
 
-//go:embed eventing.sql
-var eventingSQL string
-
-// The eventing tables' later versions. They are numbered from
-// eventingLater on, far above any service's own migrations (which count
-// from 2), so that the two sequences never collide; goose is told not to
-// mind the interleaving (WithAllowOutofOrder), since they touch different
-// tables. Add one here, never edit an applied one.
-const eventingLater = 1_000_000
-
-//go:embed eventing_inbox.sql
-var eventingInboxSQL string
-
-//go:embed order inventory payment fulfillment
+// Every directory's SQL, so that a new service's migrations/<name>/ needs no
+// edit here.
+//
+//go:embed */*.sql
 var serviceFS embed.FS
 
-// Schemas maps each service to the schema it owns, as the contract names them.
-var Schemas = map[string]string{
-	"order":       "orders",
-	"inventory":   "inventory",
-	"payment":     "payment",
-	"fulfillment": "fulfillment",
+// Set is one line of goose migrations with a version table of its own.
+type Set struct {
+	Name  string // what it creates, for logs and errors: "outbox", "saga", "order"
+	Table string // goose's version table in the schema
+	FS    fs.FS  // the goose SQL files
+	err   error  // why the set cannot be applied (see Service)
 }
 
-// Services lists the services in start-up order.
-var Services = []string{"inventory", "order", "payment", "fulfillment"}
+// Outbox is pkg/outbox's set: the outbox and its sequence counters.
+func Outbox() Set { return Set{Name: "outbox", Table: "outbox_goose_version", FS: outbox.Migrations()} }
 
-// Apply creates schema if needed and brings it up to the latest version: the
-// eventing tables, then the migrations of service ("" for the eventing tables
-// alone, which is what the library tests use).
-func Apply(ctx context.Context, connString, service, schema string, log *slog.Logger) error {
+// Inbox is pkg/inbox's set: processed events, cursors, failures, dead
+// letters and parked events.
+func Inbox() Set { return Set{Name: "inbox", Table: "inbox_goose_version", FS: inbox.Migrations()} }
+
+// Saga is pkg/saga's set: instances, durable timeouts and unexpected
+// events, for the schema of a service that runs a saga.
+func Saga() Set { return Set{Name: "saga", Table: "saga_goose_version", FS: saga.Migrations()} }
+
+// Eventing are the sets every service schema carries, applied before any
+// other: the outbox's tables and the inbox's.
+func Eventing() []Set { return []Set{Outbox(), Inbox()} }
+
+// Service is the set of service's own migrations, migrations/<service>/*.sql,
+// numbered from 00002 (version 1 was the eventing tables before they moved
+// to the libraries). A service whose directory holds no SQL is not an empty
+// set that migrates "successfully", having created only the eventing
+// tables, with the missing tables surfacing later as dead letters: Apply
+// fails on it, saying what to add.
+func Service(service string) Set {
+	set := Set{Name: service, Table: goose.DefaultTablename}
+	sub, err := fs.Sub(serviceFS, service)
+	if err == nil {
+		var files []string
+		if files, err = fs.Glob(sub, "*.sql"); err == nil && len(files) == 0 {
+			err = fmt.Errorf("no migrations for service %q: add its tables as goose SQL files migrations/%s/00002_<name>.sql", service, service)
+		}
+	}
+	set.FS, set.err = sub, err
+	return set
+}
+
+// Err reports why the set cannot be applied, nil when it can.
+func (s Set) Err() error { return s.err }
+
+// Apply creates schema if needed and brings it up to date: the Eventing
+// sets, then sets in order.
+func Apply(ctx context.Context, connString, schema string, sets []Set, log *slog.Logger) error {
+	all := append(Eventing(), sets...)
+	for _, s := range all {
+		if s.err != nil {
+			return s.err
+		}
+	}
 	cfg, err := pgx.ParseConfig(connString)
 	if err != nil {
 		return fmt.Errorf("parse database url: %w", err)
@@ -91,87 +134,80 @@ func Apply(ctx context.Context, connString, service, schema string, log *slog.Lo
 		}
 	}
 
-	var migrationFS fs.FS = emptyFS{}
-	if service != "" {
-		if _, ok := Schemas[service]; !ok {
-			return fmt.Errorf("unknown service %q", service)
-		}
-		sub, err := ServiceMigrations(service)
-		if err != nil {
-			return err
-		}
-		migrationFS = sub
-	}
-
-	// One advisory lock per schema: copies of one service starting together
-	// wait for each other; different schemas migrate in parallel.
+	// One advisory lock per schema, whichever set: copies of one service
+	// starting together wait for each other; different schemas migrate in
+	// parallel.
 	h := fnv.New64a()
 	h.Write([]byte("shop.migrate." + schema))
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64() >> 1)))
-	if err != nil {
-		return fmt.Errorf("migration lock: %w", err)
-	}
-	eventing := func(version int64, ddl string) *goose.Migration {
-		return goose.NewGoMigration(version, &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, ddl)
+	lockID := int64(h.Sum64() >> 1)
+	for _, s := range all {
+		if err := apply(ctx, db, schema, s, lockID, readOnly, log); err != nil {
 			return err
-		}}, nil)
-	}
-	opts := []goose.ProviderOption{
-		goose.WithGoMigrations(eventing(1, eventingSQL), eventing(eventingLater+2, eventingInboxSQL)),
-		goose.WithAllowOutofOrder(true),
-		goose.WithDisableGlobalRegistry(true),
-		goose.WithSessionLocker(locker),
-	}
-	if log != nil {
-		opts = append(opts, goose.WithSlog(log.With("schema", schema)))
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrationFS, opts...)
-	if err != nil {
-		return fmt.Errorf("goose provider for %s: %w", schema, err)
-	}
-	if readOnly {
-		pending, err := p.HasPending(ctx)
-		if err != nil {
-			return fmt.Errorf("check migrations of %s: %w", schema, err)
 		}
-		if pending {
-			return fmt.Errorf("schema %s has pending migrations and this role may not create in it: run `shop migrate` with the owner's DATABASE_URL first", schema)
-		}
-		if log != nil {
-			log.Info("schema is current; not its owner, so not migrating", "schema", schema)
-		}
-		return nil
 	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("migrate %s: %w", schema, err)
+	if readOnly && log != nil {
+		log.Info("schema is current; not its owner, so not migrating", "schema", schema)
 	}
 	return nil
 }
 
-// ServiceMigrations is service's own migration directory. A service whose
-// directory is not embedded is an error, not an empty directory: otherwise
-// `shop migrate <service>` would report success having created only the
-// eventing tables, and the missing tables would surface later as dead
-// letters.
-func ServiceMigrations(service string) (fs.FS, error) {
-	sub, err := fs.Sub(serviceFS, service)
+// apply brings one set up to date, or with readOnly checks that it is.
+func apply(ctx context.Context, db *sql.DB, schema string, s Set, lockID int64, readOnly bool, log *slog.Logger) error {
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID))
 	if err != nil {
-		return nil, fmt.Errorf("migrations of %s: %w", service, err)
+		return fmt.Errorf("migration lock: %w", err)
 	}
-	files, err := fs.Glob(sub, "*.sql")
+	opts := []goose.ProviderOption{
+		goose.WithTableName(s.Table),
+		goose.WithDisableGlobalRegistry(true),
+		goose.WithSessionLocker(locker),
+	}
+	if s.Table == goose.DefaultTablename {
+		// A service's own version table: in schemas migrated before the
+		// libraries had version tables of their own, it also records the
+		// eventing tables as versions 1 and 1000002, above which the
+		// service's later files would count as "missing".
+		opts = append(opts, goose.WithAllowOutofOrder(true))
+	}
+	if log != nil {
+		opts = append(opts, goose.WithSlog(log.With("schema", schema, "migrations", s.Name)))
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, s.FS, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("migrations of %s: %w", service, err)
+		return fmt.Errorf("goose provider for %s in %s: %w", s.Name, schema, err)
 	}
-	if len(files) == 0 {
-		return nil, fmt.Errorf("no migrations embedded for service %q: add migrations/%s/ to the //go:embed line in migrations/migrations.go", service, service)
+	if readOnly {
+		pending, err := p.HasPending(ctx)
+		if err != nil {
+			return fmt.Errorf("check migrations of %s in %s: %w", s.Name, schema, err)
+		}
+		if pending {
+			return fmt.Errorf("schema %s has pending migrations (%s) and this role may not create in it: run `shop migrate` with the owner's DATABASE_URL first", schema, s.Name)
+		}
+		return nil
 	}
-	return sub, nil
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate %s in %s: %w", s.Name, schema, err)
+	}
+	return nil
 }
 
-// emptyFS is the migration directory of the eventing-only schema.
-type emptyFS struct{}
-
-func (emptyFS) Open(name string) (fs.File, error) {
-	return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+// ForService is the sets of service beyond the eventing ones: the saga's
+// for the order service, then the service's own.
+func ForService(service string) []Set {
+	if service == "order" {
+		return []Set{Saga(), Service(service)}
+	}
+	return []Set{Service(service)}
 }
+
+// Schemas maps each service to the schema it owns, as the contract names them.
+var Schemas = map[string]string{
+	"order":       "orders",
+	"inventory":   "inventory",
+	"payment":     "payment",
+	"fulfillment": "fulfillment",
+}
+
+// Services lists the services in start-up order.
+var Services = []string{"inventory", "order", "payment", "fulfillment"}

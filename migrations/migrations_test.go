@@ -5,17 +5,16 @@ import (
 	"testing"
 )
 
-// Every service's own migrations are embedded; one left out of the
-// //go:embed line is an error naming the fix, never an empty directory that
-// migrates "successfully".
+// Every service's own migrations are embedded; a service without any is an
+// error naming the fix, never an empty set that migrates "successfully".
 func TestEveryServiceHasEmbeddedMigrations(t *testing.T) {
 	for service := range Schemas {
-		if _, err := ServiceMigrations(service); err != nil {
+		if err := Service(service).Err(); err != nil {
 			t.Errorf("%s: %v", service, err)
 		}
 	}
-	_, err := ServiceMigrations("loyalty")
-	if err == nil || !strings.Contains(err.Error(), "//go:embed") {
-		t.Fatalf("a service without embedded migrations: got %v, want an error naming the //go:embed line", err)
+	err := Service("loyalty").Err()
+	if err == nil || !strings.Contains(err.Error(), "migrations/loyalty/") {
+		t.Fatalf("a service without migrations: got %v, want an error naming migrations/loyalty/", err)
 	}
 }

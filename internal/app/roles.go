@@ -139,14 +139,20 @@ func CreateRole(ctx context.Context, databaseURL, service, role, password string
 			"ALTER DEFAULT PRIVILEGES IN SCHEMA " + s + " GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO " + r,
 			"ALTER DEFAULT PRIVILEGES IN SCHEMA " + s + " GRANT USAGE, SELECT ON SEQUENCES TO " + r,
 		}
-		// The version table is the owner's: the role may only read it
-		// (to see that nothing is pending at start-up).
-		var goose bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, schema+".goose_db_version").Scan(&goose); err != nil {
+		// The version tables (the service's own and each library's) are the
+		// owner's: the role may only read them, to see at start-up that
+		// nothing is pending.
+		rows, err := tx.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = $1
+			AND (tablename = 'goose_db_version' OR tablename LIKE '%\_goose\_version')`, schema)
+		if err != nil {
 			return err
 		}
-		if goose {
-			stmts = append(stmts, "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLE "+s+".goose_db_version FROM "+r)
+		versionTables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		for _, vt := range versionTables {
+			stmts = append(stmts, "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLE "+pgx.Identifier{schema, vt}.Sanitize()+" FROM "+r)
 		}
 		// Whatever the role may once have had on the other schemas goes.
 		for _, other := range Names {

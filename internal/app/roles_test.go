@@ -168,7 +168,8 @@ func TestServiceRoles(t *testing.T) {
 	}
 
 	t.Run("own schema: rows yes, DDL no", func(t *testing.T) {
-		rows, err := admin.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'orders' AND tablename <> 'goose_db_version'`)
+		rows, err := admin.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'orders'
+			AND tablename <> 'goose_db_version' AND tablename NOT LIKE '%\_goose\_version'`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,6 +185,10 @@ func TestServiceRoles(t *testing.T) {
 		}
 		wantAllowed(t, conn, `SELECT version_id FROM orders.goose_db_version LIMIT 1`)
 		wantDenied(t, conn, `DELETE FROM orders.goose_db_version`)
+		for _, lib := range []string{"outbox", "inbox", "saga"} { // each library's own version table
+			wantAllowed(t, conn, `SELECT version_id FROM orders.`+lib+`_goose_version LIMIT 1`)
+			wantDenied(t, conn, `DELETE FROM orders.`+lib+`_goose_version`)
+		}
 		wantDenied(t, conn, `CREATE TABLE orders.sneaky (id int)`)
 		wantDenied(t, conn, `DROP TABLE orders.catalogue`)
 		wantDenied(t, conn, `ALTER TABLE orders.catalogue ADD COLUMN x int`)

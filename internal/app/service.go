@@ -372,7 +372,7 @@ func Migrate(ctx context.Context, databaseURL, service string, log *slog.Logger)
 	if err := database.EnsureExists(ctx, databaseURL); err != nil {
 		return fmt.Errorf("%s: %w", service, err)
 	}
-	if err := migrations.Apply(ctx, databaseURL, service, schema, log); err != nil {
+	if err := migrations.Apply(ctx, databaseURL, schema, migrations.ForService(service), log); err != nil {
 		return fmt.Errorf("%s: %w", service, err)
 	}
 	log.Info("schema migrated", "schema", schema)

@@ -73,7 +73,11 @@ func New(t testing.TB, service string) *Schema {
 	quiet := slog.New(slog.DiscardHandler)
 	migrator := "pgtest-migrate-" + name
 	err := database.Retry(ctx, quiet, "migrate", func(ctx context.Context) error {
-		return migrations.Apply(ctx, withAppName(URL(), migrator), service, name, nil)
+		var sets []migrations.Set
+		if service != "" {
+			sets = migrations.ForService(service)
+		}
+		return migrations.Apply(ctx, withAppName(URL(), migrator), name, sets, nil)
 	})
 	if err != nil {
 		t.Fatalf("migrate %s: %v", name, err)
