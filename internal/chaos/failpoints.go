@@ -29,6 +29,8 @@ var plan = map[string]struct {
 	failpoint.OutboxRetentionMidBatch:                 {"fulfillment", 1}, // armed on every copy
 }
 
+// fpJob is one failpoint queued on a slot: its name, and the spec
+// (name=crash@hit) that arms it through failpoint.EnvVar.
 type fpJob struct{ name, spec string }
 
 // arm SIGKILLs a process started clean that has failpoints queued: the
@@ -41,6 +43,8 @@ func (s *slot) arm() {
 	}
 }
 
+// dropJob removes failpoint name from the slot's queue: another copy fired
+// it.
 func (s *slot) dropJob(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -52,6 +56,8 @@ func (s *slot) dropJob(name string) {
 
 var firedLine = regexp.MustCompile(`failpoint (\S+): crash \(hit`)
 
+// firedIn returns the failpoint whose crash the log at path records, or ""
+// when none fired.
 func firedIn(path string) string {
 	f, err := os.Open(path)
 	if err != nil {

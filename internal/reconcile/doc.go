@@ -6,16 +6,17 @@
 //
 // Like internal/verify it is an operator's tool: it reads every service's
 // schema. It never edits a service's business tables. Its only repair is
-// the one that is always safe: when an event about a stuck order was
-// published by one service and the consumer that should have acted on it
-// never processed it (the message was lost: a purged stream, a consumer
-// recreated past it, a dead letter resolved by hand), the producer's outbox
-// row is marked unpublished again (outbox.Republish), so the producer's own
-// relay publishes the same immutable event, with the same id and
-// Aggregate-Seq, once more. Consumers are idempotent by event id and
-// sequence, so a copy of an event they did process changes nothing; one they
-// missed takes the normal saga path. Events are republished in sequence
-// order, so the relay's per-aggregate ordering holds for the copies too.
+// the one that is always safe: when an event about an order it found
+// (stuck, with a payment to refund or stock still held) was published by
+// one service and the consumer that should have acted on it never processed
+// it (the message was lost: a purged stream, a consumer recreated past it,
+// a dead letter resolved by hand), the producer's outbox row is marked
+// unpublished again (outbox.Republish), so the producer's own relay
+// publishes the same immutable event, with the same id and Aggregate-Seq,
+// once more. Consumers are idempotent by event id and sequence, so a copy
+// of an event they did process changes nothing; one they missed takes the
+// normal saga path. Events are republished in sequence order, so the
+// relay's per-aggregate ordering holds for the copies too.
 //
 // With Config.JetStream it also audits every service's stream against its
 // outbox (verify.AuditStreams): an event the outbox marked published that
