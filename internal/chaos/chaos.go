@@ -1,41 +1,20 @@
-// Package chaos is the chaos run of the shop (`make chaos`): it builds the
-// real `shop` binary and nats-server, starts a three-node NATS cluster (or
-// one node) and two copies of every service as separate processes against
-// a throwaway Postgres database, each process reaching each node through a
-// fault proxy of the harness's own, drives orders through the public HTTP
-// API, and meanwhile SIGKILLs processes, fires every failpoint, cuts one
-// service's database connections and injects broker faults: a stream
-// leader killed, quorum lost, a shop process silently partitioned,
-// JetStream disabled on a node, a durable consumer deleted, the whole
-// cluster restarted. Then it restarts everything cleanly, waits until every
-// saga has ended, checks the contract's invariants with the code of `shop
-// verify` and reports what the faults cost (see Result).
 package chaos
 
 import (
 	"context"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shop-ref/shop/internal/app"
-	"github.com/shop-ref/shop/internal/database"
-	"github.com/shop-ref/shop/internal/failpoint"
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
-	"github.com/shop-ref/shop/migrations"
 )
 
 // Config sizes a run.
@@ -60,25 +39,6 @@ const (
 	// run: the shortest chaos phase that can fire outbox.retention_mid_batch.
 	RetentionWait = time.Minute
 )
-
-// plan says where each failpoint is armed and on which hit it crashes.
-// A failpoint missing here is armed on an order process at its first hit,
-// and the run fails if that never fires.
-var plan = map[string]struct {
-	service string
-	count   int
-}{
-	failpoint.OrderAfterCommitBeforeResponse:          {"order", 3},
-	failpoint.SagaAfterClaimTimeout:                   {"order", 1},
-	failpoint.OutboxAfterClaim:                        {"order", 4},
-	failpoint.InboxBeforeCommit:                       {"inventory", 6},
-	failpoint.OutboxBeforePublish:                     {"inventory", 5},
-	failpoint.InboxAfterCommitBeforeAck:               {"payment", 3},
-	failpoint.OutboxAfterAckBeforeMark:                {"inventory", 3},
-	failpoint.PaymentWebhookAfterCommitBeforeResponse: {"payment", 2},
-	failpoint.PaymentRefundAfterProviderBeforeStore:   {"payment", 1},
-	failpoint.OutboxRetentionMidBatch:                 {"fulfillment", 1}, // armed on every copy
-}
 
 // Result is what a run saw.
 type Result struct {
@@ -245,175 +205,8 @@ func Run(t testing.TB, cfg Config) Result {
 	return res
 }
 
-// verify runs the checks of `shop verify` until they pass, for a minute at
-// most, also while the database refuses connections (a shared server that
-// is full).
-func (h *harness) verify(ctx context.Context) (verify.Report, error) {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		report, err := verify.Wait(ctx, h.pools, app.OutboxRetention, time.Until(deadline))
-		if err == nil || time.Now().After(deadline) || !sleepCtx(ctx, time.Second) {
-			return report, err
-		}
-		h.logf("chaos: verify: %v; trying again", err)
-	}
-}
-
-// result gathers the figures of the report.
-func (h *harness) result(ctx context.Context, d *driver, report verify.Report, unended int) Result {
-	res := Result{
-		Orders: d.created(), Scenarios: d.results(ctx), Crashes: h.crashes.Load(), Nodes: len(h.nats.nodes),
-		Terminated: h.termd.Load(), Report: report, Violations: report.Violations(),
-		Unended: unended, EventsPublished: h.published(ctx), NodeExits: h.nats.exits(),
-		FaultCounts: map[string]int{},
-	}
-	h.mu.Lock()
-	res.Fired = maps.Clone(h.fired)
-	for _, v := range h.dups {
-		res.Duplicates += int64(v)
-	}
-	res.Killed = int64(len(h.kills))
-	res.Faults = h.faultsCopy()
-	res.SelfExits = append([]Exit(nil), h.exits...)
-	res.PeakConns, res.PeakServerConns = h.peakConns, h.peakServerConns
-	h.mu.Unlock()
-	for _, n := range failpoint.Names() {
-		if res.Fired[n] == 0 {
-			res.NotFired = append(res.NotFired, n)
-		}
-	}
-	sp, err := h.history(ctx)
-	if err != nil {
-		h.t.Errorf("%v", err)
-	}
-	for _, f := range res.Faults {
-		res.FaultCounts[f.Kind]++
-	}
-	res.Stalls = sp.stalls(res.Faults, h.cleanRestart)
-	if res.Redelivery, err = h.redelivery(ctx); err != nil {
-		h.t.Errorf("%v", err)
-	}
-	if res.DeadEvents, res.DeadNotes, err = h.deadEvents(ctx); err != nil {
-		h.t.Errorf("%v", err)
-	}
-	for _, s := range h.slots {
-		res.PermissionViolations += s.permissionViolations()
-	}
-	return res
-}
-
-// judge fails the test on every target the run missed.
-func (h *harness) judge(r Result) {
-	t := h.t
-	if !r.Report.OK() {
-		var b strings.Builder
-		r.Report.Write(&b)
-		t.Errorf("invariants violated:\n%s", b.String())
-	}
-	if len(r.NotFired) > 0 {
-		t.Errorf("failpoints that never fired: %v", r.NotFired)
-	}
-	if r.Unended > 0 {
-		t.Errorf("%d orders' sagas had not ended after the bounded wait", r.Unended)
-	}
-	if n := len(r.SelfExits); n > 0 {
-		t.Errorf("%d shop processes exited on their own (by cause above; %s)", n, r.SelfExits[0].Cause())
-	}
-	if n := len(r.NodeExits); n > 0 {
-		t.Errorf("%d NATS nodes exited on their own (above; %s)", n, r.NodeExits[0].Cause())
-	}
-	if r.DeadEvents > 0 {
-		t.Errorf("%d dead events: nothing in the run is poison, so an outage burnt their attempts: %v", r.DeadEvents, r.DeadNotes)
-	}
-	if r.Hostile.Early == 0 || r.Hostile.Garbage == 0 {
-		t.Errorf("the hostile lane sent %+v: no early events or no garbage (chaos too short?)", r.Hostile)
-	}
-	if r.PermissionViolations > 0 {
-		t.Errorf("the shop processes logged %d NATS permissions violations: a service needs what its user may not do (broker.Permissions)", r.PermissionViolations)
-	}
-	if r.StreamLoss.After > 0 {
-		t.Errorf("%d acked events still missing from their streams after the repair: %v", r.StreamLoss.After, r.StreamLoss.Notes)
-	}
-	if r.Nodes > 1 {
-		for _, k := range []string{KindLeaderKill, KindQuorumLoss} {
-			if r.FaultCounts[k] == 0 {
-				t.Errorf("the run injected no %s (chaos too short?)", k)
-			}
-		}
-	}
-}
-
 func (h *harness) logf(format string, args ...any) {
 	fmt.Fprintf(h.cfg.Out, format+"\n", args...)
-}
-
-// database creates a throwaway database, dropped at the end.
-func (h *harness) database() {
-	db := pgtest.NewDatabase(h.t, "shop_chaos_")
-	h.dbName, h.dbURL = db.Name, db.URL
-}
-
-// withAppName sets application_name in a database URL, so that one
-// service's backends can be told apart in pg_stat_activity.
-func withAppName(dbURL, name string) string {
-	sep := "?"
-	if strings.Contains(dbURL, "?") {
-		sep = "&"
-	}
-	return dbURL + sep + "application_name=" + name
-}
-
-func (h *harness) migrate(ctx context.Context) {
-	cmd := exec.CommandContext(ctx, h.bin, "migrate")
-	cmd.Env = h.env(withAppName(h.dbURL, "chaos-migrate"), "")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		h.t.Fatalf("shop migrate: %v\n%s", err, out)
-	}
-	admin, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-harness"), "public", 3)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	h.admin = admin
-	if err := admin.Ping(ctx); err != nil { // one connection held from now on (see below)
-		h.t.Fatal(err)
-	}
-	h.t.Cleanup(admin.Close)
-	pools := map[string]*pgxpool.Pool{}
-	for _, name := range app.Names {
-		// One connection each: verify's queries run one at a time, and
-		// Postgres's 100 connections are shared with the eight processes.
-		p, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-verify"), migrations.Schemas[name], 1)
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		h.t.Cleanup(p.Close)
-		// Connected now and kept: a Postgres server that other tests fill
-		// up later must not leave the final checks without a connection.
-		if err := p.Ping(ctx); err != nil {
-			h.t.Fatal(err)
-		}
-		pools[name] = p
-	}
-	h.pools = verify.Pools{Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"]}
-}
-
-// fill puts old published events in fulfillment's outbox (one aggregate of
-// its own, gap-free) for retention to delete in more than one batch.
-func (h *harness) fill(ctx context.Context) {
-	s := pgx.Identifier{migrations.Schemas["fulfillment"]}.Sanitize()
-	_, err := h.admin.Exec(ctx, `
-		INSERT INTO `+s+`.outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
-		                          schema_version, subject, payload, occurred_at, published_at)
-		SELECT gen_random_uuid(), 'chaos', 'retention-filler', g, 'ChaosRetentionFiller', 1,
-		       'fulfillment.chaos.filler', '{}', now() - interval '100 hours' + g * interval '1 ms',
-		       now() - interval '100 hours' + g * interval '1 ms'
-		FROM generate_series(1, $1::int) g`, fillerEvents)
-	if err == nil {
-		_, err = h.admin.Exec(ctx, `INSERT INTO `+s+`.outbox_sequences VALUES ('chaos', 'retention-filler', $1)`, fillerEvents)
-	}
-	if err != nil {
-		h.t.Fatalf("retention filler: %v", err)
-	}
 }
 
 // fatalf ends a run that cannot go on, after printing the exits so far:

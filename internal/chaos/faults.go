@@ -59,10 +59,12 @@ var durables = []struct{ stream, name string }{
 	{"PAYMENT", "order-payment"}, {"ORDERS", "fulfillment-orders"}, {"FULFILLMENT", "order-fulfillment"},
 }
 
-// chaos runs the three fault lanes until ctx ends and returns once every
-// fault they injected has healed: shop processes (SIGKILLs, failpoints,
-// Postgres), broker faults one after another, and partitions of one shop
-// process, which overlap the broker lane's faults as they would in life.
+// chaos runs the fault lanes until ctx ends and returns once every fault
+// they injected has healed: shop processes (SIGKILLs, failpoints, a reset
+// of NATS connections, Postgres), broker faults one after another,
+// partitions of one shop process, which overlap the broker lane's faults as
+// they would in life, and, with a hostile peer, the hostile lane
+// (hostile.go).
 func (h *harness) chaos(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { h.processLane(ctx) })

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -23,8 +21,6 @@ import (
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
 )
-
-type fpJob struct{ name, spec string }
 
 // slot is one service copy: a supervisor restarts its process whenever it
 // exits, armed with the next failpoint of its queue while chaos is on. It
@@ -47,8 +43,6 @@ type slot struct {
 	signalled   bool // the harness sent the running process a signal
 	partitioned bool // cut off NATS by a partition: not SIGKILLed meanwhile
 }
-
-var firedLine = regexp.MustCompile(`failpoint (\S+): crash \(hit`)
 
 // build compiles cmd/shop and nats-server, at the version go.mod requires,
 // in one go build (they share its parallelism and cache).
@@ -293,15 +287,6 @@ func (s *slot) supervise() {
 	}
 }
 
-func (s *slot) dropJob(name string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.spec.name == name {
-		return // running with it: leave the process alone
-	}
-	s.queue = slices.DeleteFunc(s.queue, func(j fpJob) bool { return j.name == name })
-}
-
 // permissionViolations counts the NATS permissions violations the slot's
 // processes logged, over every start.
 func (s *slot) permissionViolations() int {
@@ -318,22 +303,6 @@ func (s *slot) permissionViolations() int {
 	return n
 }
 
-func firedIn(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if m := firedLine.FindStringSubmatch(sc.Text()); m != nil {
-			return m[1]
-		}
-	}
-	return ""
-}
-
 // orphanKill makes the kernel SIGKILL a child when the test process dies
 // without its cleanups (a -timeout panic, a SIGKILL): t.Cleanup stops the
 // children of a run that ends, this the children of one that is killed.
@@ -342,16 +311,6 @@ func firedIn(path string) string {
 // does not.)
 func orphanKill() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
-
-// arm SIGKILLs a process started clean that has failpoints queued: the
-// supervisor restarts it with the first one armed.
-func (s *slot) arm() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.spec.spec == "" && len(s.queue) > 0 && !s.stop {
-		s.signalLocked(syscall.SIGKILL)
-	}
 }
 
 // kill SIGKILLs the slot's process when it runs without a failpoint and

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,8 +15,107 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/migrations"
 )
+
+// verify runs the checks of `shop verify` until they pass, for a minute at
+// most, also while the database refuses connections (a shared server that
+// is full).
+func (h *harness) verify(ctx context.Context) (verify.Report, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		report, err := verify.Wait(ctx, h.pools, app.OutboxRetention, time.Until(deadline))
+		if err == nil || time.Now().After(deadline) || !sleepCtx(ctx, time.Second) {
+			return report, err
+		}
+		h.logf("chaos: verify: %v; trying again", err)
+	}
+}
+
+// result gathers the figures of the report.
+func (h *harness) result(ctx context.Context, d *driver, report verify.Report, unended int) Result {
+	res := Result{
+		Orders: d.created(), Scenarios: d.results(ctx), Crashes: h.crashes.Load(), Nodes: len(h.nats.nodes),
+		Terminated: h.termd.Load(), Report: report, Violations: report.Violations(),
+		Unended: unended, EventsPublished: h.published(ctx), NodeExits: h.nats.exits(),
+		FaultCounts: map[string]int{},
+	}
+	h.mu.Lock()
+	res.Fired = maps.Clone(h.fired)
+	for _, v := range h.dups {
+		res.Duplicates += int64(v)
+	}
+	res.Killed = int64(len(h.kills))
+	res.Faults = h.faultsCopy()
+	res.SelfExits = append([]Exit(nil), h.exits...)
+	res.PeakConns, res.PeakServerConns = h.peakConns, h.peakServerConns
+	h.mu.Unlock()
+	for _, n := range failpoint.Names() {
+		if res.Fired[n] == 0 {
+			res.NotFired = append(res.NotFired, n)
+		}
+	}
+	sp, err := h.history(ctx)
+	if err != nil {
+		h.t.Errorf("%v", err)
+	}
+	for _, f := range res.Faults {
+		res.FaultCounts[f.Kind]++
+	}
+	res.Stalls = sp.stalls(res.Faults, h.cleanRestart)
+	if res.Redelivery, err = h.redelivery(ctx); err != nil {
+		h.t.Errorf("%v", err)
+	}
+	if res.DeadEvents, res.DeadNotes, err = h.deadEvents(ctx); err != nil {
+		h.t.Errorf("%v", err)
+	}
+	for _, s := range h.slots {
+		res.PermissionViolations += s.permissionViolations()
+	}
+	return res
+}
+
+// judge fails the test on every target the run missed.
+func (h *harness) judge(r Result) {
+	t := h.t
+	if !r.Report.OK() {
+		var b strings.Builder
+		r.Report.Write(&b)
+		t.Errorf("invariants violated:\n%s", b.String())
+	}
+	if len(r.NotFired) > 0 {
+		t.Errorf("failpoints that never fired: %v", r.NotFired)
+	}
+	if r.Unended > 0 {
+		t.Errorf("%d orders' sagas had not ended after the bounded wait", r.Unended)
+	}
+	if n := len(r.SelfExits); n > 0 {
+		t.Errorf("%d shop processes exited on their own (by cause above; %s)", n, r.SelfExits[0].Cause())
+	}
+	if n := len(r.NodeExits); n > 0 {
+		t.Errorf("%d NATS nodes exited on their own (above; %s)", n, r.NodeExits[0].Cause())
+	}
+	if r.DeadEvents > 0 {
+		t.Errorf("%d dead events: nothing in the run is poison, so an outage burnt their attempts: %v", r.DeadEvents, r.DeadNotes)
+	}
+	if r.Hostile.Early == 0 || r.Hostile.Garbage == 0 {
+		t.Errorf("the hostile lane sent %+v: no early events or no garbage (chaos too short?)", r.Hostile)
+	}
+	if r.PermissionViolations > 0 {
+		t.Errorf("the shop processes logged %d NATS permissions violations: a service needs what its user may not do (broker.Permissions)", r.PermissionViolations)
+	}
+	if r.StreamLoss.After > 0 {
+		t.Errorf("%d acked events still missing from their streams after the repair: %v", r.StreamLoss.After, r.StreamLoss.Notes)
+	}
+	if r.Nodes > 1 {
+		for _, k := range []string{KindLeaderKill, KindQuorumLoss} {
+			if r.FaultCounts[k] == 0 {
+				t.Errorf("the run injected no %s (chaos too short?)", k)
+			}
+		}
+	}
+}
 
 // deadEvents counts the events any outbox gave up on (dead_at set), with
 // the first error of each service that has some.

@@ -1,0 +1,85 @@
+package chaos
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/migrations"
+)
+
+// database creates a throwaway database, dropped at the end.
+func (h *harness) database() {
+	db := pgtest.NewDatabase(h.t, "shop_chaos_")
+	h.dbName, h.dbURL = db.Name, db.URL
+}
+
+// withAppName sets application_name in a database URL, so that one
+// service's backends can be told apart in pg_stat_activity.
+func withAppName(dbURL, name string) string {
+	sep := "?"
+	if strings.Contains(dbURL, "?") {
+		sep = "&"
+	}
+	return dbURL + sep + "application_name=" + name
+}
+
+func (h *harness) migrate(ctx context.Context) {
+	cmd := exec.CommandContext(ctx, h.bin, "migrate")
+	cmd.Env = h.env(withAppName(h.dbURL, "chaos-migrate"), "")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		h.t.Fatalf("shop migrate: %v\n%s", err, out)
+	}
+	admin, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-harness"), "public", 3)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.admin = admin
+	if err := admin.Ping(ctx); err != nil { // one connection held from now on (see below)
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(admin.Close)
+	pools := map[string]*pgxpool.Pool{}
+	for _, name := range app.Names {
+		// One connection each: verify's queries run one at a time, and
+		// Postgres's 100 connections are shared with the eight processes.
+		p, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-verify"), migrations.Schemas[name], 1)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.t.Cleanup(p.Close)
+		// Connected now and kept: a Postgres server that other tests fill
+		// up later must not leave the final checks without a connection.
+		if err := p.Ping(ctx); err != nil {
+			h.t.Fatal(err)
+		}
+		pools[name] = p
+	}
+	h.pools = verify.Pools{Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"]}
+}
+
+// fill puts old published events in fulfillment's outbox (one aggregate of
+// its own, gap-free) for retention to delete in more than one batch.
+func (h *harness) fill(ctx context.Context) {
+	s := pgx.Identifier{migrations.Schemas["fulfillment"]}.Sanitize()
+	_, err := h.admin.Exec(ctx, `
+		INSERT INTO `+s+`.outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+		                          schema_version, subject, payload, occurred_at, published_at)
+		SELECT gen_random_uuid(), 'chaos', 'retention-filler', g, 'ChaosRetentionFiller', 1,
+		       'fulfillment.chaos.filler', '{}', now() - interval '100 hours' + g * interval '1 ms',
+		       now() - interval '100 hours' + g * interval '1 ms'
+		FROM generate_series(1, $1::int) g`, fillerEvents)
+	if err == nil {
+		_, err = h.admin.Exec(ctx, `INSERT INTO `+s+`.outbox_sequences VALUES ('chaos', 'retention-filler', $1)`, fillerEvents)
+	}
+	if err != nil {
+		h.t.Fatalf("retention filler: %v", err)
+	}
+}
