@@ -40,9 +40,9 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
-	"github.com/shop-ref/shop/pkg/inbox"
-	"github.com/shop-ref/shop/pkg/outbox"
-	"github.com/shop-ref/shop/pkg/saga"
+	inboxsql "github.com/shop-ref/shop/pkg/inbox/migrations"
+	outboxsql "github.com/shop-ref/shop/pkg/outbox/migrations"
+	sagasql "github.com/shop-ref/shop/pkg/saga/migrations"
 )
 
 // Every directory's SQL, so that a new service's migrations/<name>/ needs no
@@ -60,15 +60,15 @@ type Set struct {
 }
 
 // Outbox is pkg/outbox's set: the outbox and its sequence counters.
-func Outbox() Set { return Set{Name: "outbox", Table: "outbox_goose_version", FS: outbox.Migrations()} }
+func Outbox() Set { return Set{Name: "outbox", Table: "outbox_goose_version", FS: outboxsql.FS()} }
 
 // Inbox is pkg/inbox's set: processed events, cursors, failures, dead
 // letters and parked events.
-func Inbox() Set { return Set{Name: "inbox", Table: "inbox_goose_version", FS: inbox.Migrations()} }
+func Inbox() Set { return Set{Name: "inbox", Table: "inbox_goose_version", FS: inboxsql.FS()} }
 
 // Saga is pkg/saga's set: instances, durable timeouts and unexpected
 // events, for the schema of a service that runs a saga.
-func Saga() Set { return Set{Name: "saga", Table: "saga_goose_version", FS: saga.Migrations()} }
+func Saga() Set { return Set{Name: "saga", Table: "saga_goose_version", FS: sagasql.FS()} }
 
 // Eventing are the sets every service schema carries, applied before any
 // other: the outbox's tables and the inbox's.
