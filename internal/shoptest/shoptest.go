@@ -1,0 +1,189 @@
+// Package shoptest is what the tests of the shop's commands share: a whole
+// shop running in the test process (Start), a database the command under
+// test must create itself (NewDatabaseURL), and the small waits around them.
+// Like pgtest and natstest it uses the real Postgres and a real NATS server.
+package shoptest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
+)
+
+// NewDatabaseURL returns the URL of a database that does not exist yet, on
+// the test server (pgtest.URL), and drops it when the test ends. The
+// command under test must create it: that is part of what such tests check.
+func NewDatabaseURL(t testing.TB) string {
+	t.Helper()
+	u, err := url.Parse(pgtest.URL())
+	if err != nil || u.Scheme == "" {
+		t.Fatalf("test database URL must be a postgres:// URL: %v", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "shop_cmd_" + hex.EncodeToString(b[:])
+	admin := *u
+	admin.Path = "/postgres"
+	u.Path = "/" + name
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin.String())
+		if err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		// FORCE: a pool of a stopped service may still hold a connection.
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	return u.String()
+}
+
+// FreeAddr returns a loopback address with a port nobody listens on.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// WaitFor polls cond until it holds, failing the test when timeout passes
+// first.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Shop is a whole shop running in the test process, as internal/e2e
+// starts it.
+type Shop struct {
+	Env      map[string]string // the environment it was started with, for the commands that drive it
+	OrderURL string            // http://<order service>
+	StockURL string            // http://<inventory service>/stock/
+}
+
+// Start runs every service against a throwaway database and a test NATS
+// server, on free loopback ports, with the fake payment provider on, until
+// the test ends; it returns once every service is ready.
+func Start(t testing.TB) *Shop {
+	t.Helper()
+	ns := natstest.New(t)
+	vars := map[string]string{
+		"DATABASE_URL":          pgtest.NewDatabase(t, "shop_cmd_").URL,
+		"NATS_URL":              ns.URL(),
+		"FULFILLMENT_DELAY":     "100ms",
+		"DASHBOARD_ADDR":        FreeAddr(t), // not the machine's :8080
+		"PAYMENT_FAKE_PROVIDER": "true",      // loadgen pays through /simulate
+	}
+	for _, name := range app.Names {
+		vars[strings.ToUpper(name)+"_ADDR"] = FreeAddr(t)
+	}
+	cfg, err := app.LoadConfig(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx, cfg, app.Names, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("shop: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("the shop did not stop within 30s")
+		}
+	})
+	for _, name := range app.Names {
+		addr := vars[strings.ToUpper(name)+"_ADDR"]
+		WaitFor(t, name+" ready", 30*time.Second, func() bool {
+			select {
+			case err := <-done:
+				t.Fatalf("the shop stopped before it was ready: %v", err)
+			default:
+			}
+			res, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			res.Body.Close()
+			return res.StatusCode == http.StatusOK
+		})
+	}
+	return &Shop{Env: vars, OrderURL: "http://" + vars["ORDER_ADDR"], StockURL: "http://" + vars["INVENTORY_ADDR"] + "/stock/"}
+}
+
+// Restock stocks sku and waits until the order service accepts orders for
+// it (it learns SKUs from inventory's events): a probe order gets through,
+// and is cancelled at once.
+func (s *Shop) Restock(t testing.TB, sku string, onHand, price int) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]int{"on_hand": onHand, "price": price})
+	req, _ := http.NewRequest(http.MethodPut, s.StockURL+sku, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("restock %s: %s", sku, res.Status)
+	}
+	var probe string
+	WaitFor(t, "the order service knows "+sku, 15*time.Second, func() bool {
+		body := fmt.Sprintf(`{"customer_id":"probe","items":[{"sku":%q,"quantity":1}]}`, sku)
+		req, _ := http.NewRequest(http.MethodPost, s.OrderURL+"/orders", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "probe-"+sku+"-"+time.Now().Format(time.RFC3339Nano))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		var o struct {
+			OrderID string `json:"order_id"`
+		}
+		_ = json.NewDecoder(res.Body).Decode(&o)
+		probe = o.OrderID
+		return res.StatusCode == http.StatusCreated
+	})
+	WaitFor(t, "the probe order cancelled", 15*time.Second, func() bool {
+		res, err := http.Post(s.OrderURL+"/orders/"+probe+"/cancel", "application/json", nil)
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusAccepted
+	})
+}
