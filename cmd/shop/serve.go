@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/failpoint"
+)
+
+// serveAll is `shop all [-demo]`: every service in one process, with an
+// embedded NATS server unless NATS_URL names one.
+func serveAll(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	var demo bool
+	cfg, log, err := startUp("all", args, getenv, stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&demo, "demo", false, "stock a small catalogue and print curl commands to try")
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("starting", "services", app.Names, "config", cfg)
+	if demo {
+		return app.RunDemo(ctx, cfg, log, stdout)
+	}
+	return app.Run(ctx, cfg, app.Names, log)
+}
+
+// serveOne returns `shop <service>`: one service (HTTP, its consumers, its
+// relay) against the NATS server of NATS_URL, its default when unset.
+func serveOne(service string) command {
+	return func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+		cfg, log, err := startUp(service, args, getenv, stderr, nil)
+		if err != nil {
+			return err
+		}
+		if cfg.NATSURL == "" { // only `shop all` embeds a server
+			cfg.NATSURL = app.DefaultNATSURL
+		}
+		log.Info("starting", "services", []string{service}, "config", cfg)
+		return app.Run(ctx, cfg, []string{service}, log)
+	}
+}
+
+// startUp is what every service command does before it runs: read the
+// configuration from the environment and the flags (the command adds its
+// own with more, which may be nil), arm the failpoints of SHOP_FAILPOINTS,
+// and make the logger.
+func startUp(target string, args []string, getenv func(string) string, stderr io.Writer, more func(*flag.FlagSet)) (app.Config, *slog.Logger, error) {
+	cfg, err := app.LoadConfig(getenv)
+	if err != nil {
+		return app.Config{}, nil, err
+	}
+	fs := cli.ConfigFlags("shop "+target, "", "", &cfg, stderr)
+	if more != nil {
+		more(fs)
+	}
+	if err := cli.Parse(fs, args); err != nil {
+		return app.Config{}, nil, err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	// The failpoints are armed once, here, from SHOP_FAILPOINTS; a name
+	// that no failpoint has stops the start-up.
+	if err := failpoint.Init(getenv); err != nil {
+		return app.Config{}, nil, err
+	}
+	if spec := failpoint.Spec(); spec != "" {
+		log.Warn("failpoints armed: this process will fail or crash on purpose", "SHOP_FAILPOINTS", spec)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "shop %s: unexpected arguments %q\n", target, fs.Args())
+		return app.Config{}, nil, cli.ErrUsage
+	}
+	return cfg, log, nil
+}
