@@ -16,5 +16,6 @@
 // as getenv and its stdout and stderr, owns its flag set, and returns an
 // error: one wrapping cli.ErrUsage for a command line it does not understand
 // (it has printed why), ErrViolations when verify found the invariants
-// broken (it has printed the report), flag.ErrHelp after -h. None exits.
+// broken (it has printed the report), flag.ErrHelp after -h has printed a
+// command's flags. None exits.
 package operator
