@@ -81,15 +81,23 @@ func Eventing() []Set { return []Set{Outbox(), Inbox()} }
 // tables, with the missing tables surfacing later as dead letters: Apply
 // fails on it, saying what to add.
 func Service(service string) Set {
-	set := Set{Name: service, Table: goose.DefaultTablename}
 	sub, err := fs.Sub(serviceFS, service)
-	if err == nil {
-		var files []string
-		if files, err = fs.Glob(sub, "*.sql"); err == nil && len(files) == 0 {
-			err = fmt.Errorf("no migrations for service %q: add its tables as goose SQL files migrations/%s/00002_<name>.sql", service, service)
-		}
+	if err != nil {
+		return Set{Name: service, Table: goose.DefaultTablename, err: err}
 	}
-	set.FS, set.err = sub, err
+	return Own(service, sub)
+}
+
+// Own is the set of service's own migrations in fsys, kept where Service
+// keeps them (goose's default version table); no SQL in fsys is the same
+// error as Service's.
+func Own(service string, fsys fs.FS) Set {
+	set := Set{Name: service, Table: goose.DefaultTablename, FS: fsys}
+	files, err := fs.Glob(fsys, "*.sql")
+	if err == nil && len(files) == 0 {
+		err = fmt.Errorf("no migrations for service %q: add its tables as goose SQL files migrations/%s/00002_<name>.sql", service, service)
+	}
+	set.err = err
 	return set
 }
 
@@ -191,23 +199,3 @@ func apply(ctx context.Context, db *sql.DB, schema string, s Set, lockID int64, 
 	}
 	return nil
 }
-
-// ForService is the sets of service beyond the eventing ones: the saga's
-// for the order service, then the service's own.
-func ForService(service string) []Set {
-	if service == "order" {
-		return []Set{Saga(), Service(service)}
-	}
-	return []Set{Service(service)}
-}
-
-// Schemas maps each service to the schema it owns, as the contract names them.
-var Schemas = map[string]string{
-	"order":       "orders",
-	"inventory":   "inventory",
-	"payment":     "payment",
-	"fulfillment": "fulfillment",
-}
-
-// Services lists the services in start-up order.
-var Services = []string{"inventory", "order", "payment", "fulfillment"}

@@ -19,7 +19,7 @@ import (
 func TestApplyUpgradesTheEarlierLayout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := pgtest.New(t, "order")
+	s := pgtest.New(t, migrations.Saga(), migrations.Service("order"))
 	schema := pgx.Identifier{s.Name}.Sanitize()
 	mustExec := func(sql string, args ...any) {
 		t.Helper()
@@ -41,7 +41,7 @@ func TestApplyUpgradesTheEarlierLayout(t *testing.T) {
 	mustExec(`INSERT INTO saga_instances (id, type, state) VALUES ('o-1', 'order', 'PENDING')`)
 
 	for range 2 { // the upgrade, then a no-op
-		if err := migrations.Apply(ctx, pgtest.URL(), s.Name, migrations.ForService("order"), nil); err != nil {
+		if err := migrations.Apply(ctx, pgtest.URL(), s.Name, []migrations.Set{migrations.Saga(), migrations.Service("order")}, nil); err != nil {
 			t.Fatalf("apply to the earlier layout: %v", err)
 		}
 	}

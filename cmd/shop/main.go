@@ -17,10 +17,10 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/loadgen"
 	"github.com/shop-ref/shop/internal/operator"
+	"github.com/shop-ref/shop/services"
 )
 
 const usage = `shop: a teaching-reference e-commerce system (order, inventory, payment,
@@ -61,18 +61,19 @@ Flags override it; "shop <command> -h" lists them.
 // process's.
 type command func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error
 
-// commands is every command of shop by name: one per service (app.Names),
-// all of them at once, and the operator's.
+// commands is every command of shop by name: one per service
+// (services.All), all of them at once, and the operator's.
 func commands() map[string]command {
+	op := operator.Shop{Services: services.All}
 	cmds := map[string]command{
 		"all":     serveAll,
-		"migrate": operator.Migrate,
-		"verify":  operator.Verify,
-		"outbox":  operator.Outbox,
-		"trace":   operator.Trace,
+		"migrate": op.Migrate,
+		"verify":  op.Verify,
+		"outbox":  op.Outbox,
+		"trace":   op.Trace,
 		"loadgen": loadgen.Run,
 	}
-	for _, name := range app.Names {
+	for _, name := range services.All.Names() {
 		cmds[name] = serveOne(name)
 	}
 	return cmds

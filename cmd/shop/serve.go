@@ -22,11 +22,11 @@ func serveAll(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	log.Info("starting", "services", app.Names, "config", cfg)
+	log.Info("starting", "services", cfg.Registry.Names(), "config", cfg)
 	if demo {
 		return app.RunDemo(ctx, cfg, log, stdout)
 	}
-	return app.Run(ctx, cfg, app.Names, log)
+	return app.Run(ctx, cfg, cfg.Registry.Names(), log)
 }
 
 // serveOne returns `shop <service>`: one service (HTTP, its consumers, its

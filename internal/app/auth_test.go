@@ -15,13 +15,14 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
-	"github.com/shop-ref/shop/migrations"
-	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/services"
 )
 
-// broker.Services is what each service's NATS user may do; it must be what
-// the service does: its user is its name, its stream the contract's, and
-// its durables the consumers its domain really creates.
+// A service's NATS user may do what its registry entry declares; that must
+// be what the service does: its user is its name, its stream the
+// contract's, and its durables the consumers its domain really creates
+// (which start-up checks too, checkConsumers).
 func TestNATSAccessIsWhatEachServiceDoes(t *testing.T) {
 	t.Parallel()
 	_, js := natstest.New(t).Connect(t)
@@ -34,29 +35,21 @@ func TestNATSAccessIsWhatEachServiceDoes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(broker.Services) != len(Names) {
-		t.Errorf("broker.Services has %d services, the shop %d", len(broker.Services), len(Names))
-	}
-	for _, name := range Names {
-		a, ok := broker.AccessOf(name)
-		if !ok {
-			t.Errorf("%s has no NATS user in broker.Services", name)
-			continue
+	for _, e := range services.All {
+		a, schema := e.Access(), e.Schema
+		if a.User != e.Name || a.Stream != strings.ToUpper(schema) || !slices.Equal(a.Subjects, []string{schema + ".>"}) {
+			t.Errorf("%s: user %s, stream %s %v, the contract says %s %s [%s.>]", e.Name, a.User, a.Stream, a.Subjects, e.Name, strings.ToUpper(schema), schema)
 		}
-		schema := migrations.Schemas[name]
-		if a.Stream != strings.ToUpper(schema) || !slices.Equal(a.Subjects, []string{schema + ".>"}) {
-			t.Errorf("%s: stream %s %v, the contract says %s [%s.>]", name, a.Stream, a.Subjects, strings.ToUpper(schema), schema)
-		}
-		dom, err := newDomain(name, pool, js, cfg, slog.New(slog.DiscardHandler), nil, nil)
-		if err != nil {
-			t.Fatal(err)
+		dom := buildDomain(t, cfg, e.Name, registry.Deps{Pool: pool, JetStream: js})
+		if err := checkConsumers(e, dom); err != nil {
+			t.Error(err)
 		}
 		var have []broker.Durable
-		for _, c := range dom.(interface{ Consumers() []*inbox.Consumer }).Consumers() {
+		for _, c := range dom.Consumers() {
 			have = append(have, broker.Durable{Stream: c.Stream(), Name: c.Name()})
 		}
 		if !slices.Equal(have, a.Durables) {
-			t.Errorf("%s creates the consumers %v, its NATS user may run %v", name, have, a.Durables)
+			t.Errorf("%s creates the consumers %v, its NATS user may run %v", e.Name, have, a.Durables)
 		}
 	}
 }
@@ -69,7 +62,7 @@ func TestServiceConnectsAsItsOwnUser(t *testing.T) {
 	t.Parallel()
 	t.Run("with its password, on a secured server", func(t *testing.T) {
 		t.Parallel()
-		ns, passwords := natstest.NewSecured(t)
+		ns, passwords := natstest.NewSecured(t, services.All.Access())
 		out := runInventory(t, ns.URL(), passwords["inventory"])
 		_, js := ns.Connect(t)
 		waitFor(t, "inventory's stream and its durable consumer", func() bool {
@@ -124,11 +117,48 @@ func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
 // ensureEveryStream ensures every service's streams, as each service does
 // when it starts, for tests that run the services' parts without Run.
 func ensureEveryStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
-	for _, a := range broker.Services {
-		s := &Service{Name: a.User, Stream: a.Stream, Subjects: a.Subjects, access: a, Logger: log}
+	for _, a := range services.All.Access() {
+		s := &Service{Name: a.User, Stream: a.Stream, Subjects: a.Subjects, access: a, Logger: log, cfg: Config{Registry: services.All}}
 		if _, err := s.ensureStreams(ctx, js); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// buildDomain builds the service called name as cfg configures it, over d.
+func buildDomain(t *testing.T, cfg Config, name string, d registry.Deps) registry.Domain {
+	t.Helper()
+	build := cfg.build[name]
+	if build == nil {
+		t.Fatalf("no service %q in the configuration", name)
+	}
+	dom, err := build(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dom
+}
+
+// A built service that runs other consumers than its entry declares does
+// not start, and the error says where to declare them.
+func TestCheckConsumersNamesTheRegistration(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.New(t).Connect(t)
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	cfg, err := LoadConfig(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _ := services.All.Get("payment")
+	dom := buildDomain(t, cfg, e.Name, registry.Deps{Pool: pool, JetStream: js})
+	e.Consumers = append(e.Consumers, registry.Consumer{Name: "payment-refunds", Stream: "ORDERS"})
+	err = checkConsumers(e, dom)
+	if err == nil || !strings.Contains(err.Error(), "services/payment/registration.go") || !strings.Contains(err.Error(), "payment-refunds") {
+		t.Fatalf("checkConsumers with a declared consumer that does not run: %v, want an error naming it and the registration", err)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/services"
 )
 
 // A shop started while JetStream cannot answer (a cluster without quorum
@@ -81,8 +82,13 @@ func TestKeepStreamsRecreatesADeletedStream(t *testing.T) {
 	_, js := ns.Connect(t)
 	// The order service: it owns ORDERS and reads PAYMENT, which it may
 	// create again but not change.
-	access, _ := broker.AccessOf("order")
-	s := &Service{Name: "order", Stream: access.Stream, Subjects: access.Subjects, access: access, Logger: slog.New(slog.DiscardHandler)}
+	cfg, err := LoadConfig(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _ := cfg.Registry.Get("order")
+	access := e.Access()
+	s := &Service{Name: "order", Stream: access.Stream, Subjects: access.Subjects, access: access, cfg: cfg, Logger: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := s.ensureStreams(ctx, js); err != nil {
@@ -107,7 +113,7 @@ func TestCheckWindows(t *testing.T) {
 		t.Fatalf("the relay's retry horizon %s is not shorter than broker.DuplicateWindow %s", horizon, broker.DuplicateWindow)
 	}
 	all := map[string]time.Duration{}
-	for _, a := range broker.Services {
+	for _, a := range services.All.Access() {
 		all[a.Stream] = broker.DuplicateWindow
 	}
 	if err := checkWindows(horizon, all, consumersOnly{}); err != nil {
@@ -121,7 +127,7 @@ func TestCheckWindows(t *testing.T) {
 
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
-	c, err := inbox.NewConsumer(pgtest.New(t, "").Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
+	c, err := inbox.NewConsumer(pgtest.New(t).Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
 		Handler: func(context.Context, pgx.Tx, inbox.Message) error { return nil }, Retention: time.Hour, PublishHorizon: time.Minute, DuplicateWindow: time.Minute, ReplayWindow: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -237,7 +243,7 @@ func forward(ln net.Listener, target string) {
 func TestCheckLimits(t *testing.T) {
 	t.Parallel()
 	all := map[string]jetstream.StreamConfig{}
-	for _, a := range broker.Services {
+	for _, a := range services.All.Access() {
 		all[a.Stream] = jetstream.StreamConfig{Name: a.Stream, MaxAge: broker.DefaultLimits.MaxAge}
 	}
 	if err := checkLimits(all, consumersOnly{}); err != nil {
@@ -252,7 +258,7 @@ func TestCheckLimits(t *testing.T) {
 	}
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
-	c, err := inbox.NewConsumer(pgtest.New(t, "").Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
+	c, err := inbox.NewConsumer(pgtest.New(t).Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
 		Handler: func(context.Context, pgx.Tx, inbox.Message) error { return nil }})
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/services"
 )
 
 // repoRoot is where go.mod, the Dockerfile and docker-compose.yml live,
@@ -35,7 +36,7 @@ const repoRoot = "../.."
 
 // shopCommands are the subcommands of cmd/shop (a package main, so not
 // importable): the operator commands and one per service. The test checks the
-// services against Names and each command the compose file runs against the
+// services against the registry and each command the compose file runs against the
 // built binary itself.
 var shopCommands = []string{"all", "migrate", "verify", "outbox", "loadgen", "order", "inventory", "payment", "fulfillment"}
 
@@ -264,7 +265,7 @@ func TestComposeEnvVars(t *testing.T) {
 	vars := EnvVars()
 	// The contract's configuration table.
 	want := []string{"DATABASE_URL", "NATS_URL", "PAYMENT_TIMEOUT", "PAYMENT_WEBHOOK_SECRET", "FULFILLMENT_DELAY"}
-	for _, name := range Names {
+	for _, name := range services.All.Names() {
 		p := strings.ToUpper(name)
 		want = append(want, p+"_ADDR", p+"_DATABASE_URL")
 	}
@@ -274,7 +275,8 @@ func TestComposeEnvVars(t *testing.T) {
 		}
 	}
 	// Nothing but those: every variable EnvVars names changes the
-	// configuration LoadConfig returns.
+	// configuration LoadConfig returns (as its log shows it: every setting,
+	// a secret as whether it is set).
 	base, err := LoadConfig(func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
@@ -295,28 +297,28 @@ func TestComposeEnvVars(t *testing.T) {
 		})
 		if err != nil {
 			t.Errorf("%s=%s: %v", v, value, err)
-		} else if reflect.DeepEqual(cfg, base) {
+		} else if cfg.LogValue().String() == base.LogValue().String() {
 			t.Errorf("EnvVars names %s, but LoadConfig ignores it", v)
 		}
 	}
 }
 
 func TestComposeServices(t *testing.T) {
-	services, byName, volumes := loadCompose(t)
+	composed, byName, volumes := loadCompose(t)
 
 	// The shop's commands: the test's list against the code's services.
-	for _, name := range Names {
+	for _, name := range services.All.Names() {
 		if !slices.Contains(shopCommands, name) {
 			t.Errorf("service %s is missing from shopCommands", name)
 		}
 	}
 	for _, c := range shopCommands {
-		if !slices.Contains(Names, c) && !slices.Contains(operatorCommands, c) {
+		if !slices.Contains(services.All.Names(), c) && !slices.Contains(operatorCommands, c) {
 			t.Errorf("shopCommands has %q, neither a service nor an operator command", c)
 		}
 	}
 
-	for _, want := range append([]string{"postgres", "nats", "migrate", "seed", "nats-1", "nats-2", "nats-3"}, Names...) {
+	for _, want := range append([]string{"postgres", "nats", "migrate", "seed", "nats-1", "nats-2", "nats-3"}, services.All.Names()...) {
 		if byName[want] == nil {
 			t.Errorf("docker-compose.yml has no service %s", want)
 		}
@@ -327,7 +329,7 @@ func TestComposeServices(t *testing.T) {
 
 	envVars := EnvVars()
 	pg, nats := byName["postgres"], byName["nats"]
-	for _, s := range services {
+	for _, s := range composed {
 		// Long-running services report their health; one-shots do not run long.
 		if !slices.Contains(oneShot, s.name) && len(s.healthcheck) == 0 {
 			t.Errorf("service %s (line %d) runs for good but has no healthcheck", s.name, s.line)
@@ -404,7 +406,7 @@ func TestComposeServices(t *testing.T) {
 			}
 			continue
 		}
-		if !slices.Contains(Names, name) {
+		if !slices.Contains(services.All.Names(), name) {
 			t.Errorf("service %s runs `shop %s`; compose runs the services one by one", s.name, name)
 			continue
 		}
@@ -427,7 +429,7 @@ func TestComposeServices(t *testing.T) {
 		if _, ok := s.env[addrVar]; !ok {
 			t.Errorf("service %s does not set %s", s.name, addrVar)
 		}
-		if got, want := cfg.Services[name].Addr, defaultAddrs[name]; got != want {
+		if got, want := cfg.Services[name].Addr, defaultAddr(t, name); got != want {
 			t.Errorf("service %s: %s=%s, the contract's default is %s", s.name, addrVar, got, want)
 		}
 		port := portOf(t, cfg.Services[name].Addr)
@@ -485,7 +487,7 @@ func TestComposeServices(t *testing.T) {
 	if len(nats.profs) > 0 || len(pg.profs) > 0 {
 		t.Error("postgres and nats must run without a profile")
 	}
-	for _, n := range Names {
+	for _, n := range services.All.Names() {
 		if len(byName[n].profs) > 0 {
 			t.Errorf("service %s runs only in profiles %v", n, byName[n].profs)
 		}
@@ -502,8 +504,8 @@ func TestComposeSeed(t *testing.T) {
 		t.Errorf("seed: depends_on inventory %+v, want service_healthy", dep)
 	}
 	u, err := url.Parse(seed.env["INVENTORY_URL"])
-	if err != nil || u.Hostname() != "inventory" || u.Port() != portOf(t, defaultAddrs["inventory"]) {
-		t.Errorf("seed: INVENTORY_URL %q, want the inventory service on %s", seed.env["INVENTORY_URL"], defaultAddrs["inventory"])
+	if err != nil || u.Hostname() != "inventory" || u.Port() != portOf(t, defaultAddr(t, "inventory")) {
+		t.Errorf("seed: INVENTORY_URL %q, want the inventory service on %s", seed.env["INVENTORY_URL"], defaultAddr(t, "inventory"))
 	}
 	if !slices.Contains(seed.volumes, "./deploy/seed.sh:/seed.sh:ro") || !slices.Equal(seed.entrypoint, []string{"/bin/sh", "/seed.sh"}) {
 		t.Errorf("seed: volumes %q, entrypoint %q: want deploy/seed.sh run as /seed.sh", seed.volumes, seed.entrypoint)
@@ -663,8 +665,8 @@ func TestComposeDockerfile(t *testing.T) {
 	}
 	// EXPOSE covers exactly the services' ports.
 	var ports []int
-	for _, name := range Names {
-		p, _ := strconv.Atoi(portOf(t, defaultAddrs[name]))
+	for _, name := range services.All.Names() {
+		p, _ := strconv.Atoi(portOf(t, defaultAddr(t, name)))
 		ports = append(ports, p)
 	}
 	slices.Sort(ports)
@@ -703,8 +705,8 @@ func TestComposeBinary(t *testing.T) {
 		t.Errorf("the binary links %v: not static", libs)
 	}
 
-	services, _, _ := loadCompose(t)
-	for _, s := range services {
+	composed, _, _ := loadCompose(t)
+	for _, s := range composed {
 		if !s.isShop() || len(s.command) == 0 {
 			continue
 		}
@@ -744,7 +746,7 @@ func TestComposeBinary(t *testing.T) {
 func TestComposeNATSUsers(t *testing.T) {
 	_, byName, _ := loadCompose(t)
 	users := []string{broker.AuditUser}
-	for _, a := range broker.Services {
+	for _, a := range services.All.Access() {
 		users = append(users, a.User)
 	}
 	defaults := map[string]string{}
@@ -764,7 +766,7 @@ func TestComposeNATSUsers(t *testing.T) {
 			defaults[u] = interpolationDefault(v)
 		}
 	}
-	for _, name := range Names {
+	for _, name := range services.All.Names() {
 		s := byName[name]
 		for _, u := range users {
 			v, ok := s.env[broker.PasswordVar(u)]
@@ -779,7 +781,7 @@ func TestComposeNATSUsers(t *testing.T) {
 		}
 	}
 
-	want, err := broker.Users(defaults)
+	want, err := broker.Users(services.All.Access(), defaults)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -815,4 +817,14 @@ func setNATSPasswords(t *testing.T, s *composeService) {
 			t.Setenv(k, interpolationDefault(v))
 		}
 	}
+}
+
+// defaultAddr is the default HTTP address of the service called name.
+func defaultAddr(t *testing.T, name string) string {
+	t.Helper()
+	e, err := services.All.Get(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Addr
 }

@@ -15,8 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/internal/broker"
-	"github.com/shop-ref/shop/migrations"
-	"github.com/shop-ref/shop/services/order"
+	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/services"
 )
 
 // Defaults of the contract's configuration.
@@ -29,13 +29,6 @@ const (
 	// its streams.
 	EmbeddedNATSDir = "./data/nats"
 )
-
-var defaultAddrs = map[string]string{
-	"order":       ":8081",
-	"inventory":   ":8082",
-	"payment":     ":8083",
-	"fulfillment": ":8084",
-}
 
 // Config is the configuration of one shop process, read from the
 // environment once by LoadConfig; the flags of RegisterFlags override it.
@@ -53,38 +46,16 @@ type Config struct {
 	// Empty: anonymous, or, for the local demo's embedded server, the
 	// password it wrote (DemoAuditPasswordFile).
 	AuditNATSPassword string
-	// Services holds each service's own settings, by service name.
+	// Registry is the shop's services (services.All; a test may add one).
+	Registry registry.Registry
+	// Services holds what differs between services, by service name.
 	Services map[string]*ServiceConfig
+	// Settings are the services' own settings (PAYMENT_TIMEOUT, …), each
+	// declared by its service's registry entry.
+	Settings *registry.Env
+	// build is each service's constructor, bound to its settings.
+	build map[string]registry.NewFunc
 
-	// PaymentTimeout is how long an order may wait in WAIT_PAY before the
-	// saga closes it (PAYMENT_TIMEOUT, default 15m).
-	PaymentTimeout time.Duration
-	// ReservationTimeout is how long an order may stay PENDING, inventory
-	// not answering, before the saga closes it (ORDER_RESERVATION_TIMEOUT,
-	// default order.DefaultReservationTimeout, 5m).
-	ReservationTimeout time.Duration
-	// WebhookSecret is the HMAC key of payment provider callbacks
-	// (PAYMENT_WEBHOOK_SECRET, default DefaultWebhookSecret, with a warning).
-	WebhookSecret string
-	// FakeProvider switches on the payment service's demo endpoint POST
-	// /payments/{id}/simulate, where the built-in fake provider charges an
-	// order and signs its callback (PAYMENT_FAKE_PROVIDER, default false;
-	// `shop all -demo` turns it on).
-	FakeProvider bool
-	// OperatorToken is the bearer token the operator's endpoints (PUT
-	// /stock/{sku}) require (OPERATOR_TOKEN). Empty, the default: they are
-	// open, and the inventory service warns.
-	OperatorToken string
-	// FulfillmentDelay is how long after FulfillmentStarted the simulated
-	// carrier delivers (FULFILLMENT_DELAY, default 2s).
-	FulfillmentDelay time.Duration
-	// IdempotencyKeyTTL is how long the order service remembers an
-	// Idempotency-Key (IDEMPOTENCY_KEY_TTL, default 24h).
-	IdempotencyKeyTTL time.Duration
-	// OrderMaxBacklog is how many events the saga's consumers may have left
-	// to settle before POST /orders answers 503 with Retry-After
-	// (ORDER_MAX_BACKLOG, default 1000; 0: never shed).
-	OrderMaxBacklog int64
 	// NATSReplicas is how many copies JetStream keeps of each stream
 	// (NATS_REPLICAS, default 1): 3 on a three-node cluster.
 	NATSReplicas int
@@ -105,60 +76,52 @@ type Config struct {
 	TracesEndpoint string
 }
 
-// DefaultWebhookSecret is the demo's webhook key. Anyone who reads this
-// repository can sign callbacks with it, so a process using it warns.
-const DefaultWebhookSecret = "dev-secret"
-
 // ServiceConfig is what differs between services.
 type ServiceConfig struct {
 	// DatabaseURL overrides Config.DatabaseURL for this service
 	// (ORDER_DATABASE_URL, INVENTORY_DATABASE_URL, …).
 	DatabaseURL string
-	// Addr is the HTTP listen address (ORDER_ADDR, …; :8081 to :8084).
+	// Addr is the HTTP listen address (ORDER_ADDR, …; default the entry's
+	// Addr, :8081 to :8084).
 	Addr string
 	// TracerProvider, when set, makes the service's spans instead of the
 	// provider Config.TracesEndpoint would make: tests and embedders pass
 	// their own. It is never shut down by the service.
 	TracerProvider trace.TracerProvider
 	// NATSPassword is the password of the service's own NATS user, named
-	// after the service (ORDER_NATS_PASSWORD, …; broker.Services). Empty:
+	// after the service (ORDER_NATS_PASSWORD, …; its registry entry's Access). Empty:
 	// it connects anonymously, with a warning, as an unsecured server
 	// allows. The embedded server of `shop all` ignores it and makes its
 	// own.
 	NATSPassword string
 }
 
-// LoadConfig reads the configuration from getenv (os.Getenv in main). It
-// fails only on a value it cannot parse.
+// LoadConfig reads the configuration of the shop's services (services.All)
+// from getenv (os.Getenv in main). It fails on a value it cannot parse and on
+// a registry entry that is incomplete, saying what to add.
 func LoadConfig(getenv func(string) string) (Config, error) {
+	return LoadConfigFor(services.All, getenv)
+}
+
+// LoadConfigFor is LoadConfig for the services of reg.
+func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, error) {
+	if err := reg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("the service registry: %w", err)
+	}
 	cfg := Config{
 		DatabaseURL:       cmp.Or(getenv("DATABASE_URL"), DefaultDatabaseURL),
 		NATSURL:           getenv("NATS_URL"),
 		AuditNATSPassword: getenv(broker.PasswordVar(broker.AuditUser)),
-		Services:          make(map[string]*ServiceConfig, len(migrations.Services)),
-		WebhookSecret:     cmp.Or(getenv("PAYMENT_WEBHOOK_SECRET"), DefaultWebhookSecret),
-		OperatorToken:     getenv("OPERATOR_TOKEN"),
+		Registry:          reg,
+		Services:          make(map[string]*ServiceConfig, len(reg)),
+		Settings:          registry.NewEnv(getenv),
+		build:             make(map[string]registry.NewFunc, len(reg)),
 		NATSReplicas:      1,
 		StreamLimits:      broker.DefaultLimits,
 		DashboardAddr:     cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
 		// Read here only to know whether to export: the exporter reads
 		// these and the other OTEL_* variables itself, as specified.
 		TracesEndpoint: cmp.Or(getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
-	}
-	cfg.OrderMaxBacklog = order.DefaultMaxBacklog
-	if v := getenv("ORDER_MAX_BACKLOG"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return Config{}, fmt.Errorf("ORDER_MAX_BACKLOG=%q: want a count of events, 0 to never shed orders", v)
-		}
-		cfg.OrderMaxBacklog = n
-	}
-	if v := getenv("PAYMENT_FAKE_PROVIDER"); v != "" {
-		on, err := strconv.ParseBool(v)
-		if err != nil {
-			return Config{}, fmt.Errorf("PAYMENT_FAKE_PROVIDER=%q: want true or false", v)
-		}
-		cfg.FakeProvider = on
 	}
 	if v := getenv("NATS_STREAM_MAX_AGE"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -181,37 +144,19 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		}
 		cfg.NATSReplicas = n
 	}
-	for _, d := range []struct {
-		env string
-		def time.Duration
-		dst *time.Duration
-	}{
-		{"PAYMENT_TIMEOUT", 15 * time.Minute, &cfg.PaymentTimeout},
-		{"ORDER_RESERVATION_TIMEOUT", order.DefaultReservationTimeout, &cfg.ReservationTimeout},
-		{"FULFILLMENT_DELAY", 2 * time.Second, &cfg.FulfillmentDelay},
-		{"IDEMPOTENCY_KEY_TTL", 24 * time.Hour, &cfg.IdempotencyKeyTTL},
-	} {
-		*d.dst = d.def
-		if v := getenv(d.env); v != "" {
-			parsed, err := time.ParseDuration(v)
-			if err != nil || parsed <= 0 {
-				return Config{}, fmt.Errorf("%s=%q: want a positive duration such as 15m or 2s", d.env, v)
-			}
-			*d.dst = parsed
-		}
-	}
-	for _, name := range migrations.Services {
-		prefix := strings.ToUpper(name)
-		if defaultAddrs[name] == "" {
-			// Without one it would listen on a random port, and nothing
-			// (compose, the demo's seeding, the dashboard) would find it.
-			return Config{}, fmt.Errorf("service %q has no default HTTP address: add it to defaultAddrs in internal/app/config.go", name)
-		}
-		cfg.Services[name] = &ServiceConfig{
+	for _, e := range reg {
+		prefix := strings.ToUpper(e.Name)
+		cfg.Services[e.Name] = &ServiceConfig{
 			DatabaseURL:  getenv(prefix + "_DATABASE_URL"),
-			Addr:         cmp.Or(getenv(prefix+"_ADDR"), defaultAddrs[name]),
-			NATSPassword: getenv(broker.PasswordVar(name)),
+			Addr:         cmp.Or(getenv(prefix+"_ADDR"), e.Addr),
+			NATSPassword: getenv(broker.PasswordVar(e.Name)),
 		}
+		// Each service reads its own settings, here, once: a bad value
+		// stops every command before anything runs.
+		cfg.build[e.Name] = e.Configure(cfg.Settings)
+	}
+	if err := cfg.Settings.Err(); err != nil {
+		return Config{}, err
 	}
 	return cfg, nil
 }
@@ -238,23 +183,16 @@ func EnvVars() []string {
 func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(secretFlag{&cfg.DatabaseURL}, "database-url", "database of every service without its own `URL` (DATABASE_URL)")
 	fs.Var(secretFlag{&cfg.NATSURL}, "nats-url", "NATS server `URL` (NATS_URL); empty: shop all embeds one, a single service uses "+DefaultNATSURL)
-	for _, name := range migrations.Services {
+	for _, name := range cfg.Registry.Names() {
 		sc, env := cfg.Services[name], strings.ToUpper(name)
 		fs.Var(secretFlag{&sc.DatabaseURL}, name+"-database-url", fmt.Sprintf("database `URL` of the %s service (%s_DATABASE_URL)", name, env))
 		fs.StringVar(&sc.Addr, name+"-addr", sc.Addr, fmt.Sprintf("HTTP listen `address` of the %s service (%s_ADDR)", name, env))
 	}
-	fs.DurationVar(&cfg.PaymentTimeout, "payment-timeout", cfg.PaymentTimeout, "how long an order may wait for payment (PAYMENT_TIMEOUT)")
-	fs.DurationVar(&cfg.ReservationTimeout, "order-reservation-timeout", cfg.ReservationTimeout, "how long an order may wait for inventory to reserve it (ORDER_RESERVATION_TIMEOUT)")
-	fs.Var(maskedFlag{&cfg.WebhookSecret}, "payment-webhook-secret", "HMAC `key` of payment callbacks (PAYMENT_WEBHOOK_SECRET)")
-	fs.BoolVar(&cfg.FakeProvider, "payment-fake-provider", cfg.FakeProvider, "serve POST /payments/{id}/simulate, the fake provider's demo payments (PAYMENT_FAKE_PROVIDER)")
-	fs.Var(maskedFlag{&cfg.OperatorToken}, "operator-token", "bearer `token` the operator endpoints require, PUT /stock/{sku}; empty: open (OPERATOR_TOKEN)")
-	fs.DurationVar(&cfg.FulfillmentDelay, "fulfillment-delay", cfg.FulfillmentDelay, "shipment start to delivery (FULFILLMENT_DELAY)")
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
 	fs.DurationVar(&cfg.StreamLimits.MaxAge, "nats-stream-max-age", cfg.StreamLimits.MaxAge, "how long each stream keeps a message; 0: for ever (NATS_STREAM_MAX_AGE)")
 	fs.Int64Var(&cfg.StreamLimits.MaxBytes, "nats-stream-max-bytes", cfg.StreamLimits.MaxBytes, "bound of each stream's size; 0: none (NATS_STREAM_MAX_BYTES)")
 	fs.StringVar(&cfg.DashboardAddr, "dashboard-addr", cfg.DashboardAddr, "HTTP listen `address` of the dashboard of shop all (DASHBOARD_ADDR)")
-	fs.Int64Var(&cfg.OrderMaxBacklog, "order-max-backlog", cfg.OrderMaxBacklog, "saga events waiting for consumers above which POST /orders is 503; 0: never (ORDER_MAX_BACKLOG)")
-	fs.DurationVar(&cfg.IdempotencyKeyTTL, "idempotency-key-ttl", cfg.IdempotencyKeyTTL, "how long Idempotency-Keys are remembered (IDEMPOTENCY_KEY_TTL)")
+	cfg.Settings.RegisterFlags(fs)
 }
 
 // DatabaseURLOf returns the database URL of service: its own, else the
@@ -272,15 +210,16 @@ func (cfg Config) LogValue() slog.Value {
 		slog.String("database_url", MaskURL(cfg.DatabaseURL)),
 		slog.String("nats_url", cmp.Or(MaskURL(cfg.NATSURL), "(embedded)")),
 		slog.String("otlp_traces_endpoint", cmp.Or(MaskURL(cfg.TracesEndpoint), "(none)")),
-		slog.Duration("payment_timeout", cfg.PaymentTimeout),
-		slog.Duration("reservation_timeout", cfg.ReservationTimeout),
-		slog.Duration("fulfillment_delay", cfg.FulfillmentDelay),
-		slog.Bool("default_webhook_secret", cfg.WebhookSecret == DefaultWebhookSecret),
-		slog.Bool("fake_provider", cfg.FakeProvider),
-		slog.Bool("operator_token_set", cfg.OperatorToken != ""),
 		slog.Bool("audit_nats_password_set", cfg.AuditNATSPassword != ""),
+		slog.Int("nats_replicas", cfg.NATSReplicas),
+		slog.Duration("nats_stream_max_age", cfg.StreamLimits.MaxAge),
+		slog.Int64("nats_stream_max_bytes", cfg.StreamLimits.MaxBytes),
+		slog.String("dashboard_addr", cfg.DashboardAddr),
 	}
-	for _, name := range migrations.Services {
+	if cfg.Settings != nil {
+		attrs = append(attrs, slog.Any("settings", cfg.Settings))
+	}
+	for _, name := range cfg.Registry.Names() {
 		sc := cfg.Services[name]
 		group := []any{slog.String("addr", sc.Addr), slog.Bool("nats_password_set", sc.NATSPassword != "")}
 		if sc.DatabaseURL != "" {
@@ -320,14 +259,20 @@ func (f secretFlag) String() string {
 
 func (f secretFlag) Set(s string) error { *f.p = s; return nil }
 
-// maskedFlag is a secret string flag: -h never shows its value.
-type maskedFlag struct{ p *string }
-
-func (f maskedFlag) String() string {
-	if f.p == nil || *f.p == "" {
-		return ""
+// setting is the value of the services' setting env (a time.Duration,
+// int64, bool or string), T's zero value when no service of cfg declares
+// it: for the parts of the shop that read another part's setting (the
+// reconciler and the dashboard the saga's timeouts, the demo the
+// operator's token).
+func setting[T any](cfg Config, env string) T {
+	var zero T
+	if cfg.Settings == nil {
+		return zero
 	}
-	return "xxxxx"
+	v, ok := cfg.Settings.Value(env)
+	if !ok {
+		return zero
+	}
+	t, _ := v.(T)
+	return t
 }
-
-func (f maskedFlag) Set(s string) error { *f.p = s; return nil }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shop-ref/shop/services/payment"
 )
 
 func TestConfig(t *testing.T) {
@@ -19,11 +21,15 @@ func TestConfig(t *testing.T) {
 		if cfg.DatabaseURL != DefaultDatabaseURL || cfg.NATSURL != "" {
 			t.Errorf("DatabaseURL %q, NATSURL %q", cfg.DatabaseURL, cfg.NATSURL)
 		}
-		if cfg.PaymentTimeout != 15*time.Minute || cfg.ReservationTimeout != 5*time.Minute {
-			t.Errorf("PaymentTimeout %s, ReservationTimeout %s; want 15m and 5m", cfg.PaymentTimeout, cfg.ReservationTimeout)
+		pay, reserve := setting[time.Duration](cfg, "PAYMENT_TIMEOUT"), setting[time.Duration](cfg, "ORDER_RESERVATION_TIMEOUT")
+		if pay != 15*time.Minute || reserve != 5*time.Minute {
+			t.Errorf("PAYMENT_TIMEOUT %s, ORDER_RESERVATION_TIMEOUT %s; want 15m and 5m", pay, reserve)
 		}
-		if cfg.FakeProvider || cfg.OperatorToken != "" {
-			t.Errorf("FakeProvider %v, OperatorToken set %v; want the demo's endpoint off and no token", cfg.FakeProvider, cfg.OperatorToken != "")
+		if fake, token := setting[bool](cfg, "PAYMENT_FAKE_PROVIDER"), setting[string](cfg, "OPERATOR_TOKEN"); fake || token != "" {
+			t.Errorf("PAYMENT_FAKE_PROVIDER %v, OPERATOR_TOKEN set %v; want the demo's endpoint off and no token", fake, token != "")
+		}
+		if got := setting[string](cfg, "PAYMENT_WEBHOOK_SECRET"); got != payment.DefaultWebhookSecret {
+			t.Errorf("PAYMENT_WEBHOOK_SECRET %q, want the demo's default", got)
 		}
 		for name, want := range map[string]string{"order": ":8081", "inventory": ":8082", "payment": ":8083", "fulfillment": ":8084"} {
 			if got := cfg.Services[name].Addr; got != want {
@@ -72,18 +78,19 @@ func TestConfig(t *testing.T) {
 		if cfg.DatabaseURL != "postgres://flag@h/db" || cfg.Services["order"].Addr != ":7001" || cfg.NATSURL != "nats://env:4222" {
 			t.Errorf("after flags: %+v, order addr %q", cfg, cfg.Services["order"].Addr)
 		}
-		if cfg.ReservationTimeout != 90*time.Second {
-			t.Errorf("after flags: ReservationTimeout %s, want 90s", cfg.ReservationTimeout)
+		if got := setting[time.Duration](cfg, "ORDER_RESERVATION_TIMEOUT"); got != 90*time.Second {
+			t.Errorf("after flags: ORDER_RESERVATION_TIMEOUT %s, want 90s", got)
 		}
 	})
 
 	t.Run("help and logs never show a password", func(t *testing.T) {
 		t.Parallel()
 		env := map[string]string{
-			"DATABASE_URL":       "postgres://shop:s3cret@db:5432/shop",
-			"ORDER_DATABASE_URL": "host=db user=shop password=s3cret dbname=orders",
-			"NATS_URL":           "nats://relay:s3cret@nats:4222",
-			"OPERATOR_TOKEN":     "s3cret",
+			"DATABASE_URL":           "postgres://shop:s3cret@db:5432/shop",
+			"ORDER_DATABASE_URL":     "host=db user=shop password=s3cret dbname=orders",
+			"NATS_URL":               "nats://relay:s3cret@nats:4222",
+			"OPERATOR_TOKEN":         "s3cret",
+			"PAYMENT_WEBHOOK_SECRET": "s3cret",
 		}
 		cfg, err := LoadConfig(func(k string) string { return env[k] })
 		if err != nil {

@@ -11,15 +11,13 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/dashboard"
-	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
-	"github.com/shop-ref/shop/migrations"
 )
 
-// runsAll reports whether names holds every service: `shop all`, the one
-// process that serves the dashboard.
-func runsAll(names []string) bool {
-	for _, n := range Names {
+// runsAll reports whether names holds every service of cfg: `shop all`, the
+// one process that serves the dashboard and runs the reconciler.
+func runsAll(cfg Config, names []string) bool {
+	for _, n := range cfg.Registry.Names() {
 		if !slices.Contains(names, n) {
 			return false
 		}
@@ -50,21 +48,22 @@ func listenDashboard(cfg Config, log *slog.Logger) (net.Listener, error) {
 func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[string]string, log *slog.Logger) error {
 	defer ln.Close()
 	log = log.With("service", "dashboard")
-	pools := make(map[string]dashboard.DB, len(Names))
-	for _, name := range Names {
-		pool, err := database.NewPool(ctx, cfg.DatabaseURLOf(name), migrations.Schemas[name], 2)
-		if err != nil {
-			return fmt.Errorf("dashboard: %w", err)
-		}
-		defer pool.Close()
-		pools[name] = pool
+	shop, closePools, err := OpenShop(ctx, cfg, 2)
+	if err != nil {
+		return fmt.Errorf("dashboard: %w", err)
+	}
+	defer closePools()
+	pools := make(map[string]dashboard.DB, len(shop.Pools))
+	for name, p := range shop.Pools {
+		pools[name] = p
 	}
 	d, err := dashboard.New(dashboard.Config{
+		Services:       cfg.Registry.Names(),
 		Pools:          pools,
 		OrderURL:       urls["order"],
 		PaymentURL:     urls["payment"],
-		PaymentTimeout: cfg.PaymentTimeout,
-		CanPay:         cfg.FakeProvider,
+		PaymentTimeout: setting[time.Duration](cfg, "PAYMENT_TIMEOUT"),
+		CanPay:         setting[bool](cfg, "PAYMENT_FAKE_PROVIDER"),
 		Logger:         log,
 	})
 	if err != nil {

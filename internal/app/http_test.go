@@ -33,7 +33,7 @@ func get(t *testing.T, h http.Handler, path string, v any) int {
 
 func TestHealth(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, "")
+	db := pgtest.New(t)
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
 
@@ -105,7 +105,7 @@ func TestHealth(t *testing.T) {
 // out of a load balancer.
 func TestReadyWithoutNATS(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, "")
+	db := pgtest.New(t)
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
 	h := newRouter(db.Pool, nc, nil)
@@ -143,7 +143,7 @@ func TestReadyWithoutNATS(t *testing.T) {
 // decides readiness. Then it comes back (with a restart of the server).
 func TestReadyReportsJetStreamItself(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, "")
+	db := pgtest.New(t)
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
 	watch, err := newJetStreamWatch(nc, slog.New(slog.DiscardHandler))

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -147,7 +148,7 @@ const scrapeTimeout = 5 * time.Second
 // watch registers what is read at scrape time: the outbox of db and the
 // totals of relay, the counters and lag of the domain's consumers and, when
 // the domain runs sagas, their instances per state and the timeouts fired.
-func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom domain, nc *nats.Conn, js *jetStreamWatch) {
+func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom registry.Domain, nc *nats.Conn, js *jetStreamWatch) {
 	c := &scrapeCollector{db: db, relay: relay, nc: nc, js: js, started: time.Now(), seenStates: map[string]bool{}}
 	c.consumers = dom.Consumers()
 	for _, cons := range c.consumers {

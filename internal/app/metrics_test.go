@@ -138,7 +138,11 @@ func startServices(t *testing.T, names ...string) map[string]string {
 	urls := map[string]string{}
 	var runs []func()
 	for _, name := range names {
-		pool := pgtest.New(t, name).NewPool(t, poolSize(name))
+		e, err := cfg.Registry.Get(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := pgtest.New(t, e.Sets()...).NewPool(t, e.PoolSize)
 		s, err := New(name, cfg, nc, log)
 		if err != nil {
 			t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
-	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/services"
 )
 
 // openAPIFile is api/openapi.yaml, seen from this package's directory. It is
@@ -77,8 +77,8 @@ func loadOpenAPI(t *testing.T) *openAPIDoc {
 			t.Errorf("api/openapi.yaml: path %s has no x-service naming its owning service (or %q)", path, xServiceAll)
 			continue
 		}
-		if service != xServiceAll && !slices.Contains(migrations.Services, service) {
-			t.Errorf("api/openapi.yaml: path %s has x-service %q, want one of %v or %q", path, service, migrations.Services, xServiceAll)
+		if service != xServiceAll && !slices.Contains(services.All.Names(), service) {
+			t.Errorf("api/openapi.yaml: path %s has x-service %q, want one of %v or %q", path, service, services.All.Names(), xServiceAll)
 		}
 		for key := range item {
 			if slices.Contains(openAPIMethods, key) {
@@ -101,7 +101,7 @@ func TestOpenAPI(t *testing.T) {
 
 	t.Run("document is consistent", func(t *testing.T) {
 		t.Parallel()
-		for _, name := range migrations.Services {
+		for _, name := range services.All.Names() {
 			if doc.servers[name] == "" {
 				t.Errorf("api/openapi.yaml: no servers entry with x-service %q", name)
 			}
@@ -151,10 +151,11 @@ func TestOpenAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range migrations.Services {
+	for _, e := range services.All {
+		name := e.Name
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t, name)
+			db := pgtest.New(t, e.Sets()...)
 			// The router exactly as a running service assembles it.
 			svc, err := New(name, cfg, nc, log)
 			if err != nil {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/services/inventory"
 )
 
 // syncBuffer is a log destination safe for the services' goroutines.
@@ -34,7 +36,7 @@ func (s *syncBuffer) String() string {
 // one with a token says nothing of it, and never logs the token.
 func TestInventoryWarnsWithoutAnOperatorToken(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, "inventory")
+	db := pgtest.New(t, inventory.Registration.Sets()...)
 	_, js := natstest.New(t).Connect(t)
 	for _, token := range []string{"", "op-s3cret"} {
 		var out syncBuffer
@@ -43,9 +45,7 @@ func TestInventoryWarnsWithoutAnOperatorToken(t *testing.T) {
 			t.Fatal(err)
 		}
 		log := slog.New(slog.NewTextHandler(&out, nil))
-		if _, err := newDomain("inventory", db.Pool, js, cfg, log, nil, nil); err != nil {
-			t.Fatal(err)
-		}
+		buildDomain(t, cfg, "inventory", registry.Deps{Pool: db.Pool, JetStream: js, Logger: log})
 		log.Info("config", "config", cfg)
 		warned := strings.Contains(out.String(), "OPERATOR_TOKEN is not set")
 		if warned != (token == "") {

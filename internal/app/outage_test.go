@@ -19,7 +19,7 @@ import (
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/services"
 )
 
 // With its database unreachable, every service answers its writes (and
@@ -71,7 +71,7 @@ func TestDatabaseOutageIs503(t *testing.T) {
 			{http.MethodGet, "/shipments/" + uuid.NewString(), nil, nil},
 		},
 	}
-	for _, name := range migrations.Services {
+	for _, name := range services.All.Names() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			// Nothing listens on port 1: every query fails to connect.

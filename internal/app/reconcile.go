@@ -6,15 +6,11 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/reconcile"
-	"github.com/shop-ref/shop/internal/verify"
-	"github.com/shop-ref/shop/migrations"
 )
 
 // ReconcileInterval is how often `shop all` runs the reconciler.
@@ -39,26 +35,14 @@ func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.L
 	if err != nil {
 		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
-	pools := map[string]*pgxpool.Pool{}
-	close = func() {
-		for _, p := range pools {
-			p.Close()
-		}
-	}
-	for _, name := range Names {
-		pool, err := database.NewPool(ctx, cfg.DatabaseURLOf(name), migrations.Schemas[name], 2)
-		if err != nil {
-			close()
-			return nil, nil, fmt.Errorf("reconcile: %w", err)
-		}
-		pools[name] = pool
+	shop, close, err := OpenShop(ctx, cfg, 2)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
 	rcfg := ReconcileConfig(cfg)
 	rcfg.JetStream = js
 	return &reconcile.Job{
-		Pools: verify.Pools{
-			Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
-		},
+		Shop:     shop,
 		Config:   rcfg,
 		Interval: ReconcileInterval,
 		Logger:   log.With("service", "reconcile"),
@@ -75,8 +59,10 @@ const reconcileGrace = 5 * time.Minute
 // saga's timeouts are the ones to end it.
 func ReconcileConfig(cfg Config) reconcile.Config {
 	return reconcile.Config{
-		Pending:        cfg.ReservationTimeout + reconcileGrace,
-		PaymentTimeout: cfg.PaymentTimeout,
+		// The order service's settings; zero (the reconciler's defaults)
+		// for a shop without them.
+		Pending:        setting[time.Duration](cfg, "ORDER_RESERVATION_TIMEOUT") + reconcileGrace,
+		PaymentTimeout: setting[time.Duration](cfg, "PAYMENT_TIMEOUT"),
 		Grace:          reconcileGrace,
 		Repair:         true,
 		Retention:      OutboxRetention, // the window of the stream audit, when JetStream is set

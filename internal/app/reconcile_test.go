@@ -5,28 +5,30 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/reconcile"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/services"
 )
 
 // The reconcile collector serves the last run's findings by kind.
 func TestReconcileCollector(t *testing.T) {
 	t.Parallel()
-	pools := verify.Pools{
-		Order: pgtest.New(t, "order").Pool, Inventory: pgtest.New(t, "inventory").Pool,
-		Payment: pgtest.New(t, "payment").Pool, Fulfillment: pgtest.New(t, "fulfillment").Pool,
+	shop := verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{}}
+	for _, e := range services.All {
+		shop.Pools[e.Name] = pgtest.New(t, e.Sets()...).Pool
 	}
 	ctx := context.Background()
 	// An order PENDING for an hour: stuck.
-	_, err := pools.Order.Exec(ctx, `INSERT INTO orders (order_id, customer_id, status, total, created_at, updated_at)
+	_, err := shop.Pools["order"].Exec(ctx, `INSERT INTO orders (order_id, customer_id, status, total, created_at, updated_at)
 		VALUES ($1, 'c', 'PENDING', 1, now() - interval '1 hour', now() - interval '1 hour')`, uuid.New())
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := &reconcile.Job{Pools: pools}
+	job := &reconcile.Job{Shop: shop}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newReconcileCollector(job))
 	gather := func() map[string]float64 {

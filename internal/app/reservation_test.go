@@ -18,6 +18,7 @@ import (
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/services"
 )
 
 // part is one service of a test shop, which can be stopped and started
@@ -73,16 +74,16 @@ func testShop(t *testing.T, env map[string]string) map[string]*part {
 		t.Fatal(err)
 	}
 	parts := map[string]*part{}
-	for _, name := range Names {
-		db := pgtest.New(t, name)
-		parts[name] = &part{t: t, name: name, cfg: cfg, nc: nc, js: js, admin: db.Pool, pool: db.NewPool(t, poolSize(name))}
+	for _, e := range cfg.Registry {
+		db := pgtest.New(t, e.Sets()...)
+		parts[e.Name] = &part{t: t, name: e.Name, cfg: cfg, nc: nc, js: js, admin: db.Pool, pool: db.NewPool(t, e.PoolSize)}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := ensureEveryStream(ctx, js, slog.New(slog.DiscardHandler)); err != nil || ctx.Err() != nil {
 		t.Fatalf("ensure streams: %v %v", err, ctx.Err())
 	}
-	for _, name := range Names {
+	for _, name := range cfg.Registry.Names() {
 		parts[name].start()
 	}
 	// After the pools, so the parts stop before their pools close.
@@ -138,8 +139,11 @@ func TestReservationTimeoutReleasesALateReservation(t *testing.T) {
 	if n := inv.count(`SELECT reserved FROM stock WHERE sku = 'SKU-R'`); n != 0 {
 		t.Fatalf("SKU-R has %d units reserved, want 0", n)
 	}
-	pools := verify.Pools{Order: ord.admin, Inventory: inv.admin, Payment: shop["payment"].admin, Fulfillment: shop["fulfillment"].admin}
-	report, err := verify.Wait(context.Background(), pools, OutboxRetention, 30*time.Second)
+	checked := verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{}}
+	for name, p := range shop {
+		checked.Pools[name] = p.admin
+	}
+	report, err := verify.Wait(context.Background(), checked, OutboxRetention, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

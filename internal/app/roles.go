@@ -13,8 +13,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/shop-ref/shop/migrations"
 )
 
 // Least privilege: `shop migrate -roles` gives each service a login role of
@@ -61,14 +59,15 @@ func RolePassword(getenv func(string) string, service string) (string, error) {
 }
 
 // CreateRole makes role a login role with password that may use service's
-// schema, and only it, in the database at databaseURL (connected as the
-// schema's owner, after the migrations). It is idempotent: a second run sets
+// schema, and only it, in the service's database (cfg.DatabaseURLOf,
+// connected as the schema's owner, after the migrations). It is idempotent: a second run sets
 // the password again (a rotation) and re-grants, which also covers tables
 // created since by another owner. What it grants:
 //
 //   - CONNECT and TEMPORARY on the database;
 //   - USAGE (not CREATE) on its schema; SELECT, INSERT, UPDATE, DELETE on
-//     its tables (only SELECT on the goose version table) and USAGE, SELECT
+//     its tables (only SELECT on the goose version tables, its own and its
+//     libraries') and USAGE, SELECT
 //     on its sequences;
 //   - the same on tables and sequences the owner creates later in the schema
 //     (ALTER DEFAULT PRIVILEGES), so the next migration needs no re-run;
@@ -77,11 +76,12 @@ func RolePassword(getenv func(string) string, service string) (string, error) {
 // CREATE on schema public from PUBLIC (the default before PostgreSQL 15).
 // The password travels as a SCRAM-SHA-256 verifier computed here, so neither
 // the statement nor a server log holds it in clear.
-func CreateRole(ctx context.Context, databaseURL, service, role, password string, log *slog.Logger) error {
-	schema, ok := migrations.Schemas[service]
-	if !ok {
-		return fmt.Errorf("unknown service %q (want one of %s)", service, strings.Join(Names, ", "))
+func CreateRole(ctx context.Context, cfg Config, service, role, password string, log *slog.Logger) error {
+	e, err := cfg.Registry.Get(service)
+	if err != nil {
+		return err
 	}
+	databaseURL, schema := cfg.DatabaseURLOf(service), e.Schema
 	if role == "" || password == "" {
 		return fmt.Errorf("role of %s: a name and a password are needed", service)
 	}
@@ -155,8 +155,8 @@ func CreateRole(ctx context.Context, databaseURL, service, role, password string
 			stmts = append(stmts, "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLE "+pgx.Identifier{schema, vt}.Sanitize()+" FROM "+r)
 		}
 		// Whatever the role may once have had on the other schemas goes.
-		for _, other := range Names {
-			o := migrations.Schemas[other]
+		for _, other := range cfg.Registry {
+			o := other.Schema
 			if o == schema {
 				continue
 			}

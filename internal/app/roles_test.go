@@ -20,6 +20,8 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/services"
+	"github.com/shop-ref/shop/services/order"
 )
 
 func TestRolePassword(t *testing.T) {
@@ -65,7 +67,7 @@ func roleDatabase(t *testing.T) (adminURL string, roles map[string]string) {
 	admin.Path = "/postgres"
 	u.Path = "/" + name
 	roles = map[string]string{}
-	for _, s := range Names {
+	for _, s := range services.All.Names() {
 		roles[s] = RoleName(s) + "_" + suffix // unique: tests share the cluster
 	}
 	t.Cleanup(func() {
@@ -87,8 +89,8 @@ func roleDatabase(t *testing.T) (adminURL string, roles map[string]string) {
 		}
 	})
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	for _, s := range Names {
-		if err := Migrate(t.Context(), u.String(), s, log); err != nil {
+	for _, e := range services.All {
+		if err := Migrate(t.Context(), u.String(), e, log); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -131,8 +133,9 @@ func TestServiceRoles(t *testing.T) {
 	const password = "order-role-secret"
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for range 2 { // idempotent: the second run re-grants and sets the password again
-		for _, s := range Names {
-			if err := CreateRole(ctx, dbURL, s, roles[s], password+"-"+s, log); err != nil {
+		cfg := adminConfig(t, dbURL)
+		for _, s := range services.All.Names() {
+			if err := CreateRole(ctx, cfg, s, roles[s], password+"-"+s, log); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -287,7 +290,7 @@ func TestServiceRoles(t *testing.T) {
 		if _, err := admin.Exec(ctx, `DELETE FROM orders.goose_db_version WHERE version_id = (SELECT max(version_id) FROM orders.goose_db_version)`); err != nil {
 			t.Fatal(err)
 		}
-		err := Migrate(ctx, orderURL, "order", log)
+		err := Migrate(ctx, orderURL, order.Registration, log)
 		if err == nil || !strings.Contains(err.Error(), "pending migrations") {
 			t.Fatalf("Migrate as the role with a migration pending: %v, want a pending-migrations error", err)
 		}
@@ -326,8 +329,18 @@ func TestCreateRoleRefusesSuperuser(t *testing.T) {
 	if _, err := admin.Exec(t.Context(), "CREATE ROLE "+pgx.Identifier{roles["payment"]}.Sanitize()+" SUPERUSER"); err != nil {
 		t.Fatal(err)
 	}
-	err = CreateRole(t.Context(), dbURL, "payment", roles["payment"], "payment-secret", nil)
+	err = CreateRole(t.Context(), adminConfig(t, dbURL), "payment", roles["payment"], "payment-secret", nil)
 	if err == nil || !strings.Contains(err.Error(), "SUPERUSER") {
 		t.Fatalf("err %v, want a refusal", err)
 	}
+}
+
+// adminConfig is the shop's configuration with every service on dbURL.
+func adminConfig(t *testing.T, dbURL string) Config {
+	t.Helper()
+	cfg, err := LoadConfig(func(k string) string { return map[string]string{"DATABASE_URL": dbURL}[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

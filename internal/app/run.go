@@ -44,9 +44,11 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 // try the shop, with the addresses it really bound (the dashboard's may be
 // a free port).
 func RunDemo(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error {
-	cfg.FakeProvider = true
-	return run(ctx, cfg, Names, log, func(ctx context.Context, urls map[string]string) {
-		if err := seedDemo(ctx, urls, cfg.OperatorToken, out); err != nil && ctx.Err() == nil {
+	if err := cfg.Settings.Set("PAYMENT_FAKE_PROVIDER", "true"); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	return run(ctx, cfg, cfg.Registry.Names(), log, func(ctx context.Context, urls map[string]string) {
+		if err := seedDemo(ctx, urls, setting[string](cfg, "OPERATOR_TOKEN"), out); err != nil && ctx.Err() == nil {
 			log.Error("demo seed failed", "err", err)
 		}
 	})
@@ -59,8 +61,8 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 	ready func(ctx context.Context, urls map[string]string)) error {
 	url, auth := cfg.NATSURL, natsAuth(cfg)
 	if url == "" {
-		passwords := newPasswords()
-		srv, err := startEmbeddedNATS(passwords, log)
+		passwords := newPasswords(cfg)
+		srv, err := startEmbeddedNATS(cfg, passwords, log)
 		if err != nil {
 			return err
 		}
@@ -90,7 +92,7 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		}
 	}()
 	users := slices.Clone(names)
-	if runsAll(names) {
+	if runsAll(cfg, names) {
 		users = append(users, broker.AuditUser) // the reconciler's: it reads the streams
 	}
 	for _, name := range users {
@@ -126,7 +128,7 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		urls[s.Name] = listenerURL(s.ln)
 	}
 	var dashboardLn net.Listener
-	if runsAll(names) {
+	if runsAll(cfg, names) {
 		var err error
 		if dashboardLn, err = listenDashboard(cfg, log); err != nil {
 			closeListeners(services)
@@ -135,7 +137,7 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		urls["dashboard"] = listenerURL(dashboardLn)
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	if runsAll(names) {
+	if runsAll(cfg, names) {
 		// The reconciler reads every schema (see reconcile.go), so only
 		// `shop all` runs it; its counts are served by the order service.
 		job, closeJob, err := newReconcileJob(ctx, cfg, conns[broker.AuditUser], log)
@@ -201,10 +203,10 @@ func anonymous(auth map[string]string, names []string) []string {
 // newPasswords makes a random password for every NATS user of the shop, for
 // the embedded server of one `shop all`: nothing outside the process knows
 // them (but the audit user's, see writeDemoNATS).
-func newPasswords() map[string]string {
+func newPasswords(cfg Config) map[string]string {
 	passwords := map[string]string{broker.AuditUser: rand.Text()}
-	for _, a := range broker.Services {
-		passwords[a.User] = rand.Text()
+	for _, name := range cfg.Registry.Names() {
+		passwords[name] = rand.Text()
 	}
 	return passwords
 }
@@ -260,8 +262,8 @@ func AuditConnectOptions(cfg Config) []nats.Option {
 	return broker.UserOptions(broker.AuditUser, p)
 }
 
-func startEmbeddedNATS(passwords map[string]string, log *slog.Logger) (*server.Server, error) {
-	users, err := broker.Users(passwords)
+func startEmbeddedNATS(cfg Config, passwords map[string]string, log *slog.Logger) (*server.Server, error) {
+	users, err := broker.Users(cfg.Registry.Access(), passwords)
 	if err != nil {
 		return nil, err
 	}

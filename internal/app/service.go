@@ -14,8 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,12 +27,10 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
-
-// Names lists the services in start-up order.
-var Names = migrations.Services
 
 // OutboxRetention is how long published events stay in a service's outbox
 // (for audits, replays and `shop verify`) before the relay deletes them.
@@ -56,6 +52,7 @@ type Service struct {
 	NATS        *nats.Conn
 	Logger      *slog.Logger
 
+	entry  registry.Entry       // what the service declares of itself
 	cfg    Config               // the process's configuration, for the service's domain
 	tracer trace.TracerProvider // the service's spans; nil: none
 	access broker.Access        // what it does on NATS: its stream and the streams it reads
@@ -67,11 +64,11 @@ type Service struct {
 
 // New returns the service called name, configured by cfg, publishing over nc.
 func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
-	schema, ok := migrations.Schemas[name]
-	access, known := broker.AccessOf(name)
-	if !ok || !known {
-		return nil, fmt.Errorf("unknown service %q (want one of %s)", name, strings.Join(Names, ", "))
+	e, err := cfg.Registry.Get(name)
+	if err != nil {
+		return nil, err
 	}
+	access := e.Access()
 	watch, err := newJetStreamWatch(nc, log.With("service", name))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -79,7 +76,8 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 	return &Service{
 		watch:       watch,
 		Name:        name,
-		Schema:      schema,
+		Schema:      e.Schema,
+		entry:       e,
 		Stream:      access.Stream,
 		Subjects:    access.Subjects,
 		access:      access,
@@ -106,14 +104,14 @@ func (s *Service) Run(ctx context.Context) error {
 	// Postgres refusing connections (down, starting, "too many clients")
 	// is waited out: the process starts when the database answers.
 	if err := database.Retry(ctx, s.Logger, "migrate", func(ctx context.Context) error {
-		return Migrate(ctx, s.DatabaseURL, s.Name, s.Logger)
+		return Migrate(ctx, s.DatabaseURL, s.entry, s.Logger)
 	}); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while waiting
 		}
 		return err
 	}
-	pool, err := database.NewPool(ctx, s.DatabaseURL, s.Schema, poolSize(s.Name))
+	pool, err := database.NewPool(ctx, s.DatabaseURL, s.Schema, s.entry.PoolSize)
 	if err != nil {
 		return err
 	}
@@ -194,8 +192,9 @@ func (s *Service) listen() error {
 }
 
 // relayConfig is the configuration of every service's outbox relay, in one
-// place: the consumers' inboxes are sized from its RetryHorizon (newDomain),
-// and start-up checks it against the streams (checkWindows).
+// place: the consumers' inboxes are sized from its RetryHorizon
+// (registry.Deps.PublishHorizon), and start-up checks it against the
+// streams (checkWindows).
 func relayConfig() outbox.Config {
 	return outbox.Config{Retention: OutboxRetention, FailpointFunc: failpoint.Inject}
 }
@@ -203,7 +202,7 @@ func relayConfig() outbox.Config {
 // assemble builds the service's parts over pool and js, wired to one
 // metrics registry: the outbox relay, the domain and the HTTP router
 // (/healthz, /readyz, /metrics and the domain's routes). It does no I/O.
-func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.Relay, domain, http.Handler, error) {
+func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.Relay, registry.Domain, http.Handler, error) {
 	m := newMetrics(s.Name, s.Logger)
 	// Name is left to the relay's default (host, pid, random), which keeps
 	// several copies of one service apart in claimed_by.
@@ -213,9 +212,27 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
-	dom, err := newDomain(s.Name, pool, js, s.cfg, s.Logger, m.observeProcess, s.tracer)
+	build := s.cfg.build[s.Name]
+	if build == nil { // a Config not made by LoadConfig
+		return nil, nil, nil, fmt.Errorf("%s: no constructor: load the configuration with app.LoadConfig", s.Name)
+	}
+	dom, err := build(registry.Deps{
+		Pool:           pool,
+		JetStream:      js,
+		Logger:         s.Logger,
+		TracerProvider: s.tracer,
+		// Copies of an event can come this long after its first publish
+		// from the relays this binary runs; every inbox must remember ids
+		// longer.
+		PublishHorizon: relayConfig().RetryHorizon(),
+		Readers:        s.cfg.Registry.Readers(),
+		Hooks:          registry.Hooks{FailpointFunc: failpoint.Inject, ObserveInboxFunc: m.observeProcess},
+	})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
+	}
+	if err := checkConsumers(s.entry, dom); err != nil {
+		return nil, nil, nil, err
 	}
 	m.watch(pool, relay, dom, s.NATS, s.watch)
 	m.r.MustRegister(s.collectors...)
@@ -286,8 +303,11 @@ func (s *Service) ensureStream(ctx context.Context, js jetstream.JetStream, name
 	if name == s.Stream {
 		return broker.EnsureStreamWith(ctx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, s.Subjects...)
 	}
-	owner := broker.Services[slices.IndexFunc(broker.Services, func(a broker.Access) bool { return a.Stream == name })]
-	return broker.CreateStreamIfMissing(ctx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, owner.Subjects...)
+	owner, ok := s.cfg.Registry.Owner(name)
+	if !ok { // Validate refuses a consumer of a stream no service owns
+		return nil, fmt.Errorf("no service publishes to stream %s", name)
+	}
+	return broker.CreateStreamIfMissing(ctx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, owner.Access().Subjects...)
 }
 
 // keepStreams ensures the service's streams again every every, so that a
@@ -324,7 +344,7 @@ const streamCheckEvery = 10 * time.Second
 // audit looks for every event published within the outbox's retention, and
 // a consumer may be replayed its stream's last ReplayWindow; a message
 // dropped earlier would be a false loss, or a replay that finds nothing.
-func checkLimits(configs map[string]jetstream.StreamConfig, dom domain) error {
+func checkLimits(configs map[string]jetstream.StreamConfig, dom registry.Domain) error {
 	for name, c := range configs {
 		if c.MaxAge > 0 && c.MaxAge < OutboxRetention {
 			return fmt.Errorf("stream %s keeps messages %s (max age), less than the outbox retention %s: "+
@@ -345,7 +365,7 @@ func checkLimits(configs map[string]jetstream.StreamConfig, dom domain) error {
 // than every stream's duplicate window (so the stream drops the copies of
 // ordinary retries), which is shorter than every inbox's retention (so a
 // copy that gets past the window still meets its processed_events row).
-func checkWindows(retryHorizon time.Duration, duplicates map[string]time.Duration, dom domain) error {
+func checkWindows(retryHorizon time.Duration, duplicates map[string]time.Duration, dom registry.Domain) error {
 	for name, d := range duplicates {
 		if retryHorizon >= d {
 			return fmt.Errorf("the outbox relay's retry horizon (%s) must be shorter than the duplicate window (%s) of stream %s",
@@ -362,19 +382,15 @@ func checkWindows(retryHorizon time.Duration, duplicates map[string]time.Duratio
 }
 
 // Migrate creates the database at databaseURL when it is missing and applies
-// the migrations of service's schema. It is idempotent and safe to run from
-// several processes at once.
-func Migrate(ctx context.Context, databaseURL, service string, log *slog.Logger) error {
-	schema, ok := migrations.Schemas[service]
-	if !ok {
-		return fmt.Errorf("unknown service %q (want one of %s)", service, strings.Join(Names, ", "))
-	}
+// the migrations of e's schema: the eventing tables, its libraries' and its
+// own. It is idempotent and safe to run from several processes at once.
+func Migrate(ctx context.Context, databaseURL string, e registry.Entry, log *slog.Logger) error {
 	if err := database.EnsureExists(ctx, databaseURL); err != nil {
-		return fmt.Errorf("%s: %w", service, err)
+		return fmt.Errorf("%s: %w", e.Name, err)
 	}
-	if err := migrations.Apply(ctx, databaseURL, schema, migrations.ForService(service), log); err != nil {
-		return fmt.Errorf("%s: %w", service, err)
+	if err := migrations.Apply(ctx, databaseURL, e.Schema, e.Sets(), log); err != nil {
+		return fmt.Errorf("%s: %w", e.Name, err)
 	}
-	log.Info("schema migrated", "schema", schema)
+	log.Info("schema migrated", "schema", e.Schema)
 	return nil
 }

@@ -11,12 +11,15 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/services"
+	"github.com/shop-ref/shop/services/order"
 )
 
 // Row 9: what durability costs. The relay drain of row 2 (one relay) and
@@ -88,7 +91,7 @@ func durability(b *testing.B, t *table, sz sizes) {
 func auditStream(b *testing.B, sz sizes) []float64 {
 	return scoped(b, func(tb testing.TB) []float64 {
 		ctx := context.Background()
-		order := pgtest.New(tb, "order").Pool
+		order := pgtest.New(tb, order.Registration.Sets()...).Pool
 		srv := natstest.New(tb)
 		_, js := srv.Connect(tb)
 		st := srv.Stream(tb, js, "ORDERS", "orders.>")
@@ -135,7 +138,7 @@ func auditStream(b *testing.B, sz sizes) []float64 {
 		var out []float64
 		for range *runs {
 			start := time.Now()
-			audits, err := verify.AuditStreams(ctx, verify.Pools{Order: order}, js, verify.AuditConfig{Window: time.Hour, Services: []string{"order"}})
+			audits, err := verify.AuditStreams(ctx, verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{"order": order}}, js, verify.AuditConfig{Window: time.Hour, Services: []string{"order"}})
 			el := time.Since(start)
 			if err != nil {
 				tb.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,6 +37,7 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/services"
 )
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -122,7 +124,7 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 		s.dropDB()
 		tb.Fatal(err)
 	}
-	for _, svc := range []string{"order", "inventory", "payment", "fulfillment"} {
+	for _, svc := range services.All.Names() {
 		s.addrs[svc] = freeAddr(tb)
 	}
 	s.cmd = s.command("all")
@@ -140,7 +142,7 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 	client := &http.Client{Timeout: 5 * time.Second}
 	ready, stopWaiting := context.WithTimeout(context.Background(), time.Minute)
 	defer stopWaiting()
-	for _, svc := range []string{"order", "inventory", "payment", "fulfillment"} {
+	for _, svc := range services.All.Names() {
 		if err := httpx.WaitReady(ready, client, s.url(svc)); err != nil {
 			tb.Fatalf("%s service: %v; log in %s", svc, err, s.dir)
 		}
@@ -321,8 +323,6 @@ type sagaResult struct {
 	busy                                           float64 // machine CPU busy over the measured window, %
 	cpuPerOrder                                    float64 // machine CPU (all cores, everything on it) per order completed in the window, ms
 }
-
-var schemas = []string{"orders", "inventory", "payment", "fulfillment"}
 
 // saga starts a fresh `shop all` (with its embedded NATS server, or with
 // natsOpts a NATS server in the benchmark process configured by them) and
@@ -514,9 +514,9 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 		}
 		tb.Logf("saga run: orders by state at the end of the load: %s; %d shed; unsettled messages by consumer: %s",
 			states, shed.Load(), consumerBacklog(ctx, nc))
-		for _, sc := range schemas {
+		for _, e := range services.All {
 			var n int64
-			if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM `+sc+`.outbox WHERE published_at IS NULL`).Scan(&n); err != nil {
+			if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{e.Schema, "outbox"}.Sanitize()+` WHERE published_at IS NULL`).Scan(&n); err != nil {
 				tb.Error(err)
 			}
 			res.unpublished += float64(n)
@@ -648,7 +648,8 @@ func consumerBacklog(ctx context.Context, nc *nats.Conn) string {
 		return err.Error()
 	}
 	var parts []string
-	for _, name := range []string{"ORDERS", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
+	for _, e := range services.All {
+		name := e.Stream
 		st, err := js.Stream(ctx, name)
 		if err != nil {
 			parts = append(parts, name+": "+err.Error())

@@ -26,8 +26,10 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/services/order"
 )
 
 var (
@@ -357,13 +359,12 @@ type env struct {
 	stream jetstream.Stream
 }
 
-// newEnv makes a schema (with service's tables; "" for the eventing tables
-// alone) and an embedded JetStream server with the stream EV on ev.>, which
+// newEnv makes a schema (with the eventing tables and those of sets) and an embedded JetStream server with the stream EV on ev.>, which
 // fsyncs as the tests' servers do (natstest) unless natsOpts say otherwise.
 // Everything is released when cleanup runs.
-func newEnv(tb testing.TB, service string, natsOpts ...broker.Option) *env {
+func newEnv(tb testing.TB, sets []migrations.Set, natsOpts ...broker.Option) *env {
 	tb.Helper()
-	e := &env{db: pgtest.New(tb, service), nats: natstest.New(tb, natsOpts...)}
+	e := &env{db: pgtest.New(tb, sets...), nats: natstest.New(tb, natsOpts...)}
 	e.nc, e.js = e.nats.Connect(tb)
 	e.stream = e.nats.Stream(tb, e.js, "EV", "ev.>")
 	return e
@@ -467,7 +468,7 @@ func quietRelay(tb testing.TB, pool *pgxpool.Pool, js jetstream.JetStream, cfg o
 
 func jsPublish(b *testing.B, sz sizes) float64 {
 	return scoped(b, func(tb testing.TB) float64 {
-		e := newEnv(tb, "")
+		e := newEnv(tb, nil)
 		payload := []byte(strings.Repeat("x", payloadSize))
 		n := sz.jsMsgs
 		start := time.Now()
@@ -479,7 +480,7 @@ func jsPublish(b *testing.B, sz sizes) float64 {
 }
 
 // orderSQL runs the statements of POST /orders' transaction directly, in
-// the real order tables (pgtest.New(…, "order")), round trip for round
+// the real order tables (order.Registration.Sets()), round trip for round
 // trip as services/order does them (three): BEGIN sent in one batch with
 // the key's advisory lock, the key lookup and the catalogue prices; then
 // one batch with the order, its one line and its first history entry, the
@@ -489,7 +490,7 @@ func jsPublish(b *testing.B, sz sizes) float64 {
 // COMMIT. withOutbox false leaves the event out (row 3).
 func orderSQL(b *testing.B, sz sizes, clients int, withOutbox bool) measured {
 	return scoped(b, func(tb testing.TB) measured {
-		e := newEnv(tb, "order")
+		e := newEnv(tb, order.Registration.Sets())
 		ctx := context.Background()
 		pool := e.db.NewPool(tb, int32(clients+2))
 		if _, err := pool.Exec(ctx, `INSERT INTO catalogue (sku, price, seq) VALUES ('SKU-1', 250, 1)`); err != nil {
@@ -587,7 +588,7 @@ func orderTx(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, withOutb
 // workers claim side by side.
 func dbOnly(b *testing.B, sz sizes, loops int) measured {
 	return scoped(b, func(tb testing.TB) measured {
-		e := newEnv(tb, "")
+		e := newEnv(tb, nil)
 		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
 		pool := e.db.NewPool(tb, int32(loops+2))
 		r := quietRelay(tb, pool, e.js, outbox.Config{})
@@ -622,7 +623,7 @@ func dbOnly(b *testing.B, sz sizes, loops int) measured {
 // NATS server configured by natsOpts (default: the tests' fsync policy).
 func relayDrain(b *testing.B, sz sizes, n int, natsOpts ...broker.Option) measured {
 	return scoped(b, func(tb testing.TB) measured {
-		e := newEnv(tb, "", natsOpts...)
+		e := newEnv(tb, nil, natsOpts...)
 		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
 		return drain(tb, e, n, sz.backlog)
 	})
@@ -665,7 +666,7 @@ func drain(tb testing.TB, e *env, n, backlog int) measured {
 // outbox, loaded once; each run adds a fresh backlog.
 func keptOutbox(b *testing.B, sz sizes) []float64 {
 	return scoped(b, func(tb testing.TB) []float64 {
-		e := newEnv(tb, "")
+		e := newEnv(tb, nil)
 		fillBacklog(tb, e.db.Pool, sz.kept, true, "old-")
 		var out []float64
 		for i := range *runs {
@@ -683,7 +684,7 @@ func keptOutbox(b *testing.B, sz sizes) []float64 {
 // on one schema (each run adds fresh messages) and returns every figure.
 func consumerDrain(b *testing.B, sz sizes, kept bool) measuredRuns {
 	return scoped(b, func(tb testing.TB) measuredRuns {
-		e := newEnv(tb, "")
+		e := newEnv(tb, nil)
 		ctx := context.Background()
 		const name = "bench"
 		if kept {
@@ -788,7 +789,7 @@ func goid() uint64 {
 func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
 	type pair struct{ a, c [3]float64 }
 	p := scoped(b, func(tb testing.TB) pair {
-		e := newEnv(tb, "")
+		e := newEnv(tb, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var mu sync.Mutex

@@ -39,27 +39,6 @@ func (a Access) Reads() []string {
 	return reads
 }
 
-// Services is every shop service's access, in start-up order. It is the
-// contract's streams and the consumers the services create
-// (internal/app's tests hold each service's consumers to it).
-var Services = []Access{
-	{User: "order", Stream: "ORDERS", Subjects: []string{"orders.>"}, Durables: []Durable{
-		{"INVENTORY", "order-inventory"}, {"PAYMENT", "order-payment"}, {"FULFILLMENT", "order-fulfillment"},
-	}},
-	{User: "inventory", Stream: "INVENTORY", Subjects: []string{"inventory.>"}, Durables: []Durable{{"ORDERS", "inventory-orders"}}},
-	{User: "payment", Stream: "PAYMENT", Subjects: []string{"payment.>"}, Durables: []Durable{{"ORDERS", "payment-orders"}}},
-	{User: "fulfillment", Stream: "FULFILLMENT", Subjects: []string{"fulfillment.>"}, Durables: []Durable{{"ORDERS", "fulfillment-orders"}}},
-}
-
-// AccessOf returns the access of the service called user.
-func AccessOf(user string) (Access, bool) {
-	i := slices.IndexFunc(Services, func(a Access) bool { return a.User == user })
-	if i < 0 {
-		return Access{}, false
-	}
-	return Services[i], true
-}
-
 // AuditUser is the operator's NATS user: `shop verify`, `shop outbox` and
 // the reconciler of `shop all` read streams, their messages and consumer
 // state with it, and may change nothing.
@@ -110,15 +89,16 @@ func Permissions(a Access) *server.Permissions {
 // AuditPermissions are the audit user's: JetStream API reads (account,
 // streams, stream messages, consumers), ephemeral ordered consumers to read
 // a stream through (create, next, delete), replies; no publish to any
-// stream, no delete or purge of one, and hands off the services' durables.
-func AuditPermissions() *server.Permissions {
+// stream, no delete or purge of one, and hands off the durables of
+// services.
+func AuditPermissions(services []Access) *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{
 			"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
 			"$JS.API.STREAM.INFO.*", "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>",
 			"$JS.API.CONSUMER.NAMES.*", "$JS.API.CONSUMER.LIST.*", "$JS.API.CONSUMER.INFO.*.*",
 			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.API.CONSUMER.DELETE.*.*",
-		}, Deny: auditDenied()},
+		}, Deny: auditDenied(services)},
 		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(AuditUser) + ".>"}},
 	}
 }
@@ -126,9 +106,9 @@ func AuditPermissions() *server.Permissions {
 // auditDenied keeps the audit user off the services' durables: it may not
 // change or delete one, or pull (and so delay) a service's messages
 // through it.
-func auditDenied() []string {
+func auditDenied(services []Access) []string {
 	deny := append(slices.Clone(denied), "$JS.API.CONSUMER.DURABLE.CREATE.>")
-	for _, a := range Services {
+	for _, a := range services {
 		for _, d := range a.Durables {
 			sn := d.Stream + "." + d.Name
 			deny = append(deny, "$JS.API.CONSUMER.CREATE."+sn, "$JS.API.CONSUMER.CREATE."+sn+".>",
@@ -154,14 +134,14 @@ func UserOptions(user, password string) []nats.Option {
 	return opts
 }
 
-// Users are the nats-server users of every service and the audit user,
-// with the passwords by user name (every one must be there).
-func Users(passwords map[string]string) ([]*server.User, error) {
-	users := make([]*server.User, 0, len(Services)+1)
-	for _, a := range Services {
+// Users are the nats-server users of services and the audit user, with the
+// passwords by user name (every one must be there).
+func Users(services []Access, passwords map[string]string) ([]*server.User, error) {
+	users := make([]*server.User, 0, len(services)+1)
+	for _, a := range services {
 		users = append(users, &server.User{Username: a.User, Password: passwords[a.User], Permissions: Permissions(a)})
 	}
-	users = append(users, &server.User{Username: AuditUser, Password: passwords[AuditUser], Permissions: AuditPermissions()})
+	users = append(users, &server.User{Username: AuditUser, Password: passwords[AuditUser], Permissions: AuditPermissions(services)})
 	for _, u := range users {
 		if u.Password == "" {
 			return nil, fmt.Errorf("nats users: no password for %s", u.Username)
@@ -180,7 +160,7 @@ func WithUsers(users []*server.User) Option {
 // deploy/nats/auth.conf: ORDER_NATS_PASSWORD, …, AUDIT_NATS_PASSWORD.
 func PasswordVar(user string) string { return strings.ToUpper(user) + "_NATS_PASSWORD" }
 
-// AuthConfig renders the users as nats-server configuration (an
+// AuthConfig renders the users of services and the audit user as nats-server configuration (an
 // authorization block), each password as password(user), a value of
 // nats-server's syntax: deploy/nats/auth.conf passes "$" + PasswordVar(user),
 // which the server reads from its environment; the chaos test passes the
@@ -188,7 +168,7 @@ func PasswordVar(user string) string { return strings.ToUpper(user) + "_NATS_PAS
 //
 // extra users (a test harness's own) are rendered after the shop's, each
 // with its password quoted and its permissions (none: every permission).
-func AuthConfig(password func(user string) string, extra ...*server.User) string {
+func AuthConfig(services []Access, password func(user string) string, extra ...*server.User) string {
 	var b strings.Builder
 	b.WriteString("authorization {\n  users = [\n")
 	user := func(name, password string, p *server.Permissions) {
@@ -218,10 +198,10 @@ func AuthConfig(password func(user string) string, extra ...*server.User) string
 		subjects("subscribe", p.Subscribe)
 		b.WriteString("      }\n    }\n")
 	}
-	for _, a := range Services {
+	for _, a := range services {
 		user(a.User, password(a.User), Permissions(a))
 	}
-	user(AuditUser, password(AuditUser), AuditPermissions())
+	user(AuditUser, password(AuditUser), AuditPermissions(services))
 	for _, u := range extra {
 		user(u.Username, strconv.Quote(u.Password), u.Permissions)
 	}

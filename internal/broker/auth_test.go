@@ -13,16 +13,17 @@ import (
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/services"
 )
 
 var update = flag.Bool("update", false, "rewrite deploy/nats/auth.conf from broker.AuthConfig")
 
 // The deployed server's users are the ones the embedded server gets: the
-// file is the rendering of broker.Services, and fails here when either
+// file is the rendering of services.All.Access(), and fails here when either
 // changes without the other (go test ./internal/broker -run AuthConf -update).
 func TestAuthConfMatchesTheTable(t *testing.T) {
 	const path = "../../deploy/nats/auth.conf"
-	want := authConfHeader + broker.AuthConfig(func(user string) string { return "$" + broker.PasswordVar(user) })
+	want := authConfHeader + broker.AuthConfig(services.All.Access(), func(user string) string { return "$" + broker.PasswordVar(user) })
 	if *update {
 		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
 			t.Fatal(err)
@@ -51,8 +52,8 @@ const authConfHeader = `# The NATS users of the shop, included by single.conf an
 // by their owners.
 func setupSecured(t *testing.T) *natstest.Server {
 	t.Helper()
-	srv, _ := natstest.NewSecured(t)
-	for _, a := range broker.Services {
+	srv, _ := natstest.NewSecured(t, services.All.Access())
+	for _, a := range services.All.Access() {
 		_, js := srv.ConnectAs(t, a.User)
 		srv.Stream(t, js, a.Stream, a.Subjects...)
 	}
@@ -112,7 +113,7 @@ func TestPermissions(t *testing.T) {
 		}
 	})
 	t.Run("a service publishes its own events", func(t *testing.T) {
-		for _, a := range broker.Services {
+		for _, a := range services.All.Access() {
 			_, js := srv.ConnectAs(t, a.User)
 			natstest.Publish(t, js, nats.NewMsg(a.Subjects[0][:len(a.Subjects[0])-1]+"x.Test"))
 		}
@@ -121,7 +122,7 @@ func TestPermissions(t *testing.T) {
 		// Each service its own stream, the one it may otherwise change most;
 		// the audit user every stream.
 		targets := map[string][]string{broker.AuditUser: nil}
-		for _, a := range broker.Services {
+		for _, a := range services.All.Access() {
 			targets[a.User] = []string{a.Stream}
 			targets[broker.AuditUser] = append(targets[broker.AuditUser], a.Stream)
 		}
@@ -140,7 +141,7 @@ func TestPermissions(t *testing.T) {
 				cancel()
 			}
 		}
-		for _, s := range broker.Services {
+		for _, s := range services.All.Access() {
 			if _, err := admin.Stream(context.Background(), s.Stream); err != nil {
 				t.Errorf("stream %s: %v", s.Stream, err)
 			}

@@ -27,9 +27,10 @@
 // service does and nothing else: publish its own events, ensure its own
 // stream, run its own durable consumers on the streams it reads. The
 // server refuses the rest with a permissions violation, which the client
-// logs. The table is [Services]; the embedded server of `shop all` gets it
-// as [Users], and deploy/nats/auth.conf is its rendering ([AuthConfig]),
-// which a test holds to it.
+// logs. Each service's [Access] comes from its registry entry
+// (internal/registry); the embedded server of `shop all` gets them as
+// [Users], and deploy/nats/auth.conf is their rendering ([AuthConfig]),
+// which a test holds to the registry.
 package broker
 
 import (

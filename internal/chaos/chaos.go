@@ -92,7 +92,7 @@ type harness struct {
 	nats    *cluster
 	admin   *pgxpool.Pool
 	hostile *hostile // the hostile lane's peer
-	pools   verify.Pools
+	shop    verify.Shop
 	slots   []*slot
 	client  *http.Client
 

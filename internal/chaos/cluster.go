@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/services"
 )
 
 // cluster is the run's NATS: n separate nats-server processes (3, or 1 for
@@ -68,8 +69,8 @@ type node struct {
 // them. t.Cleanup stops them.
 func newCluster(ctx context.Context, t testing.TB, bin, dir string, n int) *cluster {
 	c := &cluster{t: t, bin: bin, http: &http.Client{Timeout: 2 * time.Second}, passwords: map[string]string{adminUser: rand.Text()}}
-	for _, a := range broker.Services {
-		c.passwords[a.User] = rand.Text()
+	for _, name := range services.All.Names() {
+		c.passwords[name] = rand.Text()
 	}
 	c.passwords[broker.AuditUser] = rand.Text()
 	for i := 1; i <= n; i++ {
@@ -139,7 +140,7 @@ func (nd *node) config() string {
 	// that a killed node loses nothing it acknowledged (internal/broker).
 	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  enabled: %t\n  sync_interval: always\n}\n", filepath.Join(nd.dir, "store"), !nd.jsOff)
 	// The shop's users, as deploy/nats/auth.conf has them, and the harness's.
-	b.WriteString(broker.AuthConfig(func(user string) string { return strconv.Quote(nd.c.passwords[user]) },
+	b.WriteString(broker.AuthConfig(services.All.Access(), func(user string) string { return strconv.Quote(nd.c.passwords[user]) },
 		&server.User{Username: adminUser, Password: nd.c.passwords[adminUser]}))
 	if len(nd.c.nodes) > 1 {
 		routes := make([]string, len(nd.c.nodes))

@@ -5,14 +5,12 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
-	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/services"
 )
 
 // database creates a throwaway database, dropped at the end.
@@ -46,11 +44,11 @@ func (h *harness) migrate(ctx context.Context) {
 		h.t.Fatal(err)
 	}
 	h.t.Cleanup(admin.Close)
-	pools := map[string]*pgxpool.Pool{}
-	for _, name := range app.Names {
+	h.shop = verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{}}
+	for _, e := range services.All {
 		// One connection each: verify's queries run one at a time, and
-		// Postgres's 100 connections are shared with the eight processes.
-		p, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-verify"), migrations.Schemas[name], 1)
+		// Postgres's 100 connections are shared with the shop processes.
+		p, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-verify"), e.Schema, 1)
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -60,15 +58,14 @@ func (h *harness) migrate(ctx context.Context) {
 		if err := p.Ping(ctx); err != nil {
 			h.t.Fatal(err)
 		}
-		pools[name] = p
+		h.shop.Pools[e.Name] = p
 	}
-	h.pools = verify.Pools{Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"]}
 }
 
 // fill puts old published events in fulfillment's outbox (one aggregate of
 // its own, gap-free) for retention to delete in more than one batch.
 func (h *harness) fill(ctx context.Context) {
-	s := pgx.Identifier{migrations.Schemas["fulfillment"]}.Sanitize()
+	s := schema("fulfillment")
 	_, err := h.admin.Exec(ctx, `
 		INSERT INTO `+s+`.outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
 		                          schema_version, subject, payload, occurred_at, published_at)

@@ -7,10 +7,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/shop-ref/shop/migrations"
 )
 
 // The driver's scenarios, by order number modulo 10.
@@ -254,7 +250,7 @@ func (d *driver) results(ctx context.Context) []ScenarioResult {
 	d.mu.Unlock()
 	status := map[string]string{}
 	rows, err := d.h.admin.Query(ctx, `SELECT order_id::text, status FROM `+
-		pgx.Identifier{migrations.Schemas["order"]}.Sanitize()+`.orders`)
+		schema("order")+`.orders`)
 	if err == nil {
 		for rows.Next() {
 			var id, s string

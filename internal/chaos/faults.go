@@ -7,6 +7,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/services"
 )
 
 // The broker faults, as the report names them.
@@ -50,14 +53,17 @@ type kill struct {
 }
 
 // streamNames are the shop's streams, in the order the faults pick them.
-var streamNames = []string{"ORDERS", "INVENTORY", "PAYMENT", "FULFILLMENT"}
-
-// durables are the shop's durable consumers (docs/events.md), in the order
-// the operator deletes them.
-var durables = []struct{ stream, name string }{
-	{"ORDERS", "inventory-orders"}, {"INVENTORY", "order-inventory"}, {"ORDERS", "payment-orders"},
-	{"PAYMENT", "order-payment"}, {"ORDERS", "fulfillment-orders"}, {"FULFILLMENT", "order-fulfillment"},
+func streamNames() []string {
+	var names []string
+	for _, e := range services.All {
+		names = append(names, e.Stream)
+	}
+	return names
 }
+
+// durables are the shop's durable consumers, in the order the operator
+// deletes them.
+func durables() []registry.Reader { return services.All.Readers() }
 
 // chaos runs the fault lanes until ctx ends and returns once every fault
 // they injected has healed: shop processes (SIGKILLs, failpoints, a reset
@@ -206,7 +212,8 @@ func (h *harness) healthy(ctx context.Context) string {
 // leaderKill SIGKILLs the node that leads one stream (the JetStream API's
 // stream info names it) and restarts it after leaderDown.
 func (h *harness) leaderKill(ctx context.Context, round int) {
-	stream := streamNames[round%len(streamNames)]
+	streams := streamNames()
+	stream := streams[round%len(streams)]
 	nd, err := h.nats.streamLeader(ctx, stream)
 	if err != nil {
 		h.logf("chaos: no stream-leader kill: %v", err)
@@ -251,7 +258,8 @@ func (h *harness) quorumLoss(ctx context.Context, round int) {
 // its core NATS stays up (a configuration reload), and enables it again
 // after jetStreamOff.
 func (h *harness) jetStreamOff(ctx context.Context, round int) {
-	stream := streamNames[(round+1)%len(streamNames)]
+	streams := streamNames()
+	stream := streams[(round+1)%len(streams)]
 	nd, err := h.nats.streamLeader(ctx, stream)
 	if err != nil {
 		h.logf("chaos: JetStream not disabled: %v", err)
@@ -274,9 +282,10 @@ func (h *harness) jetStreamOff(ctx context.Context, round int) {
 // deleteConsumer deletes a durable consumer through the JetStream API, as
 // an operator might, and notes when the shop has created it again.
 func (h *harness) deleteConsumer(ctx context.Context, round int) {
-	d := durables[round%len(durables)]
-	f := h.begin(KindConsumerDelete, d.name+" on "+d.stream)
-	if err := h.nats.deleteConsumer(ctx, d.stream, d.name); err != nil {
+	all := durables()
+	d := all[round%len(all)]
+	f := h.begin(KindConsumerDelete, d.Name+" on "+d.Stream)
+	if err := h.nats.deleteConsumer(ctx, d.Stream, d.Name); err != nil {
 		h.healed(f, err.Error())
 		return
 	}
@@ -284,7 +293,7 @@ func (h *harness) deleteConsumer(ctx context.Context, round int) {
 	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		if ok, _ := h.nats.hasConsumer(wait, d.stream, d.name); ok {
+		if ok, _ := h.nats.hasConsumer(wait, d.Stream, d.Name); ok {
 			h.mu.Lock()
 			f.Note = fmt.Sprintf("deleted; the shop created it again %.1fs later", time.Since(f.Start).Seconds())
 			h.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -12,11 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/shop-ref/shop/migrations"
-	"github.com/shop-ref/shop/services/fulfillment"
-	"github.com/shop-ref/shop/services/inventory"
-	"github.com/shop-ref/shop/services/payment"
+	"github.com/shop-ref/shop/services"
 )
 
 // The hostile lane: a peer that misbehaves the way a buggy producer could —
@@ -183,10 +180,7 @@ func (p *hostile) someOrder(ctx context.Context, applied bool) (string, bool) {
 		where = `JOIN ` + schema("order") + `.outbox e
 			ON e.aggregate_type = 'order' AND e.aggregate_id = o.order_id::text AND e.aggregate_seq = 1
 			WHERE o.status IN ('COMPLETED', 'CLOSED', 'REJECTED')`
-		for service, consumer := range orderConsumers {
-			if service == "fulfillment" {
-				continue // it reads only OrderPaid: a forged OrderCreated never reaches it
-			}
+		for service, consumer := range orderConsumers() {
 			where += ` AND EXISTS (SELECT 1 FROM ` + schema(service) + `.processed_events p
 				WHERE p.consumer_name = '` + consumer + `' AND p.event_id = e.event_id)`
 		}
@@ -197,15 +191,28 @@ func (p *hostile) someOrder(ctx context.Context, applied bool) (string, bool) {
 	return id, err == nil
 }
 
-// orderConsumers are the services that consume ORDERS, with their consumer
-// (fulfillment's filters on OrderPaid).
-var orderConsumers = map[string]string{
-	"inventory":   inventory.ConsumerName,
-	"payment":     payment.ConsumerName,
-	"fulfillment": fulfillment.ConsumerName,
+// orderConsumers are the services whose consumer reads the order events a
+// forged one would collide with: every consumer of ORDERS that receives
+// OrderCreated (one that filters on other types, fulfillment's on
+// OrderPaid, never sees a forged OrderCreated), by service.
+func orderConsumers() map[string]string {
+	out := map[string]string{}
+	for _, r := range services.All.Readers() {
+		if r.Stream == "ORDERS" && (len(r.Types) == 0 || slices.Contains(r.Types, "OrderCreated")) {
+			out[r.Service] = r.Name
+		}
+	}
+	return out
 }
 
-func schema(service string) string { return pgx.Identifier{migrations.Schemas[service]}.Sanitize() }
+// schema is the quoted schema of service, for the harness's own queries.
+func schema(service string) string {
+	e, err := services.All.Get(service)
+	if err != nil {
+		panic(err) // the harness names only the shop's own services
+	}
+	return pgx.Identifier{e.Schema}.Sanitize()
+}
 
 // cleanUp discards, as an operator would once they are known to be forged,
 // the parked events and dead letters the lane left, and counts them.
@@ -217,8 +224,11 @@ func (p *hostile) cleanUp(ctx context.Context) (Hostile, error) {
 	}
 	n := p.n
 	p.mu.Unlock()
-	for service := range orderConsumers {
-		s := schema(service)
+	for _, r := range services.All.Readers() {
+		if r.Stream != "ORDERS" {
+			continue // the lane forges order events only
+		}
+		service, s := r.Service, schema(r.Service)
 		tag, err := p.h.admin.Exec(ctx, `UPDATE `+s+`.inbox_parked SET discarded_at = now(), discard_reason = 'chaos: forged by the hostile lane'
 			WHERE discarded_at IS NULL AND event_id = ANY($1)`, ids)
 		if err != nil {

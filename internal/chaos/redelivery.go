@@ -9,18 +9,20 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/services"
 )
 
-// consumersOf are each service's durable consumers and the producer whose
-// outbox feeds them (docs/events.md).
-var consumersOf = map[string][]struct{ name, producer string }{
-	"order":       {{"order-inventory", "inventory"}, {"order-payment", "payment"}, {"order-fulfillment", "fulfillment"}},
-	"inventory":   {{"inventory-orders", "order"}},
-	"payment":     {{"payment-orders", "order"}},
-	"fulfillment": {{"fulfillment-orders", "order"}},
+// consumersOf are service's durable consumers and the producer whose outbox
+// feeds each.
+func consumersOf(service string) []struct{ name, producer string } {
+	var out []struct{ name, producer string }
+	for _, r := range services.All.Readers() {
+		if r.Service == service {
+			producer, _ := services.All.Owner(r.Stream)
+			out = append(out, struct{ name, producer string }{r.Name, producer.Name})
+		}
+	}
+	return out
 }
 
 // redeliveryWindow: the events whose delivery a SIGKILL may have cut short
@@ -54,12 +56,12 @@ func (h *harness) redelivery(ctx context.Context) ([]Redelivery, error) {
 	var out []Redelivery
 	for _, k := range kills {
 		var worst *time.Duration
-		for _, c := range consumersOf[k.service] {
+		for _, c := range consumersOf(k.service) {
 			var secs *float64
 			err := h.admin.QueryRow(ctx, `
 				SELECT max(extract(epoch FROM p.processed_at - o.published_at))::float8
-				FROM `+pgx.Identifier{migrations.Schemas[k.service]}.Sanitize()+`.processed_events p
-				JOIN `+pgx.Identifier{migrations.Schemas[c.producer]}.Sanitize()+`.outbox o ON o.event_id = p.event_id
+				FROM `+schema(k.service)+`.processed_events p
+				JOIN `+schema(c.producer)+`.outbox o ON o.event_id = p.event_id
 				WHERE p.consumer_name = $1 AND o.published_at BETWEEN $2::timestamptz - $3::interval AND $2`,
 				c.name, k.at, redeliveryWindow.String()).Scan(&secs)
 			if err != nil {

@@ -11,12 +11,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/verify"
-	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/services"
 )
 
 // verify runs the checks of `shop verify` until they pass, for a minute at
@@ -25,7 +23,7 @@ import (
 func (h *harness) verify(ctx context.Context) (verify.Report, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		report, err := verify.Wait(ctx, h.pools, app.OutboxRetention, time.Until(deadline))
+		report, err := verify.Wait(ctx, h.shop, app.OutboxRetention, time.Until(deadline))
 		if err == nil || time.Now().After(deadline) || !sleepCtx(ctx, time.Second) {
 			return report, err
 		}
@@ -121,11 +119,11 @@ func (h *harness) judge(r Result) {
 // the first error of each service that has some.
 func (h *harness) deadEvents(ctx context.Context) (int, []string, error) {
 	total, notes := 0, []string(nil)
-	for _, name := range app.Names {
+	for _, name := range services.All.Names() {
 		var n int
 		var sample string
 		err := h.admin.QueryRow(ctx, `SELECT count(*), coalesce(min(event_type || ': ' || coalesce(last_error, '')), '') FROM `+
-			pgx.Identifier{migrations.Schemas[name]}.Sanitize()+`.outbox WHERE dead_at IS NOT NULL`).Scan(&n, &sample)
+			schema(name)+`.outbox WHERE dead_at IS NOT NULL`).Scan(&n, &sample)
 		if err != nil {
 			return 0, nil, fmt.Errorf("count dead events of %s: %w", name, err)
 		}
@@ -194,9 +192,9 @@ func (h *harness) scrapeAll() {
 // is older than the retention and not counted).
 func (h *harness) published(ctx context.Context) int64 {
 	var total int64
-	for _, name := range app.Names {
+	for _, name := range services.All.Names() {
 		var n int64
-		s := pgx.Identifier{migrations.Schemas[name]}.Sanitize()
+		s := schema(name)
 		if err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+s+`.outbox
 			WHERE published_at IS NOT NULL AND event_type <> 'ChaosRetentionFiller'`).Scan(&n); err != nil {
 			h.t.Errorf("count published events: %v", err)
@@ -212,7 +210,7 @@ func (h *harness) waitEnded(ctx context.Context, timeout time.Duration) int {
 	deadline := time.Now().Add(timeout)
 	for {
 		var n int
-		err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{migrations.Schemas["order"]}.Sanitize()+
+		err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+schema("order")+
 			`.orders WHERE status NOT IN ('COMPLETED', 'CLOSED', 'REJECTED')`).Scan(&n)
 		if err == nil && n == 0 {
 			return 0

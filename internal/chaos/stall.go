@@ -6,10 +6,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/shop-ref/shop/migrations"
 )
 
 // stallAfter is how long after a fault heals its stall is still looked for.
@@ -113,7 +109,7 @@ type span struct{ created, ended time.Time }
 
 func (h *harness) history(ctx context.Context) (spans, error) {
 	rows, err := h.admin.Query(ctx, `SELECT order_id::text, status, at, coalesce(reason, '') FROM `+
-		pgx.Identifier{migrations.Schemas["order"]}.Sanitize()+`.order_history ORDER BY order_id, id`)
+		schema("order")+`.order_history ORDER BY order_id, id`)
 	if err != nil {
 		return spans{}, fmt.Errorf("read order history: %w", err)
 	}

@@ -39,7 +39,7 @@ func (h *harness) auditStreams(ctx context.Context) (StreamLoss, error) {
 		return StreamLoss{}, fmt.Errorf("audit: %w", err)
 	}
 	audit := func() (map[string][]uuid.UUID, []string, int, error) {
-		audits, err := verify.AuditStreams(ctx, h.pools, js, verify.AuditConfig{Window: app.OutboxRetention})
+		audits, err := verify.AuditStreams(ctx, h.shop, js, verify.AuditConfig{Window: app.OutboxRetention})
 		if err != nil {
 			return nil, nil, 0, err
 		}
@@ -65,12 +65,10 @@ func (h *harness) auditStreams(ctx context.Context) (StreamLoss, error) {
 		return StreamLoss{Notes: notes}, err
 	}
 	h.logf("chaos: %d acked events missing from their streams; republishing them", before)
-	pools := map[string]outbox.DB{"order": h.pools.Order, "inventory": h.pools.Inventory,
-		"payment": h.pools.Payment, "fulfillment": h.pools.Fulfillment}
 	for service, ids := range lost {
-		pool, ok := pools[service]
-		if !ok {
-			return StreamLoss{}, fmt.Errorf("audit: no pool for service %q", service)
+		pool, err := h.shop.Pool(service)
+		if err != nil {
+			return StreamLoss{}, fmt.Errorf("audit: %w", err)
 		}
 		if _, err := outbox.RepublishAll(ctx, pool, ids); err != nil {
 			return StreamLoss{}, err

@@ -26,6 +26,7 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/services"
 )
 
 // TestBrowser runs the whole shop as `shop all` does, opens the dashboard in
@@ -205,7 +206,7 @@ func startShop(t *testing.T) shopURLs {
 		"DASHBOARD_ADDR":        freeAddr(t),
 		"PAYMENT_FAKE_PROVIDER": "true", // the page's Pay button
 	}
-	for _, name := range app.Names {
+	for _, name := range services.All.Names() {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr(t)
 	}
 	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
@@ -218,14 +219,14 @@ func startShop(t *testing.T) shopURLs {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- app.Run(ctx, cfg, app.Names, log) }()
+	go func() { done <- app.Run(ctx, cfg, cfg.Registry.Names(), log) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("shop: %v", err)
 		}
 	})
-	for _, name := range app.Names {
+	for _, name := range cfg.Registry.Names() {
 		waitFor(t, 30*time.Second, name+" ready", func() bool {
 			return get("http://"+env[strings.ToUpper(name)+"_ADDR"]+"/readyz") == http.StatusOK
 		})

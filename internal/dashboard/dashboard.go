@@ -53,6 +53,10 @@ type DB interface {
 
 // Config configures a Server.
 type Config struct {
+	// Services are the shop's services in the order the page lists them
+	// (the registry's); a service with a pool that is not named here comes
+	// after them, by name. Default: the pools' names, "order" first.
+	Services []string
 	// Pools holds one read pool per service, by service name ("order",
 	// "inventory", …), each bound to that service's schema. "order" is
 	// required: the orders are read from it.
@@ -78,6 +82,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if len(c.Services) == 0 {
+		c.Services = []string{"order"}
+	}
 	c.Interval = cmp.Or(c.Interval, time.Second)
 	if c.Client == nil {
 		c.Client = &http.Client{Timeout: 10 * time.Second}
@@ -121,7 +128,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg:      cfg,
-		services: serviceNames(cfg.Pools, []string{"order", "inventory", "payment", "fulfillment"}),
+		services: serviceNames(cfg.Pools, cfg.Services),
 		journeys: make(map[string]journey.DB, len(cfg.Pools)),
 		mux:      http.NewServeMux(),
 	}

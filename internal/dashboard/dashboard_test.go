@@ -18,7 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shop-ref/shop/internal/dashboard"
-	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services"
 )
 
 // setupState returns a dashboard over four freshly migrated service schemas
@@ -29,8 +30,8 @@ func setupState(t *testing.T) (*httptest.Server, []string) {
 	t.Helper()
 	ctx := context.Background()
 	pools := map[string]dashboard.DB{}
-	for _, name := range []string{"order", "inventory", "payment", "fulfillment"} {
-		pools[name] = pgtest.New(t, name).Pool
+	for name, p := range shoptest.Schemas(t, services.All).Pools {
+		pools[name] = p
 	}
 	exec := func(service, sql string, args ...any) {
 		t.Helper()

@@ -34,11 +34,11 @@ import (
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/broker"
-	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/services"
 )
 
 const (
@@ -51,7 +51,8 @@ const (
 var shop struct {
 	order, inventory, payment, fulfillment string // base URLs
 	nats                                   *natstest.Server
-	pools                                  verify.Pools
+	pools                                  struct{ Order, Inventory, Payment, Fulfillment *pgxpool.Pool }
+	checked                                verify.Shop                 // what shop verify reads
 	js                                     jetstream.JetStream         // the shop's broker, for the stream audit
 	spans                                  *tracetest.InMemoryExporter // every service's spans
 	// api checks every response a test receives against api/openapi.yaml
@@ -102,7 +103,7 @@ func runMain(m *testing.M) (code int) {
 
 	// The shop's own NATS users, as deploy/nats/auth.conf has them: every
 	// test here runs with the services' permissions on.
-	srv, passwords := natstest.NewSecured(&mainTB{})
+	srv, passwords := natstest.NewSecured(&mainTB{}, services.All.Access())
 	defer srv.Stop()
 	shop.nats = srv
 
@@ -121,7 +122,7 @@ func runMain(m *testing.M) (code int) {
 		"FULFILLMENT_DELAY":         "200ms",
 		"DASHBOARD_ADDR":            freeAddr(), // not the machine's :8080
 	}
-	for _, name := range app.Names {
+	for _, name := range services.All.Names() {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr()
 		env[broker.PasswordVar(name)] = passwords[name]
 	}
@@ -139,7 +140,7 @@ func runMain(m *testing.M) (code int) {
 	violations := violationCounter{h, new(atomic.Int64)}
 	log := slog.New(violations)
 	done := make(chan error, 1)
-	go func() { done <- app.Run(ctx, cfg, app.Names, log) }()
+	go func() { done <- app.Run(ctx, cfg, cfg.Registry.Names(), log) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -157,17 +158,15 @@ func runMain(m *testing.M) (code int) {
 			return 1
 		}
 	}
-	pools := map[string]*pgxpool.Pool{}
-	for _, name := range app.Names {
-		pool, err := database.NewPool(ctx, dbURL, schemaOf(name), 2)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer pool.Close()
-		pools[name] = pool
+	checked, closePools, err := app.OpenShop(ctx, cfg, 2)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	shop.pools = verify.Pools{Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"]}
+	defer closePools()
+	shop.checked = checked
+	shop.pools.Order, shop.pools.Inventory = checked.Pools["order"], checked.Pools["inventory"]
+	shop.pools.Payment, shop.pools.Fulfillment = checked.Pools["payment"], checked.Pools["fulfillment"]
 	// The stream audit reads as the operator does.
 	nc, err := nats.Connect(srv.URL(), broker.UserOptions(broker.AuditUser, passwords[broker.AuditUser])...)
 	if err != nil {
@@ -229,7 +228,7 @@ func (c violationCounter) WithGroup(name string) slog.Handler {
 // the streams' audit against the outboxes included.
 func checkInvariants(t *testing.T) {
 	t.Helper()
-	report, err := verify.Wait(context.Background(), shop.pools, 72*time.Hour, 30*time.Second, verify.WithStreams(shop.js))
+	report, err := verify.Wait(context.Background(), shop.checked, 72*time.Hour, 30*time.Second, verify.WithStreams(shop.js))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,10 +383,6 @@ func randHex() string {
 func sku(name string) string { return name + "-" + randHex() }
 
 // ---- plumbing ----
-
-func schemaOf(service string) string {
-	return map[string]string{"order": "orders", "inventory": "inventory", "payment": "payment", "fulfillment": "fulfillment"}[service]
-}
 
 func freeAddr() string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

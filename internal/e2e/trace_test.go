@@ -19,7 +19,7 @@ import (
 // exporter, which it returns.
 func traceServices(cfg app.Config) *tracetest.InMemoryExporter {
 	exp := tracetest.NewInMemoryExporter()
-	for _, name := range app.Names {
+	for _, name := range cfg.Registry.Names() {
 		cfg.Services[name].TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
 			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "shop-"+name))))
 	}

@@ -29,7 +29,7 @@ var quiet = slog.New(slog.DiscardHandler)
 // per applied event, in the order they were applied.
 func consumerSide(t *testing.T) *pgtest.Schema {
 	t.Helper()
-	s := pgtest.New(t, "")
+	s := pgtest.New(t)
 	_, err := s.Pool.Exec(context.Background(), `CREATE TABLE effects (
 		applied    bigint GENERATED ALWAYS AS IDENTITY,
 		aggregate  text   NOT NULL,
@@ -112,7 +112,7 @@ var evAccess = broker.Access{User: "ev", Stream: "EV", Subjects: []string{"ev.>"
 func TestManyRelaysAndConsumers(t *testing.T) {
 	t.Parallel()
 	const aggregates, perAggregate, instances = 1000, 20, 4
-	producer := pgtest.New(t, "")
+	producer := pgtest.New(t)
 	consumer := consumerSide(t)
 	srv, _ := natstest.NewSecuredFor(t, []broker.Access{evAccess})
 	_, js := srv.ConnectAs(t, evAccess.User)
@@ -179,7 +179,7 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 // The consumer's inbox recognises it: the effect happens once.
 func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 	t.Parallel()
-	producer := pgtest.New(t, "")
+	producer := pgtest.New(t)
 	consumer := consumerSide(t)
 	srv, _ := natstest.NewSecuredFor(t, []broker.Access{evAccess})
 	_, js := srv.ConnectAs(t, evAccess.User)

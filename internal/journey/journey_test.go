@@ -12,7 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/journey"
-	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services"
 )
 
 // setup returns four freshly migrated service schemas' pools, and the same
@@ -20,9 +21,8 @@ import (
 func setup(t *testing.T) (map[string]*pgxpool.Pool, map[string]journey.DB) {
 	t.Helper()
 	pools, dbs := map[string]*pgxpool.Pool{}, map[string]journey.DB{}
-	for _, name := range []string{"order", "inventory", "payment", "fulfillment"} {
-		pools[name] = pgtest.New(t, name).Pool
-		dbs[name] = pools[name]
+	for name, p := range shoptest.Schemas(t, services.All).Pools {
+		pools[name], dbs[name] = p, p
 	}
 	return pools, dbs
 }

@@ -67,17 +67,18 @@ func New(t testing.TB, opts ...broker.Option) *Server {
 // (Connect). The shop itself knows no such user.
 const AdminUser = "test-admin"
 
-// NewSecured starts a server, as New, that requires the shop's NATS users
-// (broker.Services, broker.AuditUser) with random passwords, and AdminUser:
-// an anonymous client is refused. It returns the server and the passwords
-// by user name; Connect connects as AdminUser, ConnectAs as any user.
-func NewSecured(t testing.TB, opts ...broker.Option) (*Server, map[string]string) {
+// NewSecured starts a server, as New, that requires the NATS users of
+// services (the shop's: services.All.Access()) and broker.AuditUser, with
+// random passwords, and AdminUser: an anonymous client is refused. It
+// returns the server and the passwords by user name; Connect connects as
+// AdminUser, ConnectAs as any user.
+func NewSecured(t testing.TB, services []broker.Access, opts ...broker.Option) (*Server, map[string]string) {
 	t.Helper()
 	passwords := map[string]string{broker.AuditUser: rand.Text()}
-	for _, a := range broker.Services {
+	for _, a := range services {
 		passwords[a.User] = rand.Text()
 	}
-	users, err := broker.Users(passwords)
+	users, err := broker.Users(services, passwords)
 	if err != nil {
 		t.Fatal(err)
 	}

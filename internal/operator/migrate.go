@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // migrateHelp is the part of `shop migrate -h` that flags cannot say.
@@ -34,8 +34,8 @@ A service started with its role does not migrate; it checks that nothing is pend
 // creating the database when it does not exist; then, with -roles, it
 // creates or updates each one's role. An unknown service, or a missing
 // password with -roles, stops it before anything is changed.
-func Migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := app.LoadConfig(getenv)
+func (s Shop) Migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := app.LoadConfigFor(s.Services, getenv)
 	if err != nil {
 		return err
 	}
@@ -49,12 +49,15 @@ func Migrate(ctx context.Context, args []string, getenv func(string) string, std
 
 	names := fs.Args()
 	if len(names) == 0 {
-		names = services()
+		names = cfg.Registry.Names()
 	}
-	for _, name := range names {
-		if !slices.Contains(services(), name) {
-			return fmt.Errorf("migrate: unknown service %q (want one of %v)", name, services())
+	entries := make([]registry.Entry, len(names))
+	for i, name := range names {
+		e, err := cfg.Registry.Get(name)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
 		}
+		entries[i] = e
 	}
 	passwords := map[string]string{}
 	if roles { // every password first: fail before changing anything
@@ -66,14 +69,14 @@ func Migrate(ctx context.Context, args []string, getenv func(string) string, std
 			passwords[name] = pw
 		}
 	}
-	for _, name := range names {
-		if err := app.Migrate(ctx, cfg.DatabaseURLOf(name), name, log.With("service", name)); err != nil {
+	for _, e := range entries {
+		if err := app.Migrate(ctx, cfg.DatabaseURLOf(e.Name), e, log.With("service", e.Name)); err != nil {
 			return err
 		}
 	}
 	if roles {
 		for _, name := range names {
-			err := app.CreateRole(ctx, cfg.DatabaseURLOf(name), name, app.RoleName(name), passwords[name], log.With("service", name))
+			err := app.CreateRole(ctx, cfg, name, app.RoleName(name), passwords[name], log.With("service", name))
 			if err != nil {
 				return fmt.Errorf("migrate -roles: %w", err)
 			}

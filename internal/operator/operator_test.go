@@ -13,13 +13,15 @@ import (
 
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/services"
 )
 
 // run runs an operator command line, as shop does after its first word
 // (outbox, trace, verify, migrate) names the command.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	op := Shop{Services: services.All}
 	commands := map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
-		"outbox": Outbox, "trace": Trace, "verify": Verify, "migrate": Migrate,
+		"outbox": op.Outbox, "trace": op.Trace, "verify": op.Verify, "migrate": op.Migrate,
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {

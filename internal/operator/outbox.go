@@ -71,7 +71,7 @@ after the arguments.
 // Outbox is `shop outbox <command> [flags] [arguments]`; args starts with
 // the command. Each command (status.go, event.go, replay.go, republish.go,
 // deadletter.go, parked.go) parses its own flags.
-func Outbox(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func (s Shop) Outbox(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, outboxUsage)
 		return fmt.Errorf("outbox: missing command: %w", cli.ErrUsage)
@@ -82,7 +82,7 @@ func Outbox(ctx context.Context, args []string, getenv func(string) string, stdo
 		fmt.Fprint(stdout, outboxUsage)
 		return nil
 	}
-	c, err := newCommand("shop outbox "+sub, getenv, stdout, stderr)
+	c, err := s.newCommand("shop outbox "+sub, getenv, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -146,8 +146,8 @@ type command struct {
 
 // newCommand reads the configuration from the environment for command
 // name.
-func newCommand(name string, getenv func(string) string, stdout, stderr io.Writer) (*command, error) {
-	cfg, err := app.LoadConfig(getenv)
+func (s Shop) newCommand(name string, getenv func(string) string, stdout, stderr io.Writer) (*command, error) {
+	cfg, err := app.LoadConfigFor(s.Services, getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -231,12 +231,13 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 // resolve resolves the --service flag: "" or "all" is every service.
 func (c *command) resolve(flagValue string) ([]string, error) {
 	if flagValue == "" || flagValue == "all" {
-		return services(), nil
+		return c.cfg.Registry.Names(), nil
 	}
-	name, ok := serviceOf(flagValue)
+	e, ok := serviceOf(c.cfg.Registry, flagValue)
 	if !ok {
-		return nil, c.usageErr("unknown service %q: want one of %s or all", flagValue, strings.Join(services(), ", "))
+		return nil, c.usageErr("unknown service %q: want one of %s or all", flagValue, strings.Join(c.cfg.Registry.Names(), ", "))
 	}
+	name := e.Name
 	return []string{name}, nil
 }
 
@@ -245,7 +246,11 @@ func (c *command) pool(ctx context.Context, service string) (*pgxpool.Pool, erro
 	if p := c.pools[service]; p != nil {
 		return p, nil
 	}
-	p, err := database.NewPool(ctx, c.cfg.DatabaseURLOf(service), schemaOf(service), 2)
+	e, err := c.cfg.Registry.Get(service)
+	if err != nil {
+		return nil, err
+	}
+	p, err := database.NewPool(ctx, c.cfg.DatabaseURLOf(service), e.Schema, 2)
 	if err != nil {
 		return nil, err
 	}

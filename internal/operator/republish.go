@@ -77,7 +77,7 @@ func (c *command) republish(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	audits, err := verify.AuditStreams(ctx, verifyPools(c.pools), js, verify.AuditConfig{Window: app.OutboxRetention, Services: names})
+	audits, err := verify.AuditStreams(ctx, verify.Shop{Services: c.cfg.Registry, Pools: c.pools}, js, verify.AuditConfig{Window: app.OutboxRetention, Services: names})
 	if err != nil {
 		return fmt.Errorf("%s: %w", c.name, err)
 	}

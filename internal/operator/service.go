@@ -1,41 +1,27 @@
 package operator
 
 import (
-	"slices"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/shop-ref/shop/internal/app"
-	"github.com/shop-ref/shop/internal/verify"
-	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
-// The one place this package knows which services there are and what each
-// owns; every command goes through these.
-
-// services lists every service, in start-up order.
-func services() []string { return app.Names }
-
-// schemaOf is the schema service owns ("order" owns "orders").
-func schemaOf(service string) string { return migrations.Schemas[service] }
+// Shop is the operator's commands for the services of Services:
+// services.All in the shop binary (cmd/shop); a test may add one. Every
+// command reads the configuration of those services (app.LoadConfigFor)
+// and knows the services only from it.
+type Shop struct{ Services registry.Registry }
 
 // serviceOf resolves a service or schema name ("order" or "orders").
-func serviceOf(s string) (string, bool) {
-	if slices.Contains(services(), s) {
-		return s, true
-	}
-	for name, schema := range migrations.Schemas {
-		if schema == s {
-			return name, true
+func serviceOf(reg registry.Registry, s string) (registry.Entry, bool) {
+	for _, e := range reg {
+		if e.Name == s || e.Schema == s {
+			return e, true
 		}
 	}
-	return "", false
+	return registry.Entry{}, false
 }
 
-// verifyPools is pools (by service) as internal/verify takes them; a
-// service without one is left nil.
-func verifyPools(pools map[string]*pgxpool.Pool) verify.Pools {
-	return verify.Pools{
-		Order: pools["order"], Inventory: pools["inventory"], Payment: pools["payment"], Fulfillment: pools["fulfillment"],
-	}
+// schemaOf is the schema of the service called name ("order" owns "orders").
+func schemaOf(reg registry.Registry, name string) string {
+	e, _ := reg.Get(name)
+	return e.Schema
 }

@@ -35,8 +35,8 @@ order shows its state changes only, and says so.
 // Trace is `shop trace <order-id> [--json]`: one order's journey, read
 // from every service's tables. It has the outbox commands' flags (--json,
 // --database-url) and their pools, one per service.
-func Trace(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	c, err := newCommand("shop trace", getenv, stdout, stderr)
+func (s Shop) Trace(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	c, err := s.newCommand("shop trace", getenv, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -52,8 +52,8 @@ func Trace(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return c.usageErr("%q is not an order id (a UUID)", pos[0])
 	}
-	pools := make(map[string]journey.DB, len(services()))
-	for _, name := range services() {
+	pools := make(map[string]journey.DB, len(c.cfg.Registry))
+	for _, name := range c.cfg.Registry.Names() {
 		p, err := c.pool(ctx, name)
 		if err != nil {
 			return err

@@ -7,13 +7,11 @@ import (
 	"io"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
-	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/reconcile"
 	"github.com/shop-ref/shop/internal/verify"
 )
@@ -30,8 +28,8 @@ var ErrViolations = errors.New("invariants violated")
 // NATS server of the configuration (its default when unset, as a single
 // service does); a server it cannot reach is a failed check in the report,
 // not a pass.
-func Verify(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := app.LoadConfig(getenv)
+func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := app.LoadConfigFor(s.Services, getenv)
 	if err != nil {
 		return err
 	}
@@ -47,16 +45,11 @@ func Verify(ctx context.Context, args []string, getenv func(string) string, stdo
 		return err
 	}
 
-	pools := map[string]*pgxpool.Pool{}
-	for _, name := range services() {
-		pool, err := database.NewPool(ctx, cfg.DatabaseURLOf(name), schemaOf(name), 2)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		pools[name] = pool
+	vp, closePools, err := app.OpenShop(ctx, cfg, 2)
+	if err != nil {
+		return err
 	}
-	vp := verifyPools(pools)
+	defer closePools()
 	var opts []verify.Option
 	var js jetstream.JetStream
 	var unreachable error

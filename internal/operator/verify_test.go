@@ -13,6 +13,7 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services"
 )
 
 func TestVerify(t *testing.T) {
@@ -64,8 +65,8 @@ func TestVerifyAsTheAuditUser(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := shoptest.NewDatabaseURL(t)
-	ns, passwords := natstest.NewSecured(t)
-	for _, a := range broker.Services {
+	ns, passwords := natstest.NewSecured(t, services.All.Access())
+	for _, a := range services.All.Access() {
 		_, js := ns.ConnectAs(t, a.User)
 		ns.Stream(t, js, a.Stream, a.Subjects...)
 	}

@@ -48,13 +48,14 @@ type Schema struct {
 	Pool *pgxpool.Pool
 }
 
-// New creates a schema holding the eventing tables and the migrations of
-// service ("" for the eventing tables alone), returns a pool whose connections
-// use it, and drops the schema when the test ends. It returns after the
+// New creates a schema holding the eventing tables (the outbox's and the
+// inbox's) and those of the migration sets given (a service's:
+// order.Registration.Sets()...; the saga's: migrations.Saga()), returns a
+// pool whose connections use it, and drops the schema when the test ends. It returns after the
 // migration's own session has ended, so the statistics it caused (building an
 // index counts as a sequential scan of its table) are already counted when
 // the test first reads pg_stat_user_tables.
-func New(t testing.TB, service string) *Schema {
+func New(t testing.TB, sets ...migrations.Set) *Schema {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -73,10 +74,6 @@ func New(t testing.TB, service string) *Schema {
 	quiet := slog.New(slog.DiscardHandler)
 	migrator := "pgtest-migrate-" + name
 	err := database.Retry(ctx, quiet, "migrate", func(ctx context.Context) error {
-		var sets []migrations.Set
-		if service != "" {
-			sets = migrations.ForService(service)
-		}
 		return migrations.Apply(ctx, withAppName(URL(), migrator), name, sets, nil)
 	})
 	if err != nil {

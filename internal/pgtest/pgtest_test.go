@@ -9,8 +9,8 @@ import (
 
 func TestNewMigratesAnIsolatedSchema(t *testing.T) {
 	t.Parallel()
-	a := pgtest.New(t, "")
-	b := pgtest.New(t, "")
+	a := pgtest.New(t)
+	b := pgtest.New(t)
 	if a.Name == b.Name {
 		t.Fatalf("two tests share schema %s", a.Name)
 	}

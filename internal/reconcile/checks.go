@@ -15,7 +15,7 @@ import (
 // rescheduled by the scanner, and an order whose timeout row is missing
 // would wait forever.
 func (r *run) stuckOrders() error {
-	rows, err := r.pools.Order.Query(r.ctx, `
+	rows, err := r.order.Query(r.ctx, `
 		WITH cur AS (
 			SELECT o.order_id::text AS id, o.status,
 			       coalesce((SELECT min(h.at) FROM order_history h
@@ -59,7 +59,7 @@ func (r *run) stuckOrders() error {
 // with what the order saga knows of them.
 func (r *run) unrefundedPayments() error {
 	type captured struct{ PaymentID, OrderID string }
-	rows, err := r.pools.Payment.Query(r.ctx, `
+	rows, err := r.payment.Query(r.ctx, `
 		SELECT p.payment_id::text, p.order_id FROM payments p
 		WHERE p.status = 'succeeded' AND p.created_at < now() - $1 * interval '1 microsecond'
 		  AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.payment_id = p.payment_id)
@@ -79,7 +79,7 @@ func (r *run) unrefundedPayments() error {
 		ID, Status, PaidBy string
 		Refunded           []string
 	}
-	rows, err = r.pools.Order.Query(r.ctx, `
+	rows, err = r.order.Query(r.ctx, `
 		SELECT o.order_id::text, o.status, coalesce(s.data->>'payment_id', ''),
 		       coalesce(ARRAY(SELECT jsonb_array_elements_text(s.data->'refunded')), '{}')
 		FROM orders o LEFT JOIN saga_instances s ON s.id = o.order_id::text
@@ -116,7 +116,7 @@ func (r *run) unrefundedPayments() error {
 
 // heldReservations pairs inventory's open reservations with ended orders.
 func (r *run) heldReservations() error {
-	rows, err := r.pools.Inventory.Query(r.ctx, `
+	rows, err := r.inventory.Query(r.ctx, `
 		SELECT DISTINCT order_id FROM reservations WHERE state = 'RESERVED'`)
 	if err != nil {
 		return fmt.Errorf("reconcile: reservations: %w", err)
@@ -125,7 +125,7 @@ func (r *run) heldReservations() error {
 	if err != nil || len(held) == 0 {
 		return wrap("reservations", err)
 	}
-	rows, err = r.pools.Order.Query(r.ctx, `
+	rows, err = r.order.Query(r.ctx, `
 		SELECT order_id::text, status, now() - updated_at FROM orders
 		WHERE order_id::text = ANY($1) AND status IN ('REJECTED', 'CLOSED', 'COMPLETED')
 		  AND updated_at < now() - $2 * interval '1 microsecond'

@@ -12,7 +12,7 @@ import (
 
 // Job runs Run periodically and keeps the last run's counts for metrics.
 type Job struct {
-	Pools    verify.Pools
+	Shop     verify.Shop
 	Config   Config
 	Interval time.Duration // default 1m
 	Logger   *slog.Logger  // default slog.Default()
@@ -51,7 +51,7 @@ func (j *Job) Run(ctx context.Context) error {
 // Once runs the reconciler once, logs each finding and records the counts.
 func (j *Job) Once(ctx context.Context) (Report, error) {
 	log := cmp.Or(j.Logger, slog.Default())
-	rep, err := Run(ctx, j.Pools, j.Config)
+	rep, err := Run(ctx, j.Shop, j.Config)
 	if err != nil {
 		return rep, err
 	}

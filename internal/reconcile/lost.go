@@ -12,7 +12,7 @@ import (
 
 // lostEvents audits every stream against its outbox.
 func (r *run) lostEvents() error {
-	audits, err := verify.AuditStreams(r.ctx, r.pools, r.cfg.JetStream,
+	audits, err := verify.AuditStreams(r.ctx, r.shop, r.cfg.JetStream,
 		verify.AuditConfig{Window: r.cfg.Retention, Newest: r.cfg.AuditNewest})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -33,7 +33,7 @@ func (r *run) lostEvents() error {
 // repairLost republishes every event a stream lost, one statement per
 // service, so that service's relays see all of the copies or none.
 func (r *run) repairLost() error {
-	for _, service := range verify.Services() {
+	for _, service := range r.shop.Services.Names() {
 		var ids []uuid.UUID
 		for _, f := range r.findings {
 			if f.Event != nil && f.Event.Service == service {
@@ -43,7 +43,7 @@ func (r *run) repairLost() error {
 		if len(ids) == 0 {
 			continue
 		}
-		pool, err := r.pools.Of(service)
+		pool, err := r.shop.Pool(service)
 		if err != nil {
 			return fmt.Errorf("reconcile: %w", err)
 		}

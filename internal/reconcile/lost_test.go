@@ -242,7 +242,7 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 	var b strings.Builder
 	var streamCheck *verify.Check
 	s.eventually("verify to name the lost events", func() bool {
-		report, err := verify.Run(ctx, s.pools, retention, verify.WithStreams(s.js))
+		report, err := verify.Run(ctx, s.shop.shop, retention, verify.WithStreams(s.js))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -274,7 +274,7 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 	}
 
 	// The reconciler republishes them.
-	rep, err := reconcile.Run(ctx, s.pools, reconcile.Config{Repair: true, JetStream: s.js, Retention: retention})
+	rep, err := reconcile.Run(ctx, s.shop.shop, reconcile.Config{Repair: true, JetStream: s.js, Retention: retention})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 	// The consumers come back: the copy of X's OrderCreated is absorbed,
 	// the other two are applied, and every invariant holds.
 	consumers, _ := s.startConsumers()
-	report, err := verify.Wait(ctx, s.pools, retention, 30*time.Second, verify.WithStreams(s.js))
+	report, err := verify.Wait(ctx, s.shop.shop, retention, 30*time.Second, verify.WithStreams(s.js))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,18 +6,30 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shop-ref/shop/internal/verify"
 )
 
 // Run finds stuck orders, unrefunded payments and held reservations once,
 // with cfg.JetStream the events the streams lost, and, with cfg.Repair,
 // republishes the events about them that were lost.
-func Run(ctx context.Context, pools verify.Pools, cfg Config) (Report, error) {
+//
+// Its rules are the order saga's, so it reads the order, inventory and
+// payment services' schemas by those names (an error when shop lacks one);
+// the events it republishes follow every consumer of the shop (flows).
+func Run(ctx context.Context, shop verify.Shop, cfg Config) (Report, error) {
 	cfg.setDefaults()
 	if cfg.JetStream != nil && cfg.Retention <= 0 {
 		return Report{}, errors.New("reconcile: Config.JetStream without Config.Retention (the outbox retention)")
 	}
-	r := &run{ctx: ctx, pools: pools, cfg: cfg, repaired: map[string]int{}}
+	r := &run{ctx: ctx, shop: shop, cfg: cfg, repaired: map[string]int{}}
+	for name, p := range map[string]**pgxpool.Pool{"order": &r.order, "inventory": &r.inventory, "payment": &r.payment} {
+		pool, err := shop.Pool(name)
+		if err != nil {
+			return Report{}, fmt.Errorf("reconcile: %w", err)
+		}
+		*p = pool
+	}
 	if err := r.stuckOrders(); err != nil {
 		return Report{}, err
 	}
@@ -49,13 +61,15 @@ func Run(ctx context.Context, pools verify.Pools, cfg Config) (Report, error) {
 }
 
 type run struct {
-	ctx      context.Context
-	pools    verify.Pools
-	cfg      Config
-	findings []Finding
-	audits   []verify.StreamAudit
-	repaired map[string]int // order id → events republished
-	total    int
+	ctx  context.Context
+	shop verify.Shop
+	// The pools of the saga's services, whose rules the checks are.
+	order, inventory, payment *pgxpool.Pool
+	cfg                       Config
+	findings                  []Finding
+	audits                    []verify.StreamAudit
+	repaired                  map[string]int // order id → events republished
+	total                     int
 }
 
 func (r *run) report() Report {

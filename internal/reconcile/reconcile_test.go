@@ -9,27 +9,27 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/reconcile"
+	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/services"
 )
 
 // shop is four freshly migrated service schemas, each in its own test
 // schema, as `shop all` would have them.
 type shop struct {
 	t     *testing.T
-	pools verify.Pools
+	shop  verify.Shop
+	pools struct{ Order, Inventory, Payment, Fulfillment *pgxpool.Pool }
 }
 
 func newShop(t *testing.T) *shop {
 	t.Helper()
 	t.Parallel()
-	return &shop{t: t, pools: verify.Pools{
-		Order:       pgtest.New(t, "order").Pool,
-		Inventory:   pgtest.New(t, "inventory").Pool,
-		Payment:     pgtest.New(t, "payment").Pool,
-		Fulfillment: pgtest.New(t, "fulfillment").Pool,
-	}}
+	s := &shop{t: t, shop: shoptest.Schemas(t, services.All)}
+	s.pools.Order, s.pools.Inventory = s.shop.Pools["order"], s.shop.Pools["inventory"]
+	s.pools.Payment, s.pools.Fulfillment = s.shop.Pools["payment"], s.shop.Pools["fulfillment"]
+	return s
 }
 
 func (s *shop) exec(pool *pgxpool.Pool, sql string, args ...any) {
@@ -80,7 +80,7 @@ func (s *shop) published(pool *pgxpool.Pool, ev uuid.UUID) bool {
 
 func (s *shop) run(repair bool) reconcile.Report {
 	s.t.Helper()
-	rep, err := reconcile.Run(context.Background(), s.pools, reconcile.Config{Repair: repair})
+	rep, err := reconcile.Run(context.Background(), s.shop, reconcile.Config{Repair: repair})
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func TestHeldReservations(t *testing.T) {
 func TestJobKeepsCounts(t *testing.T) {
 	s := newShop(t)
 	s.order("PENDING", "1 hour", "{}")
-	job := &reconcile.Job{Pools: s.pools}
+	job := &reconcile.Job{Shop: s.shop}
 	if c, runs := job.Last(); c != (reconcile.Counts{}) || runs != 0 {
 		t.Fatalf("before a run: %+v, %d", c, runs)
 	}

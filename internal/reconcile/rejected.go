@@ -15,7 +15,7 @@ import (
 // provider that keeps failing or refusing. They count as unrefunded
 // payments.
 func (r *run) rejectedPayments() error {
-	rows, err := r.pools.Payment.Query(r.ctx, `
+	rows, err := r.payment.Query(r.ctx, `
 		SELECT p.order_id, p.payment_id::text, p.reject_reason, p.amount, now() - p.created_at,
 		       coalesce(f.state, ''), coalesce(f.attempts, 0), coalesce(f.last_error, '')
 		FROM payments p LEFT JOIN refunds f ON f.payment_id = p.payment_id

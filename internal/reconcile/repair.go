@@ -8,19 +8,25 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
 
-// flows are the event flows about an order (docs/events.md): the producer
-// whose outbox holds the event, and the consumer that must process it.
-var flows = []struct{ producer, service, consumer string }{
-	{"order", "inventory", "inventory-orders"},
-	{"inventory", "order", "order-inventory"},
-	{"order", "payment", "payment-orders"},
-	{"payment", "order", "order-payment"},
-	{"order", "fulfillment", "fulfillment-orders"},
-	{"fulfillment", "order", "order-fulfillment"},
+// flow is an event flow: the producer whose outbox holds the events, and a
+// consumer (of service) that must process those of them it reads (types;
+// nil: all).
+type flow struct {
+	producer, service, consumer string
+	types                       []string
+}
+
+// flows are the shop's event flows, one per consumer in the registry.
+func (r *run) flows() []flow {
+	var flows []flow
+	for _, c := range r.shop.Services.Readers() {
+		producer, _ := r.shop.Services.Owner(c.Stream) // Validate: every stream read has an owner
+		flows = append(flows, flow{producer: producer.Name, service: c.Service, consumer: c.Name, types: c.Types})
+	}
+	return flows
 }
 
 // repair republishes, for each order found (up to cfg.Limit), the events
@@ -40,8 +46,8 @@ func (r *run) repair() error {
 		orders = orders[:r.cfg.Limit]
 	}
 	for _, id := range orders {
-		for _, fl := range flows {
-			n, err := r.republishLost(id, fl.producer, fl.service, fl.consumer)
+		for _, fl := range r.flows() {
+			n, err := r.republishLost(id, fl)
 			if err != nil {
 				return err
 			}
@@ -52,14 +58,15 @@ func (r *run) repair() error {
 	return nil
 }
 
-// republishLost republishes producer's published events of order id that
-// consumer (in service's schema) has not processed, oldest first.
-func (r *run) republishLost(id, producer, service, consumer string) (int, error) {
-	producerPool, err := r.pools.Of(producer)
+// republishLost republishes the producer's published events of order id
+// that the flow's consumer has not processed, oldest first.
+func (r *run) republishLost(id string, fl flow) (int, error) {
+	producer, consumer := fl.producer, fl.consumer
+	producerPool, err := r.shop.Pool(producer)
 	if err != nil {
 		return 0, fmt.Errorf("reconcile: %w", err)
 	}
-	servicePool, err := r.pools.Of(service)
+	servicePool, err := r.shop.Pool(fl.service)
 	if err != nil {
 		return 0, fmt.Errorf("reconcile: %w", err)
 	}
@@ -68,7 +75,7 @@ func (r *run) republishLost(id, producer, service, consumer string) (int, error)
 		WHERE aggregate_type = 'order' AND aggregate_id = $1 AND dead_at IS NULL
 		  AND published_at < now() - $2 * interval '1 microsecond'
 		  AND ($3::text[] IS NULL OR event_type = ANY($3)) -- only what the consumer reads
-		ORDER BY aggregate_seq`, id, micros(r.cfg.RepublishAfter), verify.ConsumedTypes(consumer))
+		ORDER BY aggregate_seq`, id, micros(r.cfg.RepublishAfter), fl.types)
 	if err != nil {
 		return 0, fmt.Errorf("reconcile: %s events of order %s: %w", producer, id, err)
 	}

@@ -23,8 +23,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/services"
 )
 
 // NewDatabaseURL returns the URL of a database that does not exist yet, on
@@ -89,14 +92,22 @@ type Shop struct {
 	Env      map[string]string // the environment it was started with, for the commands that drive it
 	OrderURL string            // http://<order service>
 	StockURL string            // http://<inventory service>/stock/
+	URLs     map[string]string // every service's base URL, by name
 }
 
-// Start runs every service against a throwaway database and a test NATS
-// server, on free loopback ports, with the fake payment provider on, until
-// the test ends; it returns once every service is ready.
+// Start runs every service of the shop (services.All); see StartFor.
 func Start(t testing.TB) *Shop {
 	t.Helper()
-	ns := natstest.New(t)
+	return StartFor(t, services.All)
+}
+
+// StartFor runs every service of reg against a throwaway database and a
+// test NATS server that requires each service's own user (the audit user's
+// password is in Env too), on free loopback ports, with the fake payment
+// provider on, until the test ends; it returns once every service is ready.
+func StartFor(t testing.TB, reg registry.Registry) *Shop {
+	t.Helper()
+	ns, passwords := natstest.NewSecured(t, reg.Access())
 	vars := map[string]string{
 		"DATABASE_URL":          pgtest.NewDatabase(t, "shop_cmd_").URL,
 		"NATS_URL":              ns.URL(),
@@ -104,16 +115,20 @@ func Start(t testing.TB) *Shop {
 		"DASHBOARD_ADDR":        FreeAddr(t), // not the machine's :8080
 		"PAYMENT_FAKE_PROVIDER": "true",      // loadgen pays through /simulate
 	}
-	for _, name := range app.Names {
+	vars[broker.PasswordVar(broker.AuditUser)] = passwords[broker.AuditUser]
+	for _, name := range reg.Names() {
 		vars[strings.ToUpper(name)+"_ADDR"] = FreeAddr(t)
+		vars[broker.PasswordVar(name)] = passwords[name]
 	}
-	cfg, err := app.LoadConfig(func(k string) string { return vars[k] })
+	cfg, err := app.LoadConfigFor(reg, func(k string) string { return vars[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- app.Run(ctx, cfg, app.Names, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	go func() {
+		done <- app.Run(ctx, cfg, reg.Names(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -125,8 +140,10 @@ func Start(t testing.TB) *Shop {
 			t.Error("the shop did not stop within 30s")
 		}
 	})
-	for _, name := range app.Names {
+	urls := map[string]string{}
+	for _, name := range reg.Names() {
 		addr := vars[strings.ToUpper(name)+"_ADDR"]
+		urls[name] = "http://" + addr
 		WaitFor(t, name+" ready", 30*time.Second, func() bool {
 			select {
 			case err := <-done:
@@ -141,7 +158,7 @@ func Start(t testing.TB) *Shop {
 			return res.StatusCode == http.StatusOK
 		})
 	}
-	return &Shop{Env: vars, OrderURL: "http://" + vars["ORDER_ADDR"], StockURL: "http://" + vars["INVENTORY_ADDR"] + "/stock/"}
+	return &Shop{Env: vars, OrderURL: urls["order"], StockURL: urls["inventory"] + "/stock/", URLs: urls}
 }
 
 // Restock stocks sku and waits until the order service accepts orders for
@@ -186,4 +203,53 @@ func (s *Shop) Restock(t testing.TB, sku string, onHand, price int) {
 		res.Body.Close()
 		return res.StatusCode == http.StatusAccepted
 	})
+}
+
+// Complete orders quantity of sku for customer, pays for it through the fake
+// provider once payment knows the order, and waits until the saga has
+// completed it; it returns the order's id and total.
+func (s *Shop) Complete(t testing.TB, customer, sku string, quantity int) (id string, total int64) {
+	t.Helper()
+	body := fmt.Sprintf(`{"customer_id":%q,"items":[{"sku":%q,"quantity":%d}]}`, customer, sku, quantity)
+	req, _ := http.NewRequest(http.MethodPost, s.OrderURL+"/orders", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "complete-"+customer+"-"+time.Now().Format(time.RFC3339Nano))
+	var o struct {
+		OrderID string `json:"order_id"`
+		Total   int64  `json:"total"`
+		Status  string `json:"status"`
+	}
+	if status := s.doJSON(t, req, &o); status != http.StatusCreated {
+		t.Fatalf("POST /orders: %d", status)
+	}
+	WaitFor(t, "payment to know order "+o.OrderID+" is payable", 20*time.Second, func() bool {
+		var p struct{ State string }
+		req, _ := http.NewRequest(http.MethodGet, s.URLs["payment"]+"/payments/"+o.OrderID, nil)
+		return s.doJSON(t, req, &p) == http.StatusOK && p.State == "PAYABLE"
+	})
+	req, _ = http.NewRequest(http.MethodPost, s.URLs["payment"]+"/payments/"+o.OrderID+"/simulate", strings.NewReader(`{"outcome":"succeeded"}`))
+	req.Header.Set("Content-Type", "application/json")
+	if status := s.doJSON(t, req, nil); status != http.StatusOK {
+		t.Fatalf("simulate payment of %s: %d", o.OrderID, status)
+	}
+	WaitFor(t, "order "+o.OrderID+" COMPLETED", 30*time.Second, func() bool {
+		req, _ := http.NewRequest(http.MethodGet, s.OrderURL+"/orders/"+o.OrderID, nil)
+		return s.doJSON(t, req, &o) == http.StatusOK && o.Status == "COMPLETED"
+	})
+	return o.OrderID, o.Total
+}
+
+// doJSON sends req and decodes a JSON answer into v (when not nil); it
+// returns the status, 0 when the request failed.
+func (s *Shop) doJSON(t testing.TB, req *http.Request, v any) int {
+	t.Helper()
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer res.Body.Close()
+	if v != nil {
+		_ = json.NewDecoder(res.Body).Decode(v)
+	}
+	return res.StatusCode
 }

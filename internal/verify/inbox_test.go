@@ -8,8 +8,10 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/services"
 )
 
 // An event parked for minutes waits for one that is not coming by itself,
@@ -17,9 +19,9 @@ import (
 // discarded them (with a reason), after which they count no longer.
 func TestParkedAndConflictsAreReportedUntilDiscarded(t *testing.T) {
 	t.Parallel()
-	pools := servicePools(t)
+	pools := shoptest.Schemas(t, services.All)
 	ctx := context.Background()
-	db := pools.Inventory
+	db := pools.Pools["inventory"]
 	stuck, fresh := uuid.New(), uuid.New()
 	for _, p := range []struct {
 		id  uuid.UUID

@@ -7,8 +7,9 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/services"
 )
 
 // A rejected payment (money the provider took that its order could not
@@ -16,11 +17,11 @@ import (
 // PaymentRejected event like every recorded payment.
 func TestRejectedPaymentsMustBeRefunded(t *testing.T) {
 	t.Parallel()
-	pools := servicePools(t)
+	pools := shoptest.Schemas(t, services.All)
 	ctx := context.Background()
 	exec := func(sql string, args ...any) {
 		t.Helper()
-		if _, err := pools.Payment.Exec(ctx, sql, args...); err != nil {
+		if _, err := pools.Pools["payment"].Exec(ctx, sql, args...); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
@@ -65,16 +66,5 @@ func TestRejectedPaymentsMustBeRefunded(t *testing.T) {
 		if len(v[name]) != 0 {
 			t.Errorf("%s: %q, want none", name, v[name])
 		}
-	}
-}
-
-// servicePools migrates a schema of each service for one test.
-func servicePools(t *testing.T) verify.Pools {
-	t.Helper()
-	return verify.Pools{
-		Order:       pgtest.New(t, "order").Pool,
-		Inventory:   pgtest.New(t, "inventory").Pool,
-		Payment:     pgtest.New(t, "payment").Pool,
-		Fulfillment: pgtest.New(t, "fulfillment").Pool,
 	}
 }

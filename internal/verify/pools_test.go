@@ -1,18 +1,21 @@
-package verify
+package verify_test
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/services"
 )
 
 // A check never reads another service's tables: an unknown name, or a
 // service without a pool, is an error (it used to be fulfillment's pool).
-func TestPoolsOfUnknownServiceIsAnError(t *testing.T) {
-	var p Pools
-	if _, err := p.Of("loyalty"); err == nil || !strings.Contains(err.Error(), "unknown service") {
-		t.Fatalf("Of(loyalty) = %v, want an unknown-service error", err)
+func TestPoolOfUnknownServiceIsAnError(t *testing.T) {
+	shop := verify.Shop{Services: services.All}
+	if _, err := shop.Pool("loyalty"); err == nil || !strings.Contains(err.Error(), "unknown service") {
+		t.Fatalf("Pool(loyalty) = %v, want an unknown-service error", err)
 	}
-	if _, err := p.Of("fulfillment"); err == nil {
-		t.Fatal("Of(fulfillment) without a pool: want an error")
+	if _, err := shop.Pool("fulfillment"); err == nil {
+		t.Fatal("Pool(fulfillment) without a pool: want an error")
 	}
 }

@@ -12,18 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/shop-ref/shop/internal/registry"
 )
-
-// streamOf is each producing service's stream (docs/events.md).
-var streamOf = map[string]string{
-	"order": "ORDERS", "inventory": "INVENTORY", "payment": "PAYMENT", "fulfillment": "FULFILLMENT",
-}
-
-// Services lists the producing services, in report order.
-func Services() []string { return slices.Clone(services) }
-
-// StreamOf returns the name of service's stream ("" for an unknown service).
-func StreamOf(service string) string { return streamOf[service] }
 
 // Lost is an event that its outbox marked published and that its service's
 // stream no longer holds: the broker acknowledged it and lost it later (an
@@ -70,7 +60,7 @@ type AuditConfig struct {
 	// after it takes over, and the newest messages are the ones a reader
 	// can miss then.
 	Grace time.Duration
-	// Services to audit; default all four.
+	// Services to audit, by name; default every service of the shop.
 	Services []string
 	// Newest, when positive, looks only for the newest this many events
 	// of each service (by published_at), bounding what one audit reads and
@@ -106,25 +96,26 @@ const clockSkew = time.Minute
 // streams"; `make bench` row 9 measures it). A database error stops
 // it; a stream that cannot be read is reported in that service's
 // StreamAudit.Err.
-func AuditStreams(ctx context.Context, pools Pools, js jetstream.JetStream, cfg AuditConfig) ([]StreamAudit, error) {
+func AuditStreams(ctx context.Context, shop Shop, js jetstream.JetStream, cfg AuditConfig) ([]StreamAudit, error) {
 	if cfg.Window <= 0 {
 		return nil, errors.New("audit streams: no window (the outbox retention)")
 	}
 	cfg.Grace = cmp.Or(cfg.Grace, 5*time.Second)
 	names := cfg.Services
 	if len(names) == 0 {
-		names = services
+		names = shop.Services.Names()
 	}
 	out := make([]StreamAudit, 0, len(names))
 	for _, s := range names {
-		if streamOf[s] == "" {
-			return nil, fmt.Errorf("audit streams: unknown service %q (want one of %v)", s, services)
-		}
-		pool, err := pools.Of(s)
+		e, err := shop.Services.Get(s)
 		if err != nil {
 			return nil, fmt.Errorf("audit streams: %w", err)
 		}
-		a, err := auditStream(ctx, pool, js, s, cfg)
+		pool, err := shop.Pool(s)
+		if err != nil {
+			return nil, fmt.Errorf("audit streams: %w", err)
+		}
+		a, err := auditStream(ctx, pool, js, e, cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -134,8 +125,9 @@ func AuditStreams(ctx context.Context, pools Pools, js jetstream.JetStream, cfg 
 }
 
 // auditStream audits one service's stream.
-func auditStream(ctx context.Context, db *pgxpool.Pool, js jetstream.JetStream, service string, cfg AuditConfig) (StreamAudit, error) {
-	a := StreamAudit{Service: service, Stream: streamOf[service]}
+func auditStream(ctx context.Context, db *pgxpool.Pool, js jetstream.JetStream, e registry.Entry, cfg AuditConfig) (StreamAudit, error) {
+	service := e.Name
+	a := StreamAudit{Service: service, Stream: e.Stream}
 	// The outbox first: see AuditConfig.Grace. Newest first, by the
 	// partial index on published_at, so that a limit takes the newest.
 	limit := any(nil)

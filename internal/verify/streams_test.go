@@ -8,10 +8,16 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/services"
+	"github.com/shop-ref/shop/services/fulfillment"
+	"github.com/shop-ref/shop/services/inventory"
+	"github.com/shop-ref/shop/services/order"
+	"github.com/shop-ref/shop/services/payment"
 )
 
 // The order service's outbox and the ORDERS stream, filled by hand: rows
@@ -19,8 +25,8 @@ import (
 func TestAuditStreams(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	order := pgtest.New(t, "order").Pool
-	pools := verify.Pools{Order: order}
+	order := pgtest.New(t, order.Registration.Sets()...).Pool
+	pools := verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{"order": order}}
 	srv := natstest.New(t)
 	_, js := srv.Connect(t)
 	st := srv.Stream(t, js, "ORDERS", "orders.>")
@@ -127,7 +133,7 @@ func TestAuditStreams(t *testing.T) {
 	t.Run("no message after the window's start: nothing to wait for", func(t *testing.T) {
 		// The database's clock an hour ahead of the broker's: the scan
 		// starts after the stream's only message.
-		pay := pgtest.New(t, "payment").Pool
+		pay := pgtest.New(t, payment.Registration.Sets()...).Pool
 		srv.Stream(t, js, "PAYMENT", "payment.>")
 		id := uuid.Must(uuid.NewV7())
 		natstest.Publish(t, js, natstest.Event{ID: id, Prefix: "payment", AggregateType: "order", AggregateID: "o-1",
@@ -138,7 +144,7 @@ func TestAuditStreams(t *testing.T) {
 			        now() + interval '1 hour', now() - interval '1 minute')`, id); err != nil {
 			t.Fatal(err)
 		}
-		audits, err := verify.AuditStreams(ctx, verify.Pools{Payment: pay}, js,
+		audits, err := verify.AuditStreams(ctx, verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{"payment": pay}}, js,
 			verify.AuditConfig{Window: time.Hour, Services: []string{"payment"}})
 		if err != nil {
 			t.Fatal(err)
@@ -149,13 +155,13 @@ func TestAuditStreams(t *testing.T) {
 	})
 
 	t.Run("a stream that cannot be read is not a pass", func(t *testing.T) {
-		inv := pgtest.New(t, "inventory").Pool
+		inv := pgtest.New(t, inventory.Registration.Sets()...).Pool
 		if _, err := inv.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
 			schema_version, subject, payload, published_at)
 			VALUES (gen_random_uuid(), 'product', 'SKU-1', 1, 'ProductUpdated', 1, 'inventory.SKU-1.ProductUpdated', '{}', now() - interval '1 minute')`); err != nil {
 			t.Fatal(err)
 		}
-		audits, err := verify.AuditStreams(ctx, verify.Pools{Inventory: inv}, js,
+		audits, err := verify.AuditStreams(ctx, verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{"inventory": inv}}, js,
 			verify.AuditConfig{Window: time.Hour, Services: []string{"inventory"}})
 		if err != nil {
 			t.Fatal(err)
@@ -163,8 +169,9 @@ func TestAuditStreams(t *testing.T) {
 		if a := audits[0]; a.Err == nil || !strings.Contains(a.Err.Error(), "INVENTORY") || a.Published != 1 {
 			t.Fatalf("%+v, want an error naming the missing stream INVENTORY", a)
 		}
-		r, err := verify.Run(ctx, verify.Pools{Order: order, Inventory: inv, Payment: pgtest.New(t, "payment").Pool,
-			Fulfillment: pgtest.New(t, "fulfillment").Pool}, time.Hour, verify.WithStreams(js))
+		r, err := verify.Run(ctx, verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{"order": order, "inventory": inv,
+			"payment": pgtest.New(t, payment.Registration.Sets()...).Pool, "fulfillment": pgtest.New(t, fulfillment.Registration.Sets()...).Pool}},
+			time.Hour, verify.WithStreams(js))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,5 +1,12 @@
 // Package verify checks the contract's end-to-end invariants against the
-// live schemas of the four services (`shop verify`). It only reads.
+// live schemas of the shop's services (`shop verify`). It only reads.
+//
+// What it checks comes from the service registry (internal/registry): for
+// every service, what the outbox and the inbox promise (every event intent
+// published, sequences gap-free, no dead letters, nothing parked for long,
+// every consumer has processed every event it reads) and the service's own
+// Facts and Checks (each order has its OrderCreated, stock is conserved, no
+// order is charged twice, …).
 //
 // It is an operator's tool, so unlike the services it reads every schema;
 // the services themselves never read each other's tables.
@@ -25,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // Check is one invariant check and what it found.
@@ -80,57 +88,25 @@ func (r Report) Write(w io.Writer) {
 	}
 }
 
-// Pools are the services' database pools, each bound to its schema.
-type Pools struct{ Order, Inventory, Payment, Fulfillment *pgxpool.Pool }
+// Shop is what verify reads: the shop's services and a pool on each one's
+// schema.
+type Shop struct {
+	Services registry.Registry
+	Pools    map[string]*pgxpool.Pool // by service name, each on its service's schema
+}
 
-// Of is service's pool. An unknown service, or one without a pool, is an
+// Pool is service's pool. An unknown service, or one without a pool, is an
 // error: a check must never quietly read another service's tables.
-func (p Pools) Of(service string) (*pgxpool.Pool, error) {
-	var pool *pgxpool.Pool
-	switch service {
-	case "order":
-		pool = p.Order
-	case "inventory":
-		pool = p.Inventory
-	case "payment":
-		pool = p.Payment
-	case "fulfillment":
-		pool = p.Fulfillment
-	default:
-		return nil, fmt.Errorf("no pool for unknown service %q: add it to verify.Pools", service)
+func (s Shop) Pool(service string) (*pgxpool.Pool, error) {
+	if _, err := s.Services.Get(service); err != nil {
+		return nil, err
 	}
+	pool := s.Pools[service]
 	if pool == nil {
 		return nil, fmt.Errorf("no pool for service %q", service)
 	}
 	return pool, nil
 }
-
-// consumers are the durable consumers of docs/events.md: who reads whose
-// stream, and which event types a consumer filters on (nil: all of them).
-var consumers = []struct {
-	name, service, producer string
-	types                   []string
-}{
-	{"order-inventory", "order", "inventory", nil},
-	{"order-payment", "order", "payment", nil},
-	{"order-fulfillment", "order", "fulfillment", nil},
-	{"inventory-orders", "inventory", "order", nil},
-	{"payment-orders", "payment", "order", nil},
-	{"fulfillment-orders", "fulfillment", "order", []string{"OrderPaid"}},
-}
-
-// ConsumedTypes returns the event types consumer filters on, nil when it
-// reads every event of its stream.
-func ConsumedTypes(consumer string) []string {
-	for _, c := range consumers {
-		if c.name == consumer {
-			return c.types
-		}
-	}
-	return nil
-}
-
-var services = []string{"order", "inventory", "payment", "fulfillment"}
 
 // Option adds to what Run and Wait check.
 type Option func(*options)
@@ -155,31 +131,30 @@ func WithStreams(js jetstream.JetStream) Option { return func(o *options) { o.js
 
 // Run runs every check once. retention is the relay's outbox retention:
 // business rows older than it may have lost their (published) events.
-func Run(ctx context.Context, pools Pools, retention time.Duration, opts ...Option) (Report, error) {
+func Run(ctx context.Context, shop Shop, retention time.Duration, opts ...Option) (Report, error) {
 	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
-	v := &run{ctx: ctx, pools: pools, since: time.Now().Add(-retention)}
+	v := &run{ctx: ctx, shop: shop, since: time.Now().Add(-retention)}
 	v.intents()
 	v.delivery()
 	if o.js != nil && v.err == nil {
 		v.streams(o.js, retention)
 	}
-	v.effects()
-	v.rejectedPayments()
+	v.checks()
 	if v.err != nil {
 		return Report{}, v.err
 	}
-	return Report{Checks: v.checks}, nil
+	return Report{Checks: v.report}, nil
 }
 
 // Wait runs the checks until they pass or timeout passes, and returns the
 // last report: right after a run of traffic, events are still in flight.
-func Wait(ctx context.Context, pools Pools, retention, timeout time.Duration, opts ...Option) (Report, error) {
+func Wait(ctx context.Context, shop Shop, retention, timeout time.Duration, opts ...Option) (Report, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		r, err := Run(ctx, pools, retention, opts...)
+		r, err := Run(ctx, shop, retention, opts...)
 		if err != nil || r.OK() || time.Now().After(deadline) {
 			return r, err
 		}
@@ -193,9 +168,9 @@ func Wait(ctx context.Context, pools Pools, retention, timeout time.Duration, op
 
 type run struct {
 	ctx    context.Context
-	pools  Pools
+	shop   Shop
 	since  time.Time
-	checks []Check
+	report []Check
 	err    error
 }
 
@@ -204,7 +179,7 @@ func (v *run) rows(service, sql string, args ...any) []string {
 	if v.err != nil {
 		return nil
 	}
-	pool, err := v.pools.Of(service)
+	pool, err := v.shop.Pool(service)
 	if err != nil {
 		v.err = err
 		return nil
@@ -226,7 +201,7 @@ func (v *run) check(inv int, name string, violations ...[]string) {
 	for _, vs := range violations {
 		all = append(all, vs...)
 	}
-	v.checks = append(v.checks, Check{Invariant: inv, Name: name, Violations: all})
+	v.report = append(v.report, Check{Invariant: inv, Name: name, Violations: all})
 }
 
 // pair compares, per key, how many business facts there are with how many
@@ -256,42 +231,15 @@ func (v *run) pair(service, what, facts, eventType, eventKey string) {
 }
 
 // intents checks invariants 1 and 2: committed changes and event intents
-// correspond one to one, and sequences have no gaps.
+// correspond one to one (each service's Facts), and sequences have no gaps.
 func (v *run) intents() {
-	since := `created_at > $1`
-	v.pair("order", "order", `SELECT order_id::text AS key, 1 AS n FROM orders WHERE `+since, "OrderCreated", "aggregate_id")
-	for status, event := range map[string]string{
-		"WAIT_PAY": "OrderAwaitingPayment", "REJECTED": "OrderRejected", "PAID": "OrderPaid",
-		"CLOSED": "OrderClosed", "COMPLETED": "OrderCompleted",
-	} {
-		v.pair("order", "transition to "+status,
-			// Entries that repeat the previous status (a refund noted in
-			// the history) are no transitions.
-			`SELECT order_id::text AS key, count(*) AS n FROM (
-				SELECT order_id, status, at, lag(status) OVER (PARTITION BY order_id ORDER BY id) AS before
-				FROM order_history) h
-			 WHERE status = '`+status+`' AND before IS DISTINCT FROM status AND at > $1 GROUP BY 1`,
-			event, "aggregate_id")
+	for _, e := range v.shop.Services {
+		for _, f := range e.Facts {
+			v.pair(e.Name, f.What, f.SQL, f.EventType, f.EventKey)
+		}
 	}
-	v.pair("inventory", "reservation", `SELECT order_id AS key, 1 AS n FROM reservations
-		WHERE created_at > $1 GROUP BY 1`, "InventoryReserved", "aggregate_id")
-	v.pair("inventory", "release", `SELECT order_id AS key, 1 AS n FROM reservations
-		WHERE state = 'RELEASED' AND updated_at > $1 GROUP BY 1`, "InventoryReleased", "aggregate_id")
-	v.pair("inventory", "sale", `SELECT order_id AS key, 1 AS n FROM reservations
-		WHERE state = 'COMMITTED' AND updated_at > $1 GROUP BY 1`, "InventoryCommitted", "aggregate_id")
-	v.pair("payment", "succeeded payment", `SELECT payment_id::text AS key, 1 AS n FROM payments
-		WHERE status = 'succeeded' AND created_at > $1`, "PaymentSucceeded", "payload->>'payment_id'")
-	v.pair("payment", "failed payment", `SELECT payment_id::text AS key, 1 AS n FROM payments
-		WHERE status = 'failed' AND created_at > $1`, "PaymentFailed", "payload->>'payment_id'")
-	v.pair("payment", "refund", `SELECT refund_id::text AS key, 1 AS n FROM refunds
-		WHERE state = 'DONE' AND updated_at > $1`, "PaymentRefunded", "payload->>'refund_id'")
-	v.pair("fulfillment", "shipment", `SELECT order_id::text AS key, 1 AS n FROM shipments
-		WHERE started_at > $1`, "FulfillmentStarted", "aggregate_id")
-	v.pair("fulfillment", "delivery", `SELECT order_id::text AS key, 1 AS n FROM shipments
-		WHERE state = 'DELIVERED' AND delivered_at > $1`, "ShipmentDelivered", "aggregate_id")
-
-	for _, s := range services {
-		v.check(2, s+": every aggregate's sequence is gap-free", v.rows(s, `
+	for _, e := range v.shop.Services {
+		v.check(2, e.Name+": every aggregate's sequence is gap-free", v.rows(e.Name, `
 			SELECT aggregate_type || ' ' || aggregate_id || ': ' || count(*) || ' events numbered '
 			       || min(aggregate_seq) || '…' || max(aggregate_seq)
 			FROM outbox GROUP BY aggregate_type, aggregate_id
@@ -306,7 +254,8 @@ func (v *run) intents() {
 // consumer that reads its stream has processed it (only the types a
 // consumer filters on, for one that filters).
 func (v *run) delivery() {
-	for _, s := range services {
+	for _, e := range v.shop.Services {
+		s := e.Name
 		v.check(3, s+": every event intent is published", v.rows(s, `
 			SELECT event_type || ' ' || event_id || CASE WHEN dead_at IS NOT NULL
 			       THEN ' is dead: ' || coalesce(last_error, '') ELSE ' is not yet published' END
@@ -325,29 +274,30 @@ func (v *run) delivery() {
 			FROM inbox_parked WHERE discarded_at IS NULL AND parked_at < now() - $1 * interval '1 microsecond'
 			ORDER BY parked_at`, parkedTooLong.Microseconds()))
 	}
-	for _, c := range consumers {
+	for _, c := range v.shop.Services.Readers() {
 		if v.err != nil {
 			return
 		}
-		published := v.rows(c.producer, `SELECT event_id::text FROM outbox
+		producer, _ := v.shop.Services.Owner(c.Stream) // Validate: every stream read has an owner
+		published := v.rows(producer.Name, `SELECT event_id::text FROM outbox
 			WHERE published_at IS NOT NULL AND occurred_at > $1
-			  AND ($2::text[] IS NULL OR event_type = ANY($2))`, v.since, c.types)
-		processed := v.rows(c.service, `SELECT event_id::text FROM processed_events
-			WHERE consumer_name = $1 AND event_id = ANY($2::uuid[])`, c.name, published)
+			  AND ($2::text[] IS NULL OR event_type = ANY($2))`, v.since, c.Types)
+		processed := v.rows(c.Service, `SELECT event_id::text FROM processed_events
+			WHERE consumer_name = $1 AND event_id = ANY($2::uuid[])`, c.Name, published)
 		slices.Sort(processed)
 		var missing []string
 		for _, id := range published {
 			if _, ok := slices.BinarySearch(processed, id); !ok {
-				missing = append(missing, fmt.Sprintf("%s has not processed %s event %s", c.name, c.producer, id))
+				missing = append(missing, fmt.Sprintf("%s has not processed %s event %s", c.Name, producer.Name, id))
 			}
 		}
-		v.check(3, fmt.Sprintf("%s processed every %s event", c.name, c.producer), missing)
+		v.check(3, fmt.Sprintf("%s processed every %s event", c.Name, producer.Name), missing)
 	}
 }
 
 // streams checks invariant 3 against the brokers: AuditStreams.
 func (v *run) streams(js jetstream.JetStream, retention time.Duration) {
-	audits, err := AuditStreams(v.ctx, v.pools, js, AuditConfig{Window: retention})
+	audits, err := AuditStreams(v.ctx, v.shop, js, AuditConfig{Window: retention})
 	if err != nil {
 		v.err = err
 		return
@@ -364,36 +314,19 @@ func (v *run) streams(js jetstream.JetStream, retention time.Duration) {
 	}
 }
 
-// effects checks invariant 4: however often events were delivered, their
-// effects happened once.
-func (v *run) effects() {
-	v.check(4, "inventory: stock is conserved (on_hand + sold = supplied, 0 ≤ reserved ≤ on_hand)", v.rows("inventory", `
-		SELECT sku || ': on_hand ' || on_hand || ', reserved ' || reserved || ', sold ' || sold || ', supplied ' || supplied
-		FROM stock WHERE on_hand + sold <> supplied OR reserved < 0 OR reserved > on_hand`))
-	v.check(4, "inventory: reserved equals what open reservations hold", v.rows("inventory", `
-		SELECT s.sku || ': reserved ' || s.reserved || ' but reservations hold ' || coalesce(h.held, 0)
-		FROM stock s LEFT JOIN (SELECT sku, sum(quantity) AS held FROM reservations
-		                        WHERE state = 'RESERVED' GROUP BY sku) h ON h.sku = s.sku
-		WHERE s.reserved <> coalesce(h.held, 0)`))
-	v.check(4, "payment: no order is charged twice", v.rows("payment", `
-		SELECT p.order_id || ': ' || count(*) || ' succeeded payments, ' || count(r.refund_id) || ' refunded'
-		FROM payments p LEFT JOIN refunds r ON r.payment_id = p.payment_id AND r.state = 'DONE'
-		WHERE p.status = 'succeeded' GROUP BY p.order_id
-		HAVING count(*) - count(r.refund_id) > 1`))
-
-	if v.err != nil {
-		return
+// checks runs each service's own Checks (invariant 4, mostly: however often
+// events were delivered, their effects happened once).
+func (v *run) checks() {
+	for _, e := range v.shop.Services {
+		for _, c := range e.Checks {
+			if v.err != nil {
+				return
+			}
+			var args []any
+			if c.From != nil {
+				args = append(args, v.rows(c.From.Service, c.From.SQL))
+			}
+			v.check(c.Invariant, e.Name+": "+c.Name, v.rows(e.Name, c.SQL, args...))
+		}
 	}
-	// Orders whose saga has ended, from the order schema; what payment and
-	// inventory hold for them, from theirs.
-	ended := v.rows("order", `SELECT order_id::text FROM orders WHERE status IN ('REJECTED', 'CLOSED', 'COMPLETED')`)
-	closed := v.rows("order", `SELECT order_id::text FROM orders WHERE status IN ('REJECTED', 'CLOSED')`)
-	v.check(4, "inventory: orders whose saga has ended hold no reserved stock", v.rows("inventory", `
-		SELECT order_id || ' still holds ' || quantity || ' of ' || sku FROM reservations
-		WHERE state = 'RESERVED' AND order_id = ANY($1)`, ended))
-	v.check(4, "payment: every closed-but-paid order has exactly one refund per payment", v.rows("payment", `
-		SELECT p.order_id || ': payment ' || p.payment_id || ' has ' || count(r.refund_id) || ' completed refunds'
-		FROM payments p LEFT JOIN refunds r ON r.payment_id = p.payment_id AND r.state = 'DONE'
-		WHERE p.status = 'succeeded' AND p.order_id::text = ANY($1)
-		GROUP BY p.order_id, p.payment_id HAVING count(r.refund_id) <> 1`, closed))
 }

@@ -41,7 +41,7 @@ type env struct {
 
 func setup(t *testing.T) *env {
 	t.Helper()
-	db := pgtest.New(t, "")
+	db := pgtest.New(t)
 	if _, err := db.Pool.Exec(context.Background(), `
 		CREATE TABLE effects (
 			id           bigserial PRIMARY KEY,

@@ -55,7 +55,7 @@ func fillBacklog(b *testing.B, e *env, n, aggregates int) {
 func benchEnv(b *testing.B) *env {
 	b.Helper()
 	e := &env{}
-	e.db = pgtest.New(b, "")
+	e.db = pgtest.New(b)
 	e.nats = natstest.New(b)
 	_, e.js = e.nats.Connect(b)
 	e.stream = e.nats.Stream(b, e.js, "EV", "ev.>")

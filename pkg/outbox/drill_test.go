@@ -42,7 +42,7 @@ func TestBacklogDrill(t *testing.T) {
 		n = 10_000
 	}
 	ctx := context.Background()
-	e := &env{db: pgtest.New(t, ""), nats: natstest.New(t)}
+	e := &env{db: pgtest.New(t), nats: natstest.New(t)}
 	_, e.js = e.nats.Connect(t)
 	e.stream = e.nats.Stream(t, e.js, "EV", "ev.>")
 

@@ -29,7 +29,7 @@ type env struct {
 func setup(t *testing.T) *env {
 	t.Helper()
 	t.Parallel()
-	e := &env{db: pgtest.New(t, ""), nats: natstest.New(t)}
+	e := &env{db: pgtest.New(t), nats: natstest.New(t)}
 	_, e.js = e.nats.Connect(t)
 	e.stream = e.nats.Stream(t, e.js, "EV", "ev.>")
 	return e

@@ -16,7 +16,7 @@ import (
 func setupQueue(t *testing.T) *pgtest.Schema {
 	t.Helper()
 	t.Parallel()
-	db := pgtest.New(t, "")
+	db := pgtest.New(t)
 	if _, err := db.Pool.Exec(context.Background(), `CREATE TABLE tickets (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/saga"
 )
@@ -28,7 +29,7 @@ type env struct {
 
 func setup(t *testing.T, hold time.Duration) *env {
 	t.Helper()
-	db := pgtest.New(t, "order")
+	db := pgtest.New(t, migrations.Saga())
 	if _, err := db.Pool.Exec(context.Background(),
 		`CREATE TABLE effects (saga_id text, from_state text, event text, at timestamptz DEFAULT clock_timestamp())`); err != nil {
 		t.Fatal(err)
@@ -285,7 +286,7 @@ func TestStartTimeouts(t *testing.T) {
 
 func TestQueuedWritesGoWithTheTransition(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, "order")
+	db := pgtest.New(t, migrations.Saga())
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE effects (saga_id text, what text)`); err != nil {
 		t.Fatal(err)
@@ -407,7 +408,7 @@ func TestUnexpectedEventIsRecordedAndIgnored(t *testing.T) {
 
 func TestFuncErrorRollsBack(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, "order")
+	db := pgtest.New(t, migrations.Saga())
 	boom := errors.New("boom")
 	sg, err := saga.New("x", saga.Transition{From: "A", Event: "E", To: "B",
 		Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error { return boom }})
@@ -505,7 +506,7 @@ func TestTwoScannersFireEachTimeoutOnce(t *testing.T) {
 
 func TestFailingTimeoutDoesNotHoldBackOthers(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, "order")
+	db := pgtest.New(t, migrations.Saga())
 	sg, err := saga.New("x", saga.Transition{From: "A", Event: saga.TimeoutEvent("t"), To: "B",
 		Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 			if st.Instance.ID == "bad" {

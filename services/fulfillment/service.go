@@ -13,18 +13,17 @@
 package fulfillment
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -44,46 +43,32 @@ type Service struct {
 	tracer   trace.Tracer // the deliveries' spans
 }
 
-// New checks cfg and returns a Service; it does no I/O. The pool needs room
-// for the consumer's workers plus two (see inbox.Config.Workers) and one more
-// for the scanner.
-func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, error) {
-	if pool == nil || js == nil {
+// New checks cfg and returns a Service over d (its pool's search_path is
+// the fulfillment schema); it does no I/O. The pool needs room for the
+// consumer's workers plus two (see inbox.Config.Workers) and one more for
+// the scanner.
+func New(d registry.Deps, cfg Config) (*Service, error) {
+	if d.Pool == nil || d.JetStream == nil {
 		return nil, errors.New("fulfillment: New needs a pool and a JetStream context")
 	}
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	tp := d.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
 	s := &Service{
-		tracer: cfg.TracerProvider.Tracer("github.com/shop-ref/shop/services/fulfillment"),
-		pool:   pool,
+		tracer: tp.Tracer("github.com/shop-ref/shop/services/fulfillment"),
+		pool:   d.Pool,
 		cfg:    cfg,
-		log:    cfg.Logger,
+		log:    d.Log(),
 		// Coalesced NOTIFYs: one wake-up per 5ms is enough for the relay,
 		// which drains everything committed so far when it wakes.
 		outbox: &outbox.Writer{NotifyInterval: 5 * time.Millisecond},
 	}
-	c, err := inbox.NewConsumer(pool, js, inbox.Config{
-		Name:    ConsumerName,
-		Stream:  "ORDERS",
-		Handler: s.handle,
-		// Fulfillment needs one event per order, OrderPaid, and nothing
-		// it does depends on the order of events: JetStream delivers only
-		// OrderPaid, and the per-aggregate sequence check, which would
-		// need every event of the order, is off. processed_events still
-		// absorbs every copy, and the shipment is keyed by order besides.
-		FilterSubjects:    []string{"orders.*." + typeOrderPaid},
-		SkipSequenceCheck: true,
-		DuplicateWindow:   broker.DuplicateWindow,
-		// The order service's relay may publish a copy of an event for this
-		// long; the inbox must remember event ids for longer.
-		PublishHorizon: cmp.Or(cfg.PublishHorizon, (outbox.Config{}).RetryHorizon()),
-		Logger:         cfg.Logger,
-		ObserveFunc:    cfg.ObserveInboxFunc,
-		FailpointFunc:  cfg.FailpointFunc,
-		TracerProvider: cfg.TracerProvider,
-	})
+	c, err := inbox.NewConsumer(d.Pool, d.JetStream, d.Inbox(ordersConsumer, s.handle))
 	if err != nil {
 		return nil, err
 	}

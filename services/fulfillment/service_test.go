@@ -20,6 +20,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -35,7 +36,7 @@ type env struct {
 // ORDERS stream it consumes and the FULFILLMENT stream it publishes to.
 func setup(t *testing.T) *env {
 	t.Helper()
-	db := pgtest.New(t, "fulfillment")
+	db := pgtest.New(t, Registration.Sets()...)
 	srv := natstest.New(t)
 	_, js := srv.Connect(t)
 	srv.Stream(t, js, "ORDERS", "orders.>")
@@ -48,7 +49,7 @@ func setup(t *testing.T) *env {
 func (e *env) service(t *testing.T) *Service {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := New(e.db.NewPool(t, 12), e.js, Config{Delay: testDelay, Logger: log})
+	s, err := New(registry.Deps{Pool: e.db.NewPool(t, 12), JetStream: e.js, Logger: log}, Config{Delay: testDelay})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // With an operator token, PUT /stock/{sku} is the operator's only: a
@@ -17,7 +18,7 @@ import (
 func TestRestockNeedsTheOperatorToken(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	svc, err := New(f.pool, f.js, Config{OperatorToken: "op-token"})
+	svc, err := New(registry.Deps{Pool: f.pool, JetStream: f.js}, Config{OperatorToken: "op-token"})
 	if err != nil {
 		t.Fatal(err)
 	}

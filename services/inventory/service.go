@@ -24,7 +24,6 @@
 package inventory
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,9 +32,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/trace"
 
-	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -46,31 +44,13 @@ const ConsumerName = "inventory-orders"
 // OrdersStream is the stream the consumer reads.
 const OrdersStream = "ORDERS"
 
-// Config configures a Service.
+// Config is the inventory service's own settings (its Registration
+// declares their variables).
 type Config struct {
-	// Logger receives the service's logs; nil discards them.
-	Logger *slog.Logger
 	// OperatorToken, when set, is the bearer token the operator's
 	// endpoints (PUT /stock/{sku}) require (OPERATOR_TOKEN). Empty: they
 	// are open to anyone who reaches the service, as in the demo.
 	OperatorToken string
-	// PublishHorizon is how long after an event's first publish its
-	// producer's relay may still publish a copy; the inbox keeps event ids
-	// longer. internal/app passes the RetryHorizon of the relays it really
-	// runs. Default: the outbox relay's default RetryHorizon.
-	PublishHorizon time.Duration
-
-	// ObserveInboxFunc, when set, observes the consumer's processing times
-	// (inbox.Config.ObserveFunc). Default: none.
-	ObserveInboxFunc func(consumer string, d time.Duration)
-	// TracerProvider makes the spans of the service's consumers (see
-	// pkg/inbox) and timers. Default: nil, no spans.
-	TracerProvider trace.TracerProvider
-
-	// FailpointFunc, when set, is handed to the service's inbox consumer
-	// (inbox.Config.FailpointFunc); internal/app sets it to
-	// internal/failpoint.Inject. Default: none.
-	FailpointFunc func(name string) error
 }
 
 // Service is the inventory service: its HTTP routes and its consumer.
@@ -83,48 +63,32 @@ type Service struct {
 	consumer *inbox.Consumer
 }
 
-// New returns the service working on pool (whose search_path is the
-// inventory schema) and consuming from js. It does no I/O. The pool needs at
-// least 10 connections: the consumer's 8 workers, 2 for its housekeeping.
-func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, error) {
-	if pool == nil || js == nil {
+// New returns the service over d (its pool's search_path is the inventory
+// schema). It does no I/O. The pool needs at least 10 connections: the
+// consumer's 8 workers, 2 for its housekeeping.
+func New(d registry.Deps, cfg Config) (*Service, error) {
+	if d.Pool == nil || d.JetStream == nil {
 		return nil, errors.New("inventory: New needs a pool and a JetStream context")
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	s := &Service{
-		pool:     pool,
-		js:       js,
-		log:      log,
+		pool:     d.Pool,
+		js:       d.JetStream,
+		log:      d.Log(),
 		operator: cfg.OperatorToken,
 		// Under a burst of reservations one NOTIFY per 5ms is plenty: a woken
 		// relay drains everything committed so far.
 		outbox: &outbox.Writer{NotifyInterval: 5 * time.Millisecond},
 	}
-	c, err := inbox.NewConsumer(pool, js, inbox.Config{
-		Name:    ConsumerName,
-		Stream:  OrdersStream,
-		Handler: s.handle,
-		Handles: handledTypes,
-		// One delivery per transaction. A reservation locks its SKUs' stock
-		// rows (sorted, so two reservations never deadlock); a batch would
-		// hold the rows of many orders at once, locked in no global order,
-		// and under load (16 hot SKUs in make bench) batches of different
-		// workers deadlocked and waited on each other: hundreds of
-		// "deadlock detected" per saga run, each batch redone one delivery
-		// at a time, the consumer latency-bound at 60 % CPU.
-		BatchSize:       1,
-		DuplicateWindow: broker.DuplicateWindow,
-		// The order service's relay may publish a copy of an event this
-		// long after the first; the inbox must remember ids longer.
-		PublishHorizon: cmp.Or(cfg.PublishHorizon, (outbox.Config{}).RetryHorizon()),
-		Logger:         log,
-		ObserveFunc:    cfg.ObserveInboxFunc,
-		FailpointFunc:  cfg.FailpointFunc,
-		TracerProvider: cfg.TracerProvider,
-	})
+	ic := d.Inbox(ordersConsumer, s.handle)
+	// One delivery per transaction. A reservation locks its SKUs' stock
+	// rows (sorted, so two reservations never deadlock); a batch would
+	// hold the rows of many orders at once, locked in no global order,
+	// and under load (16 hot SKUs in make bench) batches of different
+	// workers deadlocked and waited on each other: hundreds of
+	// "deadlock detected" per saga run, each batch redone one delivery
+	// at a time, the consumer latency-bound at 60 % CPU.
+	ic.BatchSize = 1
+	c, err := inbox.NewConsumer(d.Pool, d.JetStream, ic)
 	if err != nil {
 		return nil, fmt.Errorf("inventory: %w", err)
 	}

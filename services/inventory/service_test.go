@@ -14,6 +14,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
 
@@ -30,12 +31,12 @@ type fixture struct {
 // runConsumer.
 func setup(t *testing.T) *fixture {
 	t.Helper()
-	db := pgtest.New(t, "inventory")
+	db := pgtest.New(t, Registration.Sets()...)
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
 	ns.Stream(t, js, "ORDERS", "orders.>")
 	ns.Stream(t, js, "INVENTORY", "inventory.>")
-	svc, err := New(db.Pool, js, Config{})
+	svc, err := New(registry.Deps{Pool: db.Pool, JetStream: js}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,17 +220,17 @@ func decode[T any](t *testing.T, payload string) T {
 
 func TestNew(t *testing.T) {
 	t.Parallel()
-	if _, err := New(nil, nil, Config{}); err == nil {
+	if _, err := New(registry.Deps{}, Config{}); err == nil {
 		t.Fatal("New without a pool and JetStream: want an error")
 	}
 }
 
 func TestRunWaitsForStreamAndStops(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, "inventory")
+	db := pgtest.New(t, Registration.Sets()...)
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
-	svc, err := New(db.Pool, js, Config{})
+	svc, err := New(registry.Deps{Pool: db.Pool, JetStream: js}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // admission sheds new orders while the saga cannot keep up. Every order
@@ -24,31 +25,38 @@ import (
 // the same Idempotency-Key. A retry whose key has a stored response is not
 // new work and still gets that response (createOrder).
 //
-// The backlog is read from JetStream (the saga's own consumers, listed in
-// sagaConsumers: messages not yet delivered plus those delivered and not yet
+// The backlog is read from JetStream (the saga's own consumers, those the
+// registry marks Saga: messages not yet delivered plus those delivered and not yet
 // acked) every interval, so a request never waits for it. Events still in a
 // producer's outbox are not counted: a relay that is behind shows in its
 // shop_outbox_backlog_events metric instead. A consumer outside the saga (a
 // loyalty service reading ORDERS, say) is not counted either: its lag says
 // nothing about how fast orders complete, and it must not throttle them. A
-// consumer takes part in admission by being named in sagaConsumers.
+// consumer takes part in admission by Saga: true in its service's entry
+// (registry.Consumer).
 type admission struct {
-	js      jetstream.JetStream
-	limit   int64 // shed above this many events; <= 0: never shed
-	every   time.Duration
-	log     *slog.Logger
-	backlog atomic.Int64 // the last reading
+	js    jetstream.JetStream
+	limit int64 // shed above this many events; <= 0: never shed
+	every time.Duration
+	log   *slog.Logger
+	// consumers are those whose backlog counts: the saga's (sagaConsumers).
+	consumers []durable
+	backlog   atomic.Int64 // the last reading
 }
 
-// sagaConsumers are the durable consumers that carry an order through its
-// saga, by stream: the consumers whose backlog admission counts.
-var sagaConsumers = []struct{ stream, consumer string }{
-	{"ORDERS", "inventory-orders"},
-	{"ORDERS", "payment-orders"},
-	{"ORDERS", "fulfillment-orders"},
-	{"INVENTORY", "order-inventory"},
-	{"PAYMENT", "order-payment"},
-	{"FULFILLMENT", "order-fulfillment"},
+// durable names a durable consumer on a stream.
+type durable struct{ stream, consumer string }
+
+// sagaConsumers are the shop's consumers that carry an order through its
+// saga: the consumers whose backlog admission counts.
+func sagaConsumers(readers []registry.Reader) []durable {
+	var saga []durable
+	for _, r := range readers {
+		if r.Saga {
+			saga = append(saga, durable{stream: r.Stream, consumer: r.Name})
+		}
+	}
+	return saga
 }
 
 // run reads the backlog until ctx ends. A failed reading keeps the last
@@ -83,7 +91,7 @@ func (a *admission) read(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.every)
 	defer cancel()
 	var total int64
-	for _, sc := range sagaConsumers {
+	for _, sc := range a.consumers {
 		cons, err := a.js.Consumer(ctx, sc.stream, sc.consumer)
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue // not started yet: nothing waits there

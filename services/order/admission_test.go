@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // While the saga's consumers have more than MaxBacklog events to settle,
@@ -84,7 +85,9 @@ func TestSideConsumerDoesNotThrottleOrders(t *testing.T) {
 	for range 20 {
 		natstest.Publish(t, e.js, nats.NewMsg("orders.x.Something"))
 	}
-	a := &admission{js: e.js, limit: 3, every: time.Second, log: slog.New(slog.DiscardHandler)}
+	loyalty := registry.Reader{Service: "loyalty", Consumer: registry.Consumer{Name: "loyalty-orders", Stream: "ORDERS"}}
+	a := &admission{js: e.js, limit: 3, every: time.Second, log: slog.New(slog.DiscardHandler),
+		consumers: sagaConsumers(append(shopReaders(), loyalty))}
 	n, err := a.read(ctx)
 	if err != nil || n != 0 {
 		t.Fatalf("backlog read %d, %v; want 0: the side consumer's 20 must not count", n, err)
@@ -105,7 +108,8 @@ func TestAdmissionKeepsItsLastReadingWhileTheBrokerIsAway(t *testing.T) {
 	nc, js := srv.Connect(t)
 	nc.Close()
 	for _, last := range []int64{0, 10} {
-		a := &admission{js: js, limit: 3, every: 10 * time.Millisecond, log: slog.New(slog.DiscardHandler)}
+		a := &admission{js: js, limit: 3, every: 10 * time.Millisecond, log: slog.New(slog.DiscardHandler),
+			consumers: sagaConsumers(shopReaders())}
 		a.backlog.Store(last)
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		a.run(ctx) // several failed readings

@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 func TestFailpointAfterCommitBeforeResponse(t *testing.T) {
 	t.Parallel()
 	var hits atomic.Int32
-	e := setup(t, Config{FailpointFunc: func(name string) error {
+	e := setupWith(t, Config{}, registry.Hooks{FailpointFunc: func(name string) error {
 		if name == failpoint.OrderAfterCommitBeforeResponse && hits.Add(1) == 1 {
 			return fmt.Errorf("failpoint %s: %w", name, failpoint.ErrInjected)
 		}
@@ -76,7 +77,7 @@ func TestFailpointFuncReachesConsumersAndScanner(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	seen := map[string]int{}
-	e := setup(t, Config{PaymentTimeout: 50 * time.Millisecond, FailpointFunc: func(name string) error {
+	e := setupWith(t, Config{PaymentTimeout: 50 * time.Millisecond}, registry.Hooks{FailpointFunc: func(name string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[name]++

@@ -95,7 +95,7 @@ func (s *Service) createOrder(w http.ResponseWriter, r *http.Request) {
 	// gets the stored response: the same order, not a second one. An
 	// injected error drops the connection without a response, as a crash
 	// would.
-	if err := s.cfg.failpoint(failpoint.OrderAfterCommitBeforeResponse); err != nil {
+	if err := s.hooks.Failpoint(failpoint.OrderAfterCommitBeforeResponse); err != nil {
 		s.log.Warn("order failpoint: dropping the response", "err", err)
 		panic(http.ErrAbortHandler)
 	}

@@ -2,7 +2,6 @@ package order
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 func TestCreateOrder(t *testing.T) {
@@ -330,7 +330,7 @@ func TestDatabaseFailureIs503(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
-		svc, err := New(pool, e.js, Config{Logger: slog.New(slog.DiscardHandler)})
+		svc, err := New(registry.Deps{Pool: pool, JetStream: e.js}, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

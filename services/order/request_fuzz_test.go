@@ -16,6 +16,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // noJetStream satisfies New's check. POST /orders never publishes (the
@@ -31,7 +32,7 @@ type noJetStream struct{ jetstream.JetStream }
 //
 //	go test -run '^$' -fuzz FuzzOrderRequest -fuzztime 60s ./services/order/
 func FuzzOrderRequest(f *testing.F) {
-	db := pgtest.New(f, "order")
+	db := pgtest.New(f, Registration.Sets()...)
 	ctx := context.Background()
 	catalogue := map[string]int64{"SKU-1": 1999, "SKU-2": 500, "FREE": 0, "BIG": math.MaxInt64/2 + 1}
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
@@ -44,7 +45,7 @@ func FuzzOrderRequest(f *testing.F) {
 	}); err != nil {
 		f.Fatal(err)
 	}
-	svc, err := New(db.Pool, noJetStream{}, Config{})
+	svc, err := New(registry.Deps{Pool: db.Pool, JetStream: noJetStream{}}, Config{})
 	if err != nil {
 		f.Fatal(err)
 	}

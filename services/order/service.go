@@ -31,64 +31,38 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/saga"
 )
 
-// Config configures the order service. Zero fields take their defaults.
+// Config is the order service's own settings (its Entry declares their
+// variables). Zero fields take their defaults.
 type Config struct {
-	PaymentTimeout time.Duration // PAYMENT_TIMEOUT: how long an order may wait in WAIT_PAY; default 15m
+	// PaymentTimeout (PAYMENT_TIMEOUT) is how long an order may wait in
+	// WAIT_PAY; default DefaultPaymentTimeout.
+	PaymentTimeout time.Duration
 	// ReservationTimeout (ORDER_RESERVATION_TIMEOUT) is how long an order
 	// may stay PENDING, waiting for inventory to answer, before the saga
 	// closes it; default DefaultReservationTimeout.
 	ReservationTimeout time.Duration
-	KeyTTL             time.Duration // how long an Idempotency-Key is remembered; default 24h
-	// MaxBacklog is how many events the saga's consumers may have left to
-	// settle before POST /orders answers 503 (see admission); default
-	// DefaultMaxBacklog, negative: never shed.
+	// KeyTTL (IDEMPOTENCY_KEY_TTL) is how long an Idempotency-Key is
+	// remembered; default DefaultKeyTTL.
+	KeyTTL time.Duration
+	// MaxBacklog (ORDER_MAX_BACKLOG) is how many events the saga's
+	// consumers may have left to settle before POST /orders answers 503
+	// (see admission); default DefaultMaxBacklog, negative: never shed.
 	MaxBacklog int64
-	Logger     *slog.Logger // nil: discard
-
-	// PublishHorizon is how long after an event's first publish its
-	// producer's relay may still publish a copy; the inbox keeps event ids
-	// longer. internal/app passes the RetryHorizon of the relays it really
-	// runs. Default: the outbox relay's default RetryHorizon.
-	PublishHorizon time.Duration
-
-	// ObserveInboxFunc, when set, observes the consumers' processing times
-	// (inbox.Config.ObserveFunc). Default: none.
-	ObserveInboxFunc func(consumer string, d time.Duration)
-	// TracerProvider makes the spans of the service's consumers (see
-	// pkg/inbox) and timers. Default: nil, no spans.
-	TracerProvider trace.TracerProvider
-
-	// FailpointFunc, when set, is called at the service's failpoints (see
-	// internal/failpoint) and handed to its inbox consumers and saga
-	// scanner; internal/app sets it to failpoint.Inject. Default: none.
-	FailpointFunc func(name string) error
-}
-
-// failpoint calls Config.FailpointFunc, if any.
-func (c *Config) failpoint(name string) error {
-	if c.FailpointFunc == nil {
-		return nil
-	}
-	return c.FailpointFunc(name)
 }
 
 func (c *Config) setDefaults() {
-	c.PaymentTimeout = cmp.Or(c.PaymentTimeout, 15*time.Minute)
+	c.PaymentTimeout = cmp.Or(c.PaymentTimeout, DefaultPaymentTimeout)
 	c.ReservationTimeout = cmp.Or(c.ReservationTimeout, DefaultReservationTimeout)
-	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
+	c.KeyTTL = cmp.Or(c.KeyTTL, DefaultKeyTTL)
 	c.MaxBacklog = cmp.Or(c.MaxBacklog, DefaultMaxBacklog)
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
 }
 
 func (c *Config) validate() error {
@@ -98,6 +72,13 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// DefaultPaymentTimeout is the contract's PAYMENT_TIMEOUT default.
+const DefaultPaymentTimeout = 15 * time.Minute
+
+// DefaultKeyTTL is IDEMPOTENCY_KEY_TTL's default: a day covers any
+// client's retries.
+const DefaultKeyTTL = 24 * time.Hour
 
 // DefaultReservationTimeout is Config.ReservationTimeout's default.
 // Inventory answers an OrderCreated in milliseconds; minutes without an
@@ -125,10 +106,11 @@ const PoolSize = 3*(consumerWorkers+2) + 6
 
 // Service is the order service.
 type Service struct {
-	pool *pgxpool.Pool
-	js   jetstream.JetStream
-	cfg  Config
-	log  *slog.Logger
+	pool  *pgxpool.Pool
+	js    jetstream.JetStream
+	cfg   Config
+	log   *slog.Logger
+	hooks registry.Hooks
 
 	outbox    outbox.Writer
 	saga      *saga.Saga
@@ -140,9 +122,10 @@ type Service struct {
 	cleanupEvery time.Duration // how often expired idempotency keys are deleted
 }
 
-// New returns the service; it does no I/O. pool must use the order schema.
-func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, error) {
-	if pool == nil || js == nil {
+// New returns the service over d (its pool's search_path is the order
+// schema); it does no I/O.
+func New(d registry.Deps, cfg Config) (*Service, error) {
+	if d.Pool == nil || d.JetStream == nil {
 		return nil, errors.New("order: New needs a pool and a JetStream context")
 	}
 	cfg.setDefaults()
@@ -150,45 +133,39 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		return nil, err
 	}
 	s := &Service{
-		pool: pool,
-		js:   js,
-		cfg:  cfg,
-		log:  cfg.Logger,
+		pool:  d.Pool,
+		js:    d.JetStream,
+		cfg:   cfg,
+		log:   d.Log(),
+		hooks: d.Hooks,
 		// NOTIFY takes a database-wide lock at commit; one wake-up per 5ms
 		// is plenty for the relay, polling covers the rest.
 		outbox:       outbox.Writer{NotifyInterval: 5 * time.Millisecond},
 		scanEvery:    cmp.Or(min(cfg.PaymentTimeout/4, cfg.ReservationTimeout/4, time.Second), time.Millisecond),
 		cleanupEvery: max(min(cfg.KeyTTL/2, time.Hour), time.Second),
 	}
-	s.admission = &admission{js: js, limit: cfg.MaxBacklog, every: 200 * time.Millisecond, log: s.log}
+	s.admission = &admission{js: s.js, limit: cfg.MaxBacklog, every: 200 * time.Millisecond, log: s.log,
+		consumers: sagaConsumers(d.Readers)}
 	var err error
 	if s.saga, err = s.newSaga(); err != nil {
 		return nil, err
 	}
-	consumers := []inbox.Config{
-		{Name: "order-inventory", Stream: "INVENTORY", Handler: s.handleInventory,
-			Handles: append([]string{"ProductUpdated"}, inventoryOutcomes...)},
-		{Name: "order-payment", Stream: "PAYMENT", Handler: s.handlePayment, Handles: paymentOutcomes},
-		{Name: "order-fulfillment", Stream: "FULFILLMENT", Handler: s.handleFulfillment, Handles: fulfillmentOutcomes},
+	handlers := map[string]inbox.HandlerFunc{
+		"order-inventory":   s.handleInventory,
+		"order-payment":     s.handlePayment,
+		"order-fulfillment": s.handleFulfillment,
 	}
 	for _, c := range consumers {
-		c.Workers = consumerWorkers
-		c.DuplicateWindow = broker.DuplicateWindow
-		// Producers may republish an event this long after its first
-		// publish; the inbox must remember ids longer than that.
-		c.PublishHorizon = cmp.Or(cfg.PublishHorizon, (outbox.Config{}).RetryHorizon())
-		c.Logger = s.log
-		c.ObserveFunc = cfg.ObserveInboxFunc
-		c.FailpointFunc = cfg.FailpointFunc
-		c.TracerProvider = cfg.TracerProvider
-		consumer, err := inbox.NewConsumer(s.pool, s.js, c)
+		cfg := d.Inbox(c, handlers[c.Name])
+		cfg.Workers = consumerWorkers
+		consumer, err := inbox.NewConsumer(s.pool, s.js, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("order: %w", err)
 		}
 		s.consumers = append(s.consumers, consumer)
 	}
 	s.scanner, err = saga.NewScanner(s.pool, saga.ScannerConfig{PollInterval: s.scanEvery, Logger: s.log,
-		FailpointFunc: cfg.FailpointFunc, TracerProvider: cfg.TracerProvider}, s.saga)
+		FailpointFunc: d.Hooks.FailpointFunc, TracerProvider: d.TracerProvider}, s.saga)
 	if err != nil {
 		return nil, fmt.Errorf("order: %w", err)
 	}

@@ -23,6 +23,10 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/services/fulfillment"
+	"github.com/shop-ref/shop/services/inventory"
+	paymentsvc "github.com/shop-ref/shop/services/payment"
 )
 
 // env is one test's world: its own schema, NATS server with the four
@@ -39,15 +43,27 @@ type env struct {
 
 func setup(t *testing.T, cfg Config) *env {
 	t.Helper()
-	db := pgtest.New(t, "order")
+	return setupWith(t, cfg, registry.Hooks{})
+}
+
+// shopReaders are the shop's consumers, as services.All declares them (a
+// package that this package's tests cannot import: it imports this one).
+func shopReaders() []registry.Reader {
+	return registry.Registry{inventory.Registration, Registration, paymentsvc.Registration, fulfillment.Registration}.Readers()
+}
+
+// setupWith is setup with hooks (failpoints).
+func setupWith(t *testing.T, cfg Config, hooks registry.Hooks) *env {
+	t.Helper()
+	db := pgtest.New(t, Registration.Sets()...)
 	srv := natstest.New(t)
 	_, js := srv.Connect(t)
 	for name, subj := range map[string]string{"ORDERS": "orders.>", "INVENTORY": "inventory.>", "PAYMENT": "payment.>", "FULFILLMENT": "fulfillment.>"} {
 		srv.Stream(t, js, name, subj)
 	}
 	pool := db.NewPool(t, PoolSize)
-	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	svc, err := New(pool, js, cfg)
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	svc, err := New(registry.Deps{Pool: pool, JetStream: js, Logger: log, Readers: shopReaders(), Hooks: hooks}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func TestFailpointWebhookAfterCommitBeforeResponse(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	var hits atomic.Int32
-	e.svc.cfg.FailpointFunc = failFirst(failpoint.PaymentWebhookAfterCommitBeforeResponse, &hits)
+	e.svc.hooks.FailpointFunc = failFirst(failpoint.PaymentWebhookAfterCommitBeforeResponse, &hits)
 	e.start(t)
 	order := e.intent(t, StatePayable, 1200)
 	cb := Callback{OrderID: order, ProviderPaymentID: "pay_lost_answer", Status: StatusSucceeded, Amount: 1200}
@@ -70,7 +70,7 @@ func TestFailpointRefundAfterProviderBeforeStore(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	var hits atomic.Int32
-	e.svc.cfg.FailpointFunc = failFirst(failpoint.PaymentRefundAfterProviderBeforeStore, &hits)
+	e.svc.hooks.FailpointFunc = failFirst(failpoint.PaymentRefundAfterProviderBeforeStore, &hits)
 	// A short provider call limit, so the abandoned refund's lease (twice
 	// the call limit) expires within the test.
 	e.svc.refundCall, e.svc.refundPoll = 200*time.Millisecond, 50*time.Millisecond

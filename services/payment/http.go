@@ -66,7 +66,7 @@ func (s *Service) handleWebhook(w http.ResponseWriter, r *http.Request) {
 	// provider has no answer. It sends the callback again; the provider
 	// payment id makes that a harmless replay. An injected error drops the
 	// connection without a response, as a crash would.
-	if err := s.cfg.failpoint(failpoint.PaymentWebhookAfterCommitBeforeResponse); err != nil {
+	if err := s.hooks.Failpoint(failpoint.PaymentWebhookAfterCommitBeforeResponse); err != nil {
 		s.log.Warn("payment failpoint: dropping the webhook response", "err", err)
 		panic(http.ErrAbortHandler)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // nothingWritten fails unless no payment and no outbox row exist.
@@ -315,7 +316,7 @@ func TestSimulateOnlyWithTheFakeProvider(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t) // Simulate on, as the other tests need it
 	order := e.intent(t, StatePayable, 4200)
-	off, err := New(e.db.Pool, e.js, Config{WebhookSecret: testSecret, Provider: e.provider})
+	off, err := New(registry.Deps{Pool: e.db.Pool, JetStream: e.js}, Config{WebhookSecret: testSecret, Provider: e.provider})
 	if err != nil {
 		t.Fatal(err)
 	}

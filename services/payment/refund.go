@@ -96,7 +96,7 @@ func (s *Service) attemptRefund(ctx context.Context, r Refund) {
 	// injected error abandons the refund as a crash would: it stays
 	// REQUESTED under its lease, and once the lease expires the retry asks
 	// the provider again with the same key and gets the same refund back.
-	if err := s.cfg.failpoint(failpoint.PaymentRefundAfterProviderBeforeStore); err != nil {
+	if err := s.hooks.Failpoint(failpoint.PaymentRefundAfterProviderBeforeStore); err != nil {
 		log.Warn("payment failpoint: refund outcome not stored", "err", err)
 		return
 	}

@@ -8,7 +8,6 @@
 package payment
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,14 +17,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -38,44 +36,18 @@ var (
 	ErrPaymentConflict = errors.New("payment: provider payment id already recorded with other details")
 )
 
-// Config configures a Service.
+// Config is the payment service's own settings (its Registration declares
+// the variables of the first two), and what tests replace.
 type Config struct {
-	WebhookSecret string        // HMAC key of provider callbacks; required
-	Provider      *FakeProvider // nil: a new FakeProvider
+	WebhookSecret string // HMAC key of provider callbacks (PAYMENT_WEBHOOK_SECRET); required
 	// Simulate serves POST /payments/{order_id}/simulate, which has the
 	// fake provider charge an order and sign its callback: a demo's
 	// stand-in for a customer paying (PAYMENT_FAKE_PROVIDER). Default off:
 	// a process facing a real provider must not let any client mint
 	// signed "succeeded" callbacks for any order.
 	Simulate bool
-	Logger   *slog.Logger     // nil: discard
+	Provider *FakeProvider    // nil: a new FakeProvider
 	Now      func() time.Time // nil: time.Now; tests move the clock to expire signatures
-
-	// PublishHorizon is how long after an event's first publish its
-	// producer's relay may still publish a copy; the inbox keeps event ids
-	// longer. internal/app passes the RetryHorizon of the relays it really
-	// runs. Default: the outbox relay's default RetryHorizon.
-	PublishHorizon time.Duration
-
-	// ObserveInboxFunc, when set, observes the consumer's processing times
-	// (inbox.Config.ObserveFunc). Default: none.
-	ObserveInboxFunc func(consumer string, d time.Duration)
-	// TracerProvider makes the spans of the service's consumers (see
-	// pkg/inbox) and timers. Default: nil, no spans.
-	TracerProvider trace.TracerProvider
-
-	// FailpointFunc, when set, is called at the service's failpoints (see
-	// internal/failpoint) and handed to its inbox consumer; internal/app
-	// sets it to failpoint.Inject. Default: none.
-	FailpointFunc func(name string) error
-}
-
-// failpoint calls Config.FailpointFunc, if any.
-func (c *Config) failpoint(name string) error {
-	if c.FailpointFunc == nil {
-		return nil
-	}
-	return c.FailpointFunc(name)
 }
 
 // Service is the payment service. Its HTTP handlers are mounted by Routes;
@@ -84,6 +56,7 @@ type Service struct {
 	pool     *pgxpool.Pool
 	cfg      Config
 	log      *slog.Logger
+	hooks    registry.Hooks
 	provider *FakeProvider
 	outbox   *outbox.Writer
 	consumer *inbox.Consumer
@@ -96,11 +69,11 @@ type Service struct {
 	refundBackoffMx time.Duration // cap of that delay
 }
 
-// New returns the payment service over pool (its connections' search_path
-// is the payment schema) and js (the ORDERS stream must exist when Run
-// starts). It does no I/O.
-func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, error) {
-	if pool == nil || js == nil {
+// New returns the payment service over d (its pool's search_path is the
+// payment schema; the ORDERS stream must exist when Run starts). It does no
+// I/O.
+func New(d registry.Deps, cfg Config) (*Service, error) {
+	if d.Pool == nil || d.JetStream == nil {
 		return nil, errors.New("payment: New needs a pool and a JetStream context")
 	}
 	if cfg.WebhookSecret == "" {
@@ -109,21 +82,19 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 	if cfg.Provider == nil {
 		cfg.Provider = NewFakeProvider()
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	tp := cfg.TracerProvider
+	tp := d.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
 	s := &Service{
 		tracer:   tp.Tracer("github.com/shop-ref/shop/services/payment"),
-		pool:     pool,
+		pool:     d.Pool,
 		cfg:      cfg,
-		log:      cfg.Logger,
+		log:      d.Log(),
+		hooks:    d.Hooks,
 		provider: cfg.Provider,
 		// Coalesced wake-ups: the relay drains everything committed so far
 		// on each one, and polls anyway.
@@ -134,21 +105,9 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Service, erro
 		refundBackoff:   time.Second,
 		refundBackoffMx: time.Minute,
 	}
-	c, err := inbox.NewConsumer(pool, js, inbox.Config{
-		Name:            ConsumerName,
-		Stream:          "ORDERS",
-		Handler:         s.handle,
-		Handles:         handledTypes,
-		Workers:         consumerWorkers(pool),
-		DuplicateWindow: broker.DuplicateWindow,
-		// The order service's relay may publish a copy this long after the
-		// first; the inbox must remember event ids longer than that.
-		PublishHorizon: cmp.Or(cfg.PublishHorizon, (outbox.Config{}).RetryHorizon()),
-		Logger:         cfg.Logger,
-		ObserveFunc:    cfg.ObserveInboxFunc,
-		FailpointFunc:  cfg.FailpointFunc,
-		TracerProvider: cfg.TracerProvider,
-	})
+	ic := d.Inbox(ordersConsumer, s.handle)
+	ic.Workers = consumerWorkers(d.Pool)
+	c, err := inbox.NewConsumer(d.Pool, d.JetStream, ic)
 	if err != nil {
 		return nil, fmt.Errorf("payment consumer: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 const testSecret = "test-secret"
@@ -50,7 +51,7 @@ func setup(t *testing.T) *env {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := &env{
-		db:       pgtest.New(t, "payment"),
+		db:       pgtest.New(t, Registration.Sets()...),
 		provider: NewFakeProvider(),
 		now:      time.Now(),
 		seqs:     map[string]int64{},
@@ -59,11 +60,11 @@ func newEnv(t *testing.T) *env {
 	_, e.js = ns.Connect(t)
 	ns.Stream(t, e.js, "ORDERS", "orders.>")
 	ns.Stream(t, e.js, "PAYMENT", "payment.>")
-	svc, err := New(e.db.Pool, e.js, Config{
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	svc, err := New(registry.Deps{Pool: e.db.Pool, JetStream: e.js, Logger: log}, Config{
 		WebhookSecret: testSecret,
 		Provider:      e.provider,
 		Simulate:      true,
-		Logger:        slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Now:           e.clock,
 	})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // fuzzNow is the fuzz tests' clock: any fixed time well after 1970.
@@ -119,7 +120,7 @@ type noJetStream struct{ jetstream.JetStream }
 //
 //	go test -run '^$' -fuzz '^FuzzWebhook$' -fuzztime 60s ./services/payment/
 func FuzzWebhook(f *testing.F) {
-	db := pgtest.New(f, "payment")
+	db := pgtest.New(f, Registration.Sets()...)
 	ctx := context.Background()
 	// Intents in each state the handler treats differently.
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO intents (order_id, state, amount) VALUES
@@ -127,7 +128,7 @@ func FuzzWebhook(f *testing.F) {
 		('o-closed', 'CLOSED', 0), ('o-max', 'PAYABLE', 9223372036854775807)`); err != nil {
 		f.Fatal(err)
 	}
-	svc, err := New(db.Pool, noJetStream{}, Config{WebhookSecret: testSecret, Now: func() time.Time { return fuzzNow }})
+	svc, err := New(registry.Deps{Pool: db.Pool, JetStream: noJetStream{}}, Config{WebhookSecret: testSecret, Now: func() time.Time { return fuzzNow }})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -1,0 +1,85 @@
+package payment
+
+import "github.com/shop-ref/shop/internal/registry"
+
+// Registration declares the payment service to the shop (services.All).
+var Registration = registry.Entry{
+	Name:      "payment",
+	Schema:    "payment",
+	Stream:    "PAYMENT",
+	Prefix:    Prefix,
+	Addr:      ":8083",
+	PoolSize:  14, // the consumer's 8 workers plus two, the relay's three, HTTP and refunds
+	Consumers: []registry.Consumer{ordersConsumer},
+	Configure: configure,
+	Facts: []registry.Fact{
+		payments("succeeded", "PaymentSucceeded"),
+		payments("failed", "PaymentFailed"),
+		payments("rejected", "PaymentRejected"),
+		{What: "refund", SQL: `SELECT refund_id::text AS key, 1 AS n FROM refunds WHERE state = 'DONE' AND updated_at > $1`,
+			EventType: "PaymentRefunded", EventKey: "payload->>'refund_id'"},
+	},
+	Checks: []registry.Check{
+		{Invariant: 4, Name: "no order is charged twice", SQL: `
+			SELECT p.order_id || ': ' || count(*) || ' succeeded payments, ' || count(r.refund_id) || ' refunded'
+			FROM payments p LEFT JOIN refunds r ON r.payment_id = p.payment_id AND r.state = 'DONE'
+			WHERE p.status = 'succeeded' GROUP BY p.order_id
+			HAVING count(*) - count(r.refund_id) > 1`},
+		{Invariant: 4, Name: "every closed-but-paid order has exactly one refund per payment",
+			From: &registry.Query{Service: "order", SQL: `SELECT order_id::text FROM orders WHERE status IN ('REJECTED', 'CLOSED')`},
+			SQL: `SELECT p.order_id || ': payment ' || p.payment_id || ' has ' || count(r.refund_id) || ' completed refunds'
+			      FROM payments p LEFT JOIN refunds r ON r.payment_id = p.payment_id AND r.state = 'DONE'
+			      WHERE p.status = 'succeeded' AND p.order_id::text = ANY($1)
+			      GROUP BY p.order_id, p.payment_id HAVING count(r.refund_id) <> 1`},
+		// A payment the service could not apply (status 'rejected': a success
+		// of another amount than the order's total, for an order whose stock
+		// was not held yet, or for an order it did not know) has its
+		// PaymentRejected (Facts), and one that took money has been given
+		// back: money the provider took is applied once or refunded once,
+		// never kept. A refund the provider has not completed yet (it is
+		// down, or refusing) is a violation until it has: verify.Wait waits
+		// for it like for an event in flight.
+		{Invariant: 4, Name: "every rejected payment is refunded", SQL: `
+			SELECT p.order_id || ': rejected payment ' || p.payment_id || ' (' || p.reject_reason || ', ' || p.amount || ') '
+			       || CASE WHEN r.refund_id IS NULL THEN 'has no refund'
+			               ELSE 'is not refunded yet: ' || r.attempts || ' attempts, last error: ' || coalesce(r.last_error, 'none') END
+			FROM payments p LEFT JOIN refunds r ON r.payment_id = p.payment_id
+			WHERE p.status = 'rejected' AND p.amount > 0 AND r.state IS DISTINCT FROM 'DONE'
+			ORDER BY p.created_at`},
+	},
+}
+
+// ordersConsumer reads the order events that open, pay, close and refund
+// payment intents.
+var ordersConsumer = registry.Consumer{Name: ConsumerName, Stream: "ORDERS", Handles: handledTypes, Saga: true}
+
+// Prefix is the first token of the payment service's subjects:
+// payment.<order id>.<type>.
+const Prefix = "payment"
+
+// DefaultWebhookSecret is the demo's webhook key (PAYMENT_WEBHOOK_SECRET's
+// default). Anyone who reads this repository can sign callbacks with it, so
+// a service using it warns.
+const DefaultWebhookSecret = "dev-secret"
+
+// payments pairs the payments of one status with their event.
+func payments(status, event string) registry.Fact {
+	return registry.Fact{What: status + " payment", EventType: event, EventKey: "payload->>'payment_id'",
+		SQL: `SELECT payment_id::text AS key, 1 AS n FROM payments WHERE status = '` + status + `' AND created_at > $1`}
+}
+
+// configure declares the payment service's settings.
+func configure(env *registry.Env) registry.NewFunc {
+	var cfg Config
+	env.Secret(&cfg.WebhookSecret, "PAYMENT_WEBHOOK_SECRET", DefaultWebhookSecret, "HMAC `key` of payment callbacks")
+	env.Bool(&cfg.Simulate, "PAYMENT_FAKE_PROVIDER", false, "serve POST /payments/{id}/simulate, the fake provider's demo payments")
+	return func(d registry.Deps) (registry.Domain, error) {
+		if cfg.WebhookSecret == DefaultWebhookSecret {
+			d.Log().Warn("PAYMENT_WEBHOOK_SECRET is the public demo default: anyone can forge payment callbacks; set your own outside the demo")
+		}
+		if cfg.Simulate {
+			d.Log().Warn("PAYMENT_FAKE_PROVIDER is on: POST /payments/{id}/simulate lets any client have the fake provider pay any order; demo only")
+		}
+		return New(d, cfg)
+	}
+}

@@ -1,0 +1,22 @@
+// Package services is the shop's registry: the one list of its services.
+// Each service declares itself in its own package (its Registration, a
+// registry.Entry); everything in the shop that needs to know its services
+// iterates All. Adding a service is its package, its migrations and one line
+// here (docs/adding-a-service.md).
+package services
+
+import (
+	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/services/fulfillment"
+	"github.com/shop-ref/shop/services/inventory"
+	"github.com/shop-ref/shop/services/order"
+	"github.com/shop-ref/shop/services/payment"
+)
+
+// All is every service of the shop, in start-up order.
+var All = registry.Registry{
+	inventory.Registration,
+	order.Registration,
+	payment.Registration,
+	fulfillment.Registration,
+}
