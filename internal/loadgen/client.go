@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/shop-ref/shop/internal/cli"
 )
 
 // maxConnRetries bounds the retries of one order's request that got no
@@ -65,7 +67,7 @@ func (g *generator) create(ctx context.Context, i int, r *orderRun) {
 				Status  string `json:"status"`
 			}
 			if err := json.Unmarshal(resp, &o); err != nil || o.OrderID == "" {
-				r.failed = fmt.Errorf("POST /orders: %d with an unreadable order: %s", status, oneLine(string(resp), 200))
+				r.failed = fmt.Errorf("POST /orders: %d with an unreadable order: %s", status, cli.OneLine(string(resp), 200))
 				break
 			}
 			r.id, r.status, r.created, r.createLat = o.OrderID, o.Status, true, time.Since(r.createdAt)
@@ -74,7 +76,7 @@ func (g *generator) create(ctx context.Context, i int, r *orderRun) {
 		case status == http.StatusConflict, status == http.StatusTooManyRequests, status >= 500:
 			continue // the twin is still in flight, or the service is busy
 		default:
-			r.failed = fmt.Errorf("POST /orders: %d %s", status, oneLine(string(resp), 200))
+			r.failed = fmt.Errorf("POST /orders: %d %s", status, cli.OneLine(string(resp), 200))
 		}
 		break
 	}
@@ -166,7 +168,7 @@ func (g *generator) simulate(ctx context.Context, id string, sem chan struct{}) 
 	case status == http.StatusNotFound || status == http.StatusConflict || status >= 500:
 		return false, nil
 	}
-	return false, fmt.Errorf("POST /payments/%s/simulate: %d %s", id, status, oneLine(string(resp), 200))
+	return false, fmt.Errorf("POST /payments/%s/simulate: %d %s", id, status, cli.OneLine(string(resp), 200))
 }
 
 // do sends one request and reads the whole answer.

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/shop-ref/shop/internal/cli"
 )
 
 // isTerminal reports whether w is a character device (a terminal).
@@ -87,7 +89,7 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-func fmtDur(d time.Duration) string { return roundDuration(d).String() }
+func fmtDur(d time.Duration) string { return cli.RoundDuration(d).String() }
 
 func (g *generator) report(runs []orderRun, start, creationEnd time.Time, total time.Duration, timedOut bool) {
 	var createLat, toDone []time.Duration
@@ -155,26 +157,4 @@ func (g *generator) report(runs []orderRun, start, creationEnd time.Time, total 
 		parts = append(parts, fmt.Sprintf("%s %d", k, counts[k]))
 	}
 	fmt.Fprintf(w, "final status:      %s\n", strings.Join(parts, ", "))
-}
-
-// roundDuration keeps a duration readable.
-func roundDuration(d time.Duration) time.Duration {
-	switch {
-	case d >= time.Minute:
-		return d.Round(time.Second)
-	case d >= time.Second:
-		return d.Round(10 * time.Millisecond)
-	case d >= time.Millisecond:
-		return d.Round(100 * time.Microsecond)
-	}
-	return d
-}
-
-// oneLine shortens s to one line of at most n runes.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
 }

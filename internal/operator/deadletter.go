@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
 
@@ -67,7 +68,7 @@ func (c *command) deadLettersList(ctx context.Context, args []string) error {
 				requeued = d.RequeuedAt.Format(time.RFC3339)
 			}
 			return fmt.Sprintf("%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s", d.Service, d.ID, d.Consumer, d.Subject, d.Attempts,
-				d.LastFailedAt.Format(time.RFC3339), requeued, oneLine(d.Error, 80))
+				d.LastFailedAt.Format(time.RFC3339), requeued, cli.OneLine(d.Error, 80))
 		})
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
 
@@ -130,7 +131,7 @@ func (c *command) dead(ctx context.Context, args []string) error {
 		func(e eventJSON) string {
 			lastErr := "-"
 			if e.LastError != nil {
-				lastErr = oneLine(*e.LastError, 80)
+				lastErr = cli.OneLine(*e.LastError, 80)
 			}
 			return fmt.Sprintf("%s\t%s\t%s %s\t%d\t%s\t%d\t%s\t%s", e.Service, e.EventID, e.AggregateType, e.AggregateID,
 				e.AggregateSeq, e.EventType, e.Attempts, e.DeadAt.Format(time.RFC3339), lastErr)

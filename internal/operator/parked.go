@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
 
@@ -57,7 +58,7 @@ func (c *command) parkedList(ctx context.Context, args []string) error {
 	return printList(c, out, "no parked events", "SERVICE\tCONSUMER\tEVENT\tSUBJECT\tSEQ\tWAITS FOR\tPARKED FOR",
 		func(e parkedJSON) string {
 			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", e.Service, e.Consumer, e.EventID, e.Subject, e.Seq, e.WaitsFor,
-				roundDuration(time.Since(e.ParkedAt)))
+				cli.RoundDuration(time.Since(e.ParkedAt)))
 		})
 }
 

@@ -3,9 +3,7 @@ package operator
 import (
 	"encoding/json"
 	"io"
-	"strings"
 	"text/tabwriter"
-	"time"
 )
 
 // printJSON prints v as indented JSON: the --json output of every command.
@@ -19,19 +17,6 @@ func (c *command) printJSON(v any) error {
 // printed in.
 func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
-// roundDuration keeps a duration readable.
-func roundDuration(d time.Duration) time.Duration {
-	switch {
-	case d >= time.Minute:
-		return d.Round(time.Second)
-	case d >= time.Second:
-		return d.Round(10 * time.Millisecond)
-	case d >= time.Millisecond:
-		return d.Round(100 * time.Microsecond)
-	}
-	return d
-}
-
 // rawJSON returns b as a JSON value: itself when it is valid JSON, else a
 // JSON string.
 func rawJSON(b []byte) json.RawMessage {
@@ -39,14 +24,5 @@ func rawJSON(b []byte) json.RawMessage {
 		return json.RawMessage(b)
 	}
 	s, _ := json.Marshal(string(b))
-	return s
-}
-
-// oneLine shortens s to one line of at most n runes.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
 	return s
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -69,7 +70,7 @@ func (c *command) status(ctx context.Context, args []string) error {
 		if n == 0 {
 			return "-"
 		}
-		return roundDuration(time.Duration(seconds * float64(time.Second))).String()
+		return cli.RoundDuration(time.Duration(seconds * float64(time.Second))).String()
 	}
 	for _, s := range out {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%s\n", s.Service, s.Pending, age(s.Pending, s.OldestPendingSeconds),

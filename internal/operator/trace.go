@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/journey"
 )
 
@@ -90,11 +91,11 @@ func writeJourney(w io.Writer, j journey.Journey) error {
 	for i, e := range j.Entries {
 		delta := ""
 		if i > 0 {
-			delta = "+" + roundDuration(e.SincePrevious).String()
+			delta = "+" + cli.RoundDuration(e.SincePrevious).String()
 		}
 		what := e.What
 		if e.HopFrom != "" {
-			what += fmt.Sprintf(" (%s after %s)", roundDuration(e.Hop), e.HopFrom)
+			what += fmt.Sprintf(" (%s after %s)", cli.RoundDuration(e.Hop), e.HopFrom)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.At.UTC().Format("15:04:05.000000"), delta, e.Service, what)
 	}
@@ -102,9 +103,9 @@ func writeJourney(w io.Writer, j journey.Journey) error {
 		return err
 	}
 	for _, t := range j.Timeouts {
-		when := "in " + roundDuration(time.Until(t.DueAt)).String()
+		when := "in " + cli.RoundDuration(time.Until(t.DueAt)).String()
 		if d := time.Since(t.DueAt); d > 0 {
-			when = "overdue by " + roundDuration(d).String() + ": the saga's scanner fires it next"
+			when = "overdue by " + cli.RoundDuration(d).String() + ": the saga's scanner fires it next"
 		}
 		fmt.Fprintf(w, "armed: the saga's %s timeout, due %s (%s)\n", t.Name, t.DueAt.UTC().Format(time.RFC3339), when)
 	}
