@@ -1,0 +1,289 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// row is one claimed event.
+type row struct {
+	id       uuid.UUID
+	aggType  string
+	aggID    string
+	seq      int64
+	typ      string
+	version  int
+	subject  string
+	payload  []byte
+	headers  map[string]string
+	occurred time.Time
+	attempts int
+	takeover bool // the row carried an expired lease of an earlier claim
+}
+
+// claim takes a batch in one short transaction: each row is the oldest
+// unpublished event of its aggregate (so k+1 is never claimed before k is
+// published), available, and not leased to anyone else. SKIP LOCKED lets
+// relays claim side by side; the committed lease, not a held lock, keeps
+// other relays off while this one publishes.
+func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
+	limit := r.cfg.BatchSize
+	if r.stats.downSince.Load() != 0 {
+		limit = 1 // the broker was taking nothing: probe with one event, not a batch of leases
+	}
+	rows, err := r.pool.Query(ctx, claimSQL, limit, r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(rs pgx.CollectableRow) (row, error) {
+		var x row
+		err := rs.Scan(&x.id, &x.aggType, &x.aggID, &x.seq, &x.typ, &x.version, &x.subject, &x.payload, &x.headers, &x.occurred, &x.attempts, &x.takeover)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	for _, ev := range batch {
+		if ev.takeover {
+			r.stats.takenOver.Add(1)
+		}
+	}
+	return batch, nil
+}
+
+const claimSQL = `
+WITH claimable AS (
+	SELECT o.event_id, o.claim_until IS NOT NULL AS takeover FROM outbox o
+	WHERE o.published_at IS NULL AND o.dead_at IS NULL
+	  AND o.available_at <= now()
+	  AND (o.claim_until IS NULL OR o.claim_until < now())
+	  AND NOT EXISTS (
+	      SELECT 1 FROM outbox earlier
+	      WHERE earlier.aggregate_type = o.aggregate_type
+	        AND earlier.aggregate_id = o.aggregate_id
+	        AND earlier.aggregate_seq < o.aggregate_seq
+	        AND earlier.published_at IS NULL)
+	ORDER BY o.event_id
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o
+SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 microsecond'
+FROM claimable c
+WHERE o.event_id = c.event_id
+RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_type,
+          o.schema_version, o.subject, o.payload, o.headers, o.occurred_at, o.attempts,
+          c.takeover`
+
+// result is the outcome of publishing one event.
+type result struct {
+	err       error // nil: acked
+	permanent bool  // err will not go away by retrying
+	outage    bool  // the broker took nothing: not the event's failure, no attempt counted
+	duplicate bool
+	latency   time.Duration // claim to ack, when acked
+}
+
+// publish sends the whole batch without waiting in between, then collects
+// the acks: one round trip's latency per batch, not per event. claimed is
+// when the batch's claim committed, the start of each event's latency. It
+// returns an error only when a failpoint fired: the relay then abandons the
+// batch as if it had died.
+func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]result, error) {
+	results := make([]result, len(batch))
+	futures := make([]jetstream.PubAckFuture, len(batch))
+	cl := &classifier{r: r, notFound: map[string]bool{}}
+	for i, ev := range batch {
+		// Failure window: the events before this one may be stored in the
+		// stream, this one and the rest are not; none is marked. After the
+		// lease, all are published again with their ids, and the stream's
+		// duplicate window drops the copies it holds.
+		if err := r.cfg.failpoint(FailpointBeforePublish); err != nil {
+			return nil, err
+		}
+		msg, err := ev.message()
+		if err != nil {
+			results[i] = result{err: err, permanent: true}
+			continue
+		}
+		// Nats-Msg-Id is the event id on every attempt, so the stream drops a
+		// copy it already stored within its duplicate window.
+		f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.id.String()))
+		if err != nil {
+			results[i] = cl.classify(ctx, ev, err)
+			continue
+		}
+		futures[i] = f
+	}
+	timeout := time.NewTimer(r.cfg.PublishTimeout)
+	defer timeout.Stop()
+	expired := false
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		if expired {
+			select {
+			case ack := <-f.Ok():
+				results[i] = result{duplicate: ack.Duplicate, latency: time.Since(claimed)}
+			case err := <-f.Err():
+				results[i] = cl.classify(ctx, batch[i], err)
+			default:
+				results[i] = result{err: errAckTimeout, outage: true}
+			}
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			results[i] = result{duplicate: ack.Duplicate, latency: time.Since(claimed)}
+		case err := <-f.Err():
+			results[i] = cl.classify(ctx, batch[i], err)
+		case <-timeout.C:
+			// The broker may have stored it: the result is unknown, so the
+			// event is retried with the same id rather than given up.
+			expired = true
+			results[i] = result{err: errAckTimeout, outage: true}
+		case <-ctx.Done():
+			expired = true
+			results[i] = result{err: ctx.Err(), outage: true}
+		}
+	}
+	return results, nil
+}
+
+var errAckTimeout = errors.New("no ack from the broker in time (result unknown)")
+
+// message builds the NATS message with the contract's headers.
+func (ev row) message() (*nats.Msg, error) {
+	h := nats.Header{}
+	for k, v := range ev.headers {
+		h.Set(k, v)
+	}
+	h.Set("Event-Type", ev.typ)
+	h.Set("Aggregate-Type", ev.aggType)
+	h.Set("Aggregate-Id", ev.aggID)
+	h.Set("Aggregate-Seq", strconv.FormatInt(ev.seq, 10))
+	h.Set("Schema-Version", strconv.Itoa(ev.version))
+	h.Set("Occurred-At", ev.occurred.UTC().Format(time.RFC3339Nano))
+	for k, vs := range h {
+		if k == "" || strings.ContainsAny(k, ": \t\r\n") {
+			return nil, fmt.Errorf("invalid header name %q", k)
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n") {
+				return nil, fmt.Errorf("invalid value of header %q", k)
+			}
+		}
+	}
+	return &nats.Msg{Subject: ev.subject, Header: h, Data: ev.payload}, nil
+}
+
+// settle records the outcome of a batch. Every update is fenced by the
+// claim token: a relay whose lease expired and was taken over matches no
+// rows, so it can neither mark nor fail an event it no longer owns.
+func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, results []result) error {
+	var acked, released [][16]byte // plain arrays: pgx encodes them without the driver.Valuer detour
+	var outage error
+	failed := &pgx.Batch{}
+	for i, res := range results {
+		ev := batch[i]
+		if res.err == nil {
+			acked = append(acked, ev.id)
+			if res.duplicate {
+				r.stats.duplicates.Add(1)
+			}
+			if r.cfg.ObservePublishFunc != nil {
+				r.cfg.ObservePublishFunc(res.latency)
+			}
+			continue
+		}
+		if res.outage {
+			// The broker's failure, not the event's: handed back as it
+			// was, due now, its attempts untouched.
+			released = append(released, ev.id)
+			outage = cmp.Or(outage, res.err)
+			continue
+		}
+		dead := res.permanent || ev.attempts+1 >= r.cfg.MaxAttempts
+		delay := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, ev.attempts+1)
+		failed.Queue(failSQL, ev.id, token, res.err.Error(), delay.Microseconds(), dead).Exec(func(tag pgconnTag) error {
+			switch {
+			case tag.RowsAffected() == 0:
+				r.stats.lostLeases.Add(1)
+			case dead:
+				r.stats.dead.Add(1)
+				r.log.Error("outbox event dead", "event_id", ev.id, "event_type", ev.typ,
+					"aggregate_id", ev.aggID, "seq", ev.seq, "attempts", ev.attempts+1, "err", res.err)
+			default:
+				r.stats.retried.Add(1)
+				r.log.Warn("outbox event publish failed, will retry", "event_id", ev.id,
+					"aggregate_id", ev.aggID, "seq", ev.seq, "attempts", ev.attempts+1, "retry_in", delay, "err", res.err)
+			}
+			return nil
+		})
+	}
+	if len(acked) > 0 {
+		// Failure window: the broker stored the events, the outbox does not
+		// know. An error here "dies": neither the acks nor the failures are
+		// recorded, the lease expires, the events are published again (the
+		// duplicate window or the consumers' inbox absorbs the copies).
+		if err := r.cfg.failpoint(FailpointAfterAckBeforeMark); err != nil {
+			return err
+		}
+		// Marked only now, after the ack: a crash before this line leaves the
+		// events claimed; the lease expires and they are published again.
+		tag, err := r.pool.Exec(ctx, markSQL, acked, token)
+		if err != nil {
+			return fmt.Errorf("mark %d events published: %w", len(acked), err)
+		}
+		r.stats.published.Add(tag.RowsAffected())
+		r.stats.lastPublish.Store(time.Now().UnixNano())
+		if lost := int64(len(acked)) - tag.RowsAffected(); lost > 0 {
+			r.stats.lostLeases.Add(lost)
+			r.log.Warn("outbox lease lost before marking; another relay publishes these again", "events", lost)
+		}
+	}
+	if len(released) > 0 {
+		failed.Queue(releaseSQL, released, token, outage.Error()).Exec(func(tag pgconnTag) error {
+			r.stats.deferred.Add(tag.RowsAffected())
+			return nil
+		})
+	}
+	if failed.Len() > 0 {
+		if err := r.pool.SendBatch(ctx, failed).Close(); err != nil {
+			return fmt.Errorf("record %d publish failures: %w", failed.Len(), err)
+		}
+	}
+	return nil
+}
+
+const markSQL = `
+UPDATE outbox
+SET published_at = now(), claimed_by = NULL, claim_token = NULL, claim_until = NULL
+WHERE event_id = ANY($1) AND claim_token = $2`
+
+const failSQL = `
+UPDATE outbox
+SET attempts = attempts + 1,
+    last_error = $3,
+    available_at = now() + $4 * interval '1 microsecond',
+    dead_at = CASE WHEN $5 THEN now() END,
+    claimed_by = NULL, claim_token = NULL, claim_until = NULL
+WHERE event_id = $1 AND claim_token = $2`
+
+// releaseSQL hands events back after an outage: no attempt counted, due
+// now (the relay's own pause spaces the tries), fenced like the rest.
+const releaseSQL = `
+UPDATE outbox
+SET last_error = $3, claimed_by = NULL, claim_token = NULL, claim_until = NULL
+WHERE event_id = ANY($1) AND claim_token = $2`

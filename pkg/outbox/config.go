@@ -1,0 +1,130 @@
+package outbox
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"time"
+)
+
+// Config configures a Relay. Zero fields take the defaults named beside them.
+type Config struct {
+	Name           string        // relay id stored in claimed_by; default host-pid-random
+	BatchSize      int           // events claimed per batch; default 500
+	Workers        int           // claim-publish-mark loops per relay, overlapping their round trips; default 2
+	PollInterval   time.Duration // fallback when no NOTIFY arrives; default 1s
+	LeaseDuration  time.Duration // how long a claim lasts; default 15s
+	PublishTimeout time.Duration // wait for a batch's acks; default 3s, at most half the lease
+	BackoffBase    time.Duration // first retry delay after a transient failure; default 250ms
+	BackoffMax     time.Duration // cap of the exponential backoff; default 30s
+	MaxAttempts    int           // failures of an event's own before it is dead; default 10
+
+	// OutageBackoffMax caps the pause between two tries while the broker
+	// takes nothing (see Relay.Run); short, so that publishing resumes
+	// within about this long of the broker's return. Default 2s.
+	OutageBackoffMax time.Duration
+
+	Retention         time.Duration // published rows older than this are deleted; default 72h
+	RetentionInterval time.Duration // how often to delete; default 1m
+	RetentionBatch    int           // rows per delete statement; default 1000
+
+	Logger *slog.Logger // default slog.Default()
+
+	// DisableListen turns the NOTIFY wake-up off: the relay holds no LISTEN
+	// connection and finds new events by polling every PollInterval (and
+	// after each full batch) only. For measuring what the wake-up buys, and
+	// for connection poolers that cannot LISTEN. Default false: listen.
+	DisableListen bool
+
+	// ObservePublishFunc, when set, is called once per acked event with the
+	// time from the commit of its claim to the relay reading its ack: the
+	// publish latency of the event. It is called from the relay's workers
+	// and must be safe for concurrent use and quick. Default: none.
+	ObservePublishFunc func(time.Duration)
+
+	// FailpointFunc, when set, is called with the name of each failpoint
+	// the relay passes (the Failpoint* constants); a non-nil error makes
+	// the relay behave as if it died there: it abandons the batch without
+	// publishing or marking the rest, and the lease expires. The shop sets
+	// it to internal/failpoint.Inject; the library never needs it.
+	// Default: none.
+	FailpointFunc func(name string) error
+}
+
+// The failpoints of the outbox, passed to Config.FailpointFunc.
+const (
+	// FailpointAfterClaim is hit once per batch, after its claim committed
+	// and before anything is published.
+	FailpointAfterClaim = "outbox.after_claim"
+	// FailpointBeforePublish is hit once per event, just before the event
+	// is handed to the broker: dying there leaves the earlier events of the
+	// batch perhaps stored in the stream and the later ones not.
+	FailpointBeforePublish = "outbox.before_publish"
+	// FailpointAfterAckBeforeMark is hit once per batch with at least one
+	// acked event, after the acks were read and before they are marked.
+	FailpointAfterAckBeforeMark = "outbox.after_ack_before_mark"
+	// FailpointRetentionMidBatch is hit by the relay's retention between
+	// two delete statements, after a full batch was deleted.
+	FailpointRetentionMidBatch = "outbox.retention_mid_batch"
+)
+
+func (c *Config) failpoint(name string) error {
+	if c.FailpointFunc == nil {
+		return nil
+	}
+	return c.FailpointFunc(name)
+}
+
+func (c *Config) setDefaults() {
+	if c.Name == "" {
+		host, _ := os.Hostname()
+		c.Name = fmt.Sprintf("%s-%d-%04x", cmp.Or(host, "relay"), os.Getpid(), rand.Uint32()&0xffff)
+	}
+	c.BatchSize = cmp.Or(c.BatchSize, 500)
+	c.Workers = cmp.Or(c.Workers, 2)
+	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, 15*time.Second)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(3*time.Second, c.LeaseDuration/3))
+	c.BackoffBase = cmp.Or(c.BackoffBase, 250*time.Millisecond)
+	c.BackoffMax = cmp.Or(c.BackoffMax, 30*time.Second)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
+	c.OutageBackoffMax = cmp.Or(c.OutageBackoffMax, 2*time.Second)
+	c.Retention = cmp.Or(c.Retention, 72*time.Hour)
+	c.RetentionInterval = cmp.Or(c.RetentionInterval, time.Minute)
+	c.RetentionBatch = cmp.Or(c.RetentionBatch, 1000)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.BatchSize < 1 || c.Workers < 1 || c.MaxAttempts < 1 || c.RetentionBatch < 1:
+		return errors.New("outbox relay: BatchSize, Workers, MaxAttempts and RetentionBatch must be positive")
+	case c.PublishTimeout*2 > c.LeaseDuration:
+		// A batch must be marked while its lease still holds, or another
+		// relay publishes it again on every round.
+		return fmt.Errorf("outbox relay: PublishTimeout %v must be at most half of LeaseDuration %v", c.PublishTimeout, c.LeaseDuration)
+	case c.BackoffBase > c.BackoffMax || c.BackoffBase > c.OutageBackoffMax:
+		return fmt.Errorf("outbox relay: BackoffBase %v exceeds BackoffMax %v or OutageBackoffMax %v", c.BackoffBase, c.BackoffMax, c.OutageBackoffMax)
+	}
+	return nil
+}
+
+// RetryHorizon bounds how long after an event's first publish the relay may
+// publish another copy of it while the broker works: every attempt that
+// counts may wait out a lease, a publish timeout and a full backoff. While
+// the broker takes nothing at all (see Relay.Run) the relay publishes
+// nothing and counts nothing, so an outage stretches this by its length:
+// a copy whose first publish the broker stored without the ack reaching
+// the relay can then come after the stream's duplicate window, and the
+// consumers' inboxes absorb it. Consumers must remember event ids longer
+// than this (see pkg/inbox), and the stream's duplicate window should be
+// longer too, so that it drops the copies of ordinary retries.
+func (c Config) RetryHorizon() time.Duration {
+	c.setDefaults()
+	return time.Duration(c.MaxAttempts) * (c.LeaseDuration + c.PublishTimeout + c.BackoffMax)
+}
