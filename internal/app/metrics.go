@@ -80,7 +80,7 @@ func newMetrics(service string, log *slog.Logger) *metrics {
 	return m
 }
 
-// observePublish is the relay's outbox.Config.ObservePublishFunc.
+// observePublish is the relay's outbox.Hooks.ObservePublishFunc.
 func (m *metrics) observePublish(d time.Duration) { m.publish.Observe(d.Seconds()) }
 
 // observeProcess is the consumers' inbox.Config.ObserveFunc.

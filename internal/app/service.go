@@ -196,7 +196,7 @@ func (s *Service) listen() error {
 // (registry.Deps.PublishHorizon), and start-up checks it against the
 // streams (checkWindows).
 func relayConfig() outbox.Config {
-	return outbox.Config{Retention: OutboxRetention, FailpointFunc: failpoint.Inject}
+	return outbox.Config{Retention: OutboxRetention, Hooks: outbox.Hooks{FailpointFunc: failpoint.Inject}}
 }
 
 // assemble builds the service's parts over pool and js, wired to one
@@ -207,7 +207,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	// Name is left to the relay's default (host, pid, random), which keeps
 	// several copies of one service apart in claimed_by.
 	rc := relayConfig()
-	rc.Logger, rc.ObservePublishFunc = s.Logger, m.observePublish
+	rc.Logger, rc.Hooks.ObservePublishFunc = s.Logger, m.observePublish
 	relay, err := outbox.NewRelay(pool, js, rc)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)

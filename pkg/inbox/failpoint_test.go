@@ -88,8 +88,8 @@ func TestRelayAfterAckBeforeMarkAppliedOnce(t *testing.T) {
 	relay, err := outbox.NewRelay(e.db.Pool, e.js, outbox.Config{
 		LeaseDuration: 600 * time.Millisecond, PublishTimeout: 200 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-		FailpointFunc: failFirst(outbox.FailpointAfterAckBeforeMark, &hits),
-		Logger:        e.config(t, nil).Logger,
+		Hooks:  outbox.Hooks{FailpointFunc: failFirst(outbox.FailpointAfterAckBeforeMark, &hits)},
+		Logger: e.config(t, nil).Logger,
 	})
 	if err != nil {
 		t.Fatal(err)

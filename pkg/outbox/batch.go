@@ -202,8 +202,8 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 			if res.duplicate {
 				r.stats.duplicates.Add(1)
 			}
-			if r.cfg.ObservePublishFunc != nil {
-				r.cfg.ObservePublishFunc(res.latency)
+			if r.cfg.Hooks.ObservePublishFunc != nil {
+				r.cfg.Hooks.ObservePublishFunc(res.latency)
 			}
 			continue
 		}

@@ -39,10 +39,19 @@ type Config struct {
 	// for connection poolers that cannot LISTEN. Default false: listen.
 	DisableListen bool
 
+	// Hooks are where a program observes the relay and where tests
+	// interrupt it; none of them changes what the relay does.
+	Hooks Hooks
+}
+
+// Hooks are the relay's observation and failure-injection points: not
+// settings, and a relay that only relays leaves them zero. Zero fields are
+// no-ops.
+type Hooks struct {
 	// ObservePublishFunc, when set, is called once per acked event with the
 	// time from the commit of its claim to the relay reading its ack: the
 	// publish latency of the event. It is called from the relay's workers
-	// and must be safe for concurrent use and quick. Default: none.
+	// and must be safe for concurrent use and quick.
 	ObservePublishFunc func(time.Duration)
 
 	// FailpointFunc, when set, is called with the name of each failpoint
@@ -50,11 +59,10 @@ type Config struct {
 	// the relay behave as if it died there: it abandons the batch without
 	// publishing or marking the rest, and the lease expires. The shop sets
 	// it to internal/failpoint.Inject; the library never needs it.
-	// Default: none.
 	FailpointFunc func(name string) error
 }
 
-// The failpoints of the outbox, passed to Config.FailpointFunc.
+// The failpoints of the outbox, passed to Hooks.FailpointFunc.
 const (
 	// FailpointAfterClaim is hit once per batch, after its claim committed
 	// and before anything is published.
@@ -72,10 +80,10 @@ const (
 )
 
 func (c *Config) failpoint(name string) error {
-	if c.FailpointFunc == nil {
+	if c.Hooks.FailpointFunc == nil {
 		return nil
 	}
-	return c.FailpointFunc(name)
+	return c.Hooks.FailpointFunc(name)
 }
 
 func (c *Config) setDefaults() {

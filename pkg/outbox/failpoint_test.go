@@ -13,7 +13,7 @@ import (
 
 var errInjected = errors.New("injected")
 
-// failAt is a Config.FailpointFunc that fails the given hits (1-based) of
+// failAt is a Hooks.FailpointFunc that fails the given hits (1-based) of
 // the failpoint called name and lets everything else pass; it counts the
 // hits of name.
 type failAt struct {
@@ -46,7 +46,7 @@ func fastLease(fp *failAt) Config {
 	return Config{
 		LeaseDuration: 300 * time.Millisecond, PublishTimeout: 100 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-		FailpointFunc: fp.hook,
+		Hooks: Hooks{FailpointFunc: fp.hook},
 	}
 }
 
