@@ -10,9 +10,9 @@ BENCHTIME ?= 1x
 build:
 	go build -o bin/shop ./cmd/shop
 
-# The shopbench build tag adds the benchmark-only hooks (outbox
-# Relay.ClaimAndMark) and the whole-system suite, which ordinary builds of the
-# libraries never contain; test and lint build them too so they stay correct.
+# The shopbench build tag adds the whole-system suite (internal/benchsuite),
+# which no library or binary contains; test and lint build it too so it
+# stays correct.
 # Tests use TEST_DATABASE_URL, else DATABASE_URL, else the local default;
 # each test makes (and drops) its own schema or database there. -p 1 runs
 # one package at a time (tests inside a package still run in parallel):

@@ -582,16 +582,16 @@ func orderTx(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, withOutb
 	return tx.Commit(ctx)
 }
 
-// dbOnly measures the relay's database work alone (Relay.ClaimAndMark:
-// claim a batch, mark it published, publish nothing) over a backlog, from
-// loops concurrent loops: one, the plain ceiling; two, as a relay's two
-// workers claim side by side.
+// dbOnly measures the relay's database work alone (the relay's own claim
+// and mark statements, see readRelayStatements: claim a batch, mark it
+// published, publish nothing) over a backlog, from loops concurrent loops:
+// one, the plain ceiling; two, as a relay's two workers claim side by side.
 func dbOnly(b *testing.B, sz sizes, loops int) measured {
 	return scoped(b, func(tb testing.TB) measured {
 		e := newEnv(tb, nil)
 		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
 		pool := e.db.NewPool(tb, int32(loops+2))
-		r := quietRelay(tb, pool, e.js, outbox.Config{})
+		stmts := readRelayStatements(tb)
 		ctx := context.Background()
 		start, cpu0 := time.Now(), readCPU()
 		var done atomic.Int64
@@ -599,7 +599,7 @@ func dbOnly(b *testing.B, sz sizes, loops int) measured {
 		for range loops {
 			wg.Go(func() {
 				for done.Load() < int64(sz.backlog) {
-					n, err := r.ClaimAndMark(ctx)
+					n, err := stmts.claimAndMark(ctx, pool, "db-only", relayBatch)
 					if err != nil {
 						tb.Error(err)
 						return
