@@ -40,7 +40,7 @@ var Registration = registry.Entry{
 	Name:      "loyalty",
 	Schema:    "loyalty",
 	Stream:    "LOYALTY",
-	Prefix:    "loyalty",
+	Prefix:    prefix,
 	Addr:      ":8085",
 	PoolSize:  12, // the consumer's 8 workers plus two, the relay's three
 	Consumers: []registry.Consumer{ordersConsumer},
@@ -52,6 +52,10 @@ var Registration = registry.Entry{
 		FROM points p LEFT JOIN awards a USING (customer_id)
 		GROUP BY p.customer_id, p.points HAVING p.points <> coalesce(sum(a.points), 0)`}},
 }
+
+// prefix is the first token of the service's subjects: its stream's
+// (loyalty.>) and those its outbox writer makes (<prefix>.<id>.<type>).
+const prefix = "loyalty"
 
 // ordersConsumer reads every order event, so that the inbox keeps each
 // order's events in sequence (an OrderCompleted is never applied before its
@@ -105,7 +109,8 @@ type Service struct {
 
 // guide: constructor
 func New(d registry.Deps, cfg Config) (*Service, error) {
-	s := &Service{pool: d.Pool, cfg: cfg}
+	// The writer makes each event's subject, <prefix>.<aggregate id>.<type>.
+	s := &Service{pool: d.Pool, cfg: cfg, outbox: outbox.Writer{Prefix: prefix}}
 	// d.Inbox gives the consumer the shop's windows, logger, tracer and
 	// hooks; the declaration gives it its name, stream and types.
 	c, err := inbox.NewConsumer(d.Pool, d.JetStream, d.Inbox(ordersConsumer, s.handle))
@@ -159,7 +164,6 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 		}
 		return s.outbox.Add(ctx, tx, outbox.Event{
 			AggregateType: "order", AggregateID: m.AggregateID, Type: "PointsAwarded",
-			Subject: "loyalty." + m.AggregateID + ".PointsAwarded",
 			Payload: map[string]any{"order_id": m.AggregateID, "customer_id": customer, "points": points},
 		})
 	}

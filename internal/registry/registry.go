@@ -41,7 +41,8 @@ type Entry struct {
 	Schema string
 	// Stream is the JetStream stream it owns and publishes to, and Prefix
 	// the first token of every subject in it: <Prefix>.<aggregate id>.<type>.
-	// The service's outbox writer uses the same Prefix (outbox.Writer).
+	// The service's outbox writer makes its subjects from the same Prefix
+	// (outbox.Writer.Prefix).
 	Stream, Prefix string
 	// Addr is its default HTTP listen address; <NAME>_ADDR overrides it.
 	Addr string

@@ -14,6 +14,12 @@
 // pgx.Batch that the caller sends on its transaction with its own writes, so
 // that the events cost no round trip of their own.
 //
+// A writer owns its service's subject rule: with [Writer.Prefix] set, an
+// event that leaves Subject empty is published on
+// <prefix>.<aggregate id>.<type>, and an id or type that is not one
+// subject token is refused before anything is written, instead of landing
+// on a subject no consumer's filter matches.
+//
 // # Trace context
 //
 // [Writer.Add] and [Writer.Queue] write the trace context of their ctx (the

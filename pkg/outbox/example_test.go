@@ -18,7 +18,8 @@ import (
 func ExampleWriter_Add() {
 	ctx := context.Background()
 	var pool *pgxpool.Pool // connected with search_path = the service's schema
-	var events outbox.Writer
+	// The writer owns the subject rule: orders.<aggregate id>.<type>.
+	events := outbox.Writer{Prefix: "orders"}
 
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, status) VALUES ($1, 'PENDING')`, "o-1"); err != nil {
@@ -28,7 +29,6 @@ func ExampleWriter_Add() {
 			AggregateType: "order",
 			AggregateID:   "o-1",
 			Type:          "OrderCreated",
-			Subject:       "orders.o-1.OrderCreated",
 			Payload:       map[string]any{"order_id": "o-1", "total": 3998},
 		})
 	})

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -15,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Event is one fact to publish. The zero values of ID, SchemaVersion and
-// OccurredAt are filled in by Add (or Queue).
+// Event is one fact to publish. The zero values of ID, SchemaVersion,
+// OccurredAt and Subject are filled in by Add (or Queue).
 type Event struct {
 	ID            uuid.UUID         // stable forever; it becomes Nats-Msg-Id. Zero: a new UUIDv7.
 	AggregateType string            // e.g. "order"
@@ -24,7 +25,7 @@ type Event struct {
 	Seq           int64             // the aggregate's sequence number; zero: Add takes the next one (see Add)
 	Type          string            // e.g. "OrderCreated"
 	SchemaVersion int               // payload schema version; zero means 1
-	Subject       string            // e.g. "orders.<id>.OrderCreated"
+	Subject       string            // e.g. "orders.<id>.OrderCreated"; empty: <Writer.Prefix>.<AggregateID>.<Type>
 	Payload       any               // JSON snapshot; json.RawMessage and []byte are used as they are
 	Headers       map[string]string // extra message headers, e.g. traceparent
 	OccurredAt    time.Time         // zero means now
@@ -38,9 +39,18 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Writer adds events to the outbox. The zero value is ready to use and wakes
-// relays on every commit; NotifyInterval coalesces the wake-ups.
+// Writer adds events to the outbox. The zero value is ready to use for
+// events that carry their subjects, and wakes relays on every commit;
+// Prefix owns the subjects, NotifyInterval coalesces the wake-ups.
 type Writer struct {
+	// Prefix is the first token of the subjects of this writer's events:
+	// an Event with an empty Subject is published on
+	// <Prefix>.<AggregateID>.<Type>, so a service states its subject rule
+	// once, here, and not in every event it builds. Prefix, the aggregate
+	// id and the type must then each be one subject token (no dots,
+	// wildcards or whitespace). Empty: every Event must carry its Subject.
+	Prefix string
+
 	// NotifyInterval is the least time between two NOTIFYs sent by this
 	// process. NOTIFY takes a database-wide lock at commit, so under heavy
 	// load one hint per interval is enough: a relay that wakes drains
@@ -100,7 +110,7 @@ func (w *Writer) Queue(ctx context.Context, b *pgx.Batch, events ...Event) error
 	if len(events) == 0 {
 		return nil
 	}
-	groups, err := groupByAggregate(traceHeaders(ctx), events)
+	groups, err := groupByAggregate(w.Prefix, traceHeaders(ctx), events)
 	if err != nil {
 		return err
 	}
@@ -163,13 +173,17 @@ type group struct {
 	occurred          []time.Time
 }
 
-func groupByAggregate(trace map[string]string, events []Event) ([]*group, error) {
+func groupByAggregate(prefix string, trace map[string]string, events []Event) ([]*group, error) {
 	byKey := map[[2]string]*group{}
 	var groups []*group
 	now := time.Now()
 	for i, e := range events {
 		if err := e.validate(); err != nil {
 			return nil, fmt.Errorf("event %d: %w", i, err)
+		}
+		subject, err := e.subject(prefix)
+		if err != nil {
+			return nil, fmt.Errorf("event %d (%s): %w", i, e.Type, err)
 		}
 		payload, err := encodePayload(e.Payload)
 		if err != nil {
@@ -208,7 +222,7 @@ func groupByAggregate(trace map[string]string, events []Event) ([]*group, error)
 		g.ids = append(g.ids, id)
 		g.types = append(g.types, e.Type)
 		g.versions = append(g.versions, int32(max(e.SchemaVersion, 1)))
-		g.subjects = append(g.subjects, e.Subject)
+		g.subjects = append(g.subjects, subject)
 		g.payloads = append(g.payloads, string(payload))
 		g.headers = append(g.headers, string(headers))
 		g.occurred = append(g.occurred, occurred)
@@ -231,14 +245,32 @@ func (e Event) validate() error {
 		return fmt.Errorf("%w: no aggregate id", ErrInvalidEvent)
 	case e.Type == "":
 		return fmt.Errorf("%w: no event type", ErrInvalidEvent)
-	case e.Subject == "":
-		return fmt.Errorf("%w: no subject", ErrInvalidEvent)
 	case e.Seq < 0:
 		return fmt.Errorf("%w: negative sequence", ErrInvalidEvent)
 	case e.SchemaVersion < 0:
 		return fmt.Errorf("%w: negative schema version", ErrInvalidEvent)
 	}
 	return nil
+}
+
+// subject is the event's own Subject, or else the writer's subject rule
+// <prefix>.<aggregate id>.<type>. A made subject must have exactly three
+// parts: an id with a dot in it would publish on a subject that the
+// consumers' filters (<prefix>.*.<type>, say) never match, and the event
+// would be lost to them without a word.
+func (e Event) subject(prefix string) (string, error) {
+	if e.Subject != "" {
+		return e.Subject, nil
+	}
+	if prefix == "" {
+		return "", fmt.Errorf("%w: no subject, and the writer has no Prefix to make one (set Writer.Prefix or Event.Subject)", ErrInvalidEvent)
+	}
+	for _, part := range []struct{ what, s string }{{"writer prefix", prefix}, {"aggregate id", e.AggregateID}, {"event type", e.Type}} {
+		if strings.ContainsAny(part.s, ".*> \t\r\n") {
+			return "", fmt.Errorf("%w: %s %q cannot be a token of the subject <prefix>.<aggregate id>.<type>", ErrInvalidEvent, part.what, part.s)
+		}
+	}
+	return prefix + "." + e.AggregateID + "." + e.Type, nil
 }
 
 func encodePayload(p any) ([]byte, error) {

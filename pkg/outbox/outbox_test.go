@@ -188,6 +188,47 @@ func TestAdd(t *testing.T) {
 		}
 	})
 
+	t.Run("the writer's prefix makes the subjects its events leave empty", func(t *testing.T) {
+		e := setup(t)
+		w := Writer{Prefix: "ev"}
+		own := event("o-1", "OrderPaid")
+		own.Subject = "ev.elsewhere.OrderPaid"
+		made := event("o-1", "OrderCreated")
+		made.Subject = ""
+		add(t, e.db.Pool, &w, made, own)
+		for typ, want := range map[string]string{"OrderCreated": "ev.o-1.OrderCreated", "OrderPaid": "ev.elsewhere.OrderPaid"} {
+			if n := count(t, e.db.Pool, "event_type = $1 AND subject = $2", typ, want); n != 1 {
+				t.Errorf("%s: no event on %s", typ, want)
+			}
+		}
+	})
+
+	t.Run("an event without a subject is refused when no prefix can make one, or it would not be one token", func(t *testing.T) {
+		e := setup(t)
+		noSubject := func(agg, typ string) Event { ev := event(agg, typ); ev.Subject = ""; return ev }
+		for _, c := range []struct {
+			name   string
+			w      *Writer
+			ev     Event
+			reason string
+		}{
+			{"no prefix", &Writer{}, noSubject("o-1", "OrderCreated"), "no Prefix"},
+			{"dotted aggregate id", &Writer{Prefix: "ev"}, noSubject("o.1", "OrderCreated"), "aggregate id"},
+			{"wildcard in the type", &Writer{Prefix: "ev"}, noSubject("o-1", "Order*"), "event type"},
+			{"dotted prefix", &Writer{Prefix: "ev.x"}, noSubject("o-1", "OrderCreated"), "writer prefix"},
+		} {
+			err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+				return c.w.Add(context.Background(), tx, c.ev)
+			})
+			if !errors.Is(err, ErrInvalidEvent) || !strings.Contains(err.Error(), c.reason) {
+				t.Errorf("%s: err = %v, want ErrInvalidEvent naming %q", c.name, err, c.reason)
+			}
+		}
+		if n := count(t, e.db.Pool, "true"); n != 0 {
+			t.Fatalf("%d rows written for refused events", n)
+		}
+	})
+
 	t.Run("sequences given by the caller are stored, and a reused one is refused", func(t *testing.T) {
 		e := setup(t)
 		var w Writer

@@ -115,8 +115,8 @@ func deliveredEvent(orderID, shipmentID uuid.UUID, at time.Time) outbox.Event {
 	})
 }
 
-// orderEvent builds an event of the order aggregate on the contract's
-// subject. Seq is left to the outbox counter, which numbers this service's
+// orderEvent builds an event of the order aggregate; the service's writer
+// publishes it on the contract's subject fulfillment.<order_id>.<Type>. Seq is left to the outbox counter, which numbers this service's
 // events per order 1, 2 … without gaps.
 func orderEvent(orderID uuid.UUID, typ string, at time.Time, payload any) outbox.Event {
 	id := orderID.String()
@@ -125,7 +125,6 @@ func orderEvent(orderID uuid.UUID, typ string, at time.Time, payload any) outbox
 		AggregateID:   id,
 		Type:          typ,
 		SchemaVersion: 1,
-		Subject:       "fulfillment." + id + "." + typ,
 		Payload:       payload,
 		OccurredAt:    at,
 	}

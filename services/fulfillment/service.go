@@ -66,7 +66,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		log:    d.Log(),
 		// Coalesced NOTIFYs: one wake-up per 5ms is enough for the relay,
 		// which drains everything committed so far when it wakes.
-		outbox: &outbox.Writer{NotifyInterval: 5 * time.Millisecond},
+		outbox: &outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
 	}
 	c, err := inbox.NewConsumer(d.Pool, d.JetStream, d.Inbox(ordersConsumer, s.handle))
 	if err != nil {

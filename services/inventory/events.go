@@ -36,9 +36,6 @@ const (
 	ReasonReleased          = "released"           // the order was released before it was reserved
 )
 
-// subjectPrefix is the first token of every subject this service publishes on.
-const subjectPrefix = "inventory"
-
 // Item is one order line: a SKU and a number of units.
 type Item struct {
 	SKU      string `json:"sku"`
@@ -268,27 +265,26 @@ func (s *Service) emitWith(ctx context.Context, tx pgx.Tx, b *pgx.Batch, orderID
 	return nil
 }
 
-// orderEventOf builds an event of the order aggregate on the contract's
-// subject inventory.<order_id>.<Type>.
+// orderEventOf builds an event of the order aggregate; the service's writer
+// publishes it on the contract's subject inventory.<order_id>.<Type>.
 func orderEventOf(orderID, typ string, payload any) outbox.Event {
 	return outbox.Event{
 		AggregateType: "order",
 		AggregateID:   orderID,
 		Type:          typ,
 		SchemaVersion: 1,
-		Subject:       subjectPrefix + "." + orderID + "." + typ,
 		Payload:       payload,
 	}
 }
 
-// productEvent is the ProductUpdated event of a stock row.
+// productEvent is the ProductUpdated event of a stock row, aggregate
+// "product" with the SKU as its id: inventory.<sku>.ProductUpdated.
 func productEvent(st Stock) outbox.Event {
 	return outbox.Event{
 		AggregateType: "product",
 		AggregateID:   st.SKU,
 		Type:          TypeProductUpdated,
 		SchemaVersion: 1,
-		Subject:       subjectPrefix + "." + st.SKU + "." + TypeProductUpdated,
 		Payload: ProductUpdated{
 			SKU: st.SKU, Price: st.Price, OnHand: st.OnHand, Reserved: st.Reserved, Available: st.Available,
 		},

@@ -77,7 +77,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		operator: cfg.OperatorToken,
 		// Under a burst of reservations one NOTIFY per 5ms is plenty: a woken
 		// relay drains everything committed so far.
-		outbox: &outbox.Writer{NotifyInterval: 5 * time.Millisecond},
+		outbox: &outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
 	}
 	ic := d.Inbox(ordersConsumer, s.handle)
 	// One delivery per transaction. A reservation locks its SKUs' stock

@@ -14,14 +14,14 @@ import (
 	"github.com/shop-ref/shop/pkg/saga"
 )
 
-// event is an outbox event of an order: aggregate "order", subject
-// orders.<id>.<type>. Its sequence comes from the outbox's counter.
+// event is an outbox event of an order: aggregate "order", published on
+// orders.<id>.<type> by the service's writer (its Prefix). Its sequence
+// comes from the outbox's counter.
 func event(id uuid.UUID, typ string, payload any) outbox.Event {
 	return outbox.Event{
 		AggregateType: "order",
 		AggregateID:   id.String(),
 		Type:          typ,
-		Subject:       "orders." + id.String() + "." + typ,
 		Payload:       payload,
 	}
 }

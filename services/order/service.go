@@ -140,7 +140,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		hooks: d.Hooks,
 		// NOTIFY takes a database-wide lock at commit; one wake-up per 5ms
 		// is plenty for the relay, polling covers the rest.
-		outbox:       outbox.Writer{NotifyInterval: 5 * time.Millisecond},
+		outbox:       outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
 		scanEvery:    cmp.Or(min(cfg.PaymentTimeout/4, cfg.ReservationTimeout/4, time.Second), time.Millisecond),
 		cleanupEvery: max(min(cfg.KeyTTL/2, time.Hour), time.Second),
 	}

@@ -199,15 +199,14 @@ func refundedEvent(r Refund, at time.Time) outbox.Event {
 	})
 }
 
-// orderEventOf builds an event of the order aggregate on the contract's
-// subject payment.<order_id>.<Type>.
+// orderEventOf builds an event of the order aggregate; the service's writer
+// publishes it on the contract's subject payment.<order_id>.<Type>.
 func orderEventOf(orderID, typ string, at time.Time, payload any) outbox.Event {
 	return outbox.Event{
 		AggregateType: "order",
 		AggregateID:   orderID,
 		Type:          typ,
 		SchemaVersion: 1,
-		Subject:       "payment." + orderID + "." + typ,
 		Payload:       payload,
 		OccurredAt:    at,
 	}

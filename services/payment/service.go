@@ -98,7 +98,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		provider: cfg.Provider,
 		// Coalesced wake-ups: the relay drains everything committed so far
 		// on each one, and polls anyway.
-		outbox:          &outbox.Writer{NotifyInterval: 5 * time.Millisecond},
+		outbox:          &outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
 		kick:            make(chan struct{}, 1),
 		refundPoll:      time.Second,
 		refundCall:      5 * time.Second,
