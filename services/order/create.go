@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -35,15 +36,33 @@ type reply struct {
 }
 
 // create runs the transaction of POST /orders and returns the response to
-// send. It costs three round trips: BEGIN with the reads, the writes in one
-// batch, COMMIT.
+// send. A new order costs two round trips: BEGIN with the reads, then the
+// writes with COMMIT. A refusal or a replay costs the same: the reads, then
+// ROLLBACK.
 func (s *Service) create(ctx context.Context, key string, req createRequest) (reply, error) {
 	hash := req.hash()
+	// A connection of its own rather than a pgx.Tx: the transaction ends
+	// with the COMMIT that rides in the last batch, which a pgx.Tx cannot
+	// know about.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return reply{}, fmt.Errorf("create order: %w", err)
+	}
+	defer func() {
+		// A refusal, a replay or a failed write leaves the transaction
+		// open (or aborted): nothing of it is kept. Should the ROLLBACK
+		// fail, Release closes the connection instead of pooling it.
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		conn.Release()
+	}()
+
 	// The reads, in one round trip with BEGIN. Postgres runs them in order,
 	// each on a fresh snapshot, so the key is looked up only once its lock
 	// is held, and sees the key row of a twin that committed before that.
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{}) // BEGIN rides in the batch: one round trip fewer
+	b.Queue("BEGIN")
 	// A transaction-scoped lock on the key: a twin in flight gets 409 at
 	// once instead of waiting, and the lock is released by the commit that
 	// makes the key row visible to the next one.
@@ -56,10 +75,7 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 	})
 	stored := queueLookupKey(b, key)
 	known := queuePrices(b, req.skus())
-	br := s.pool.SendBatch(ctx, b)
-	tx := br.Tx()
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	if err := br.Close(); err != nil {
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return reply{}, fmt.Errorf("create order: %w", err)
 	}
 	if !locked {
@@ -86,9 +102,11 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 		return reply{}, fmt.Errorf("encode order: %w", err)
 	}
 
-	// The writes, in one round trip: order, history, saga and its
-	// reservation timeout, OrderCreated and the key commit together, or
-	// (any of them failing) not at all.
+	// The writes and COMMIT, in one round trip: order, history, saga and
+	// its reservation timeout, OrderCreated and the key commit together,
+	// or (any of them failing) not at all. Postgres skips what follows a
+	// failed statement up to the batch's end, COMMIT included, so a failed
+	// write leaves an aborted transaction that the deferred ROLLBACK ends.
 	b = &pgx.Batch{}
 	queueInsertOrder(b, o)
 	// The reservation deadline is armed with the order: if inventory never
@@ -107,11 +125,20 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 		queueDeleteKey(b, key)
 	}
 	queueInsertKey(b, key, hash, res.status, res.body, o.ID, s.cfg.KeyTTL)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		// COMMIT of an aborted transaction answers ROLLBACK, not an
+		// error; nothing before it failed, so this should not happen,
+		// and if it does the order does not exist.
+		if tag.String() != "COMMIT" {
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
+	// Failure window: the connection is lost after COMMIT was sent. Whether
+	// it took effect is unknown; the error is transient (503), and the
+	// client's retry with the same key finds the order or creates it.
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return reply{}, fmt.Errorf("create order %s: %w", o.ID, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return reply{}, fmt.Errorf("create order %s: commit: %w", o.ID, err)
 	}
 	s.log.Info("order created", "order_id", o.ID)
 	return res, nil
