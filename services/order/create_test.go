@@ -2,6 +2,7 @@ package order
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -90,5 +91,40 @@ func TestEveryAnswerLeavesTheConnectionClean(t *testing.T) {
 	o := decode[Order](t, res.body)
 	if n := e.count(t, `SELECT count(*) FROM orders WHERE order_id = $1`, o.ID); n != 1 {
 		t.Fatal("the second order is not visible to another session")
+	}
+}
+
+// OrderCreated's payload is a struct now; consumers and stored events
+// were written against the map it replaced, so its bytes must not differ.
+func TestOrderCreatedPayloadKeepsItsBytes(t *testing.T) {
+	t.Parallel()
+	o, err := newOrder(createRequest{CustomerID: "c-\"1\"", Items: []struct {
+		SKU      string `json:"sku"`
+		Quantity int    `json:"quantity"`
+	}{{"SKU-1", 2}, {"SKU-2", 1}}}, map[string]int64{"SKU-1": 1999, "SKU-2": 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := json.Marshal(orderCreated(o).Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type line struct {
+		SKU       string `json:"sku"`
+		Quantity  int    `json:"quantity"`
+		UnitPrice int64  `json:"unit_price"`
+	}
+	want, err := json.Marshal(map[string]any{
+		"order_id":    o.ID,
+		"customer_id": o.CustomerID,
+		"items":       []line{{"SKU-1", 2, 1999}, {"SKU-2", 1, 500}},
+		"total":       o.Total,
+		"created_at":  o.CreatedAt,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("OrderCreated payload\n got %s\nwant %s", got, want)
 	}
 }
