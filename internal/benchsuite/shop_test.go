@@ -253,6 +253,24 @@ func (s *shop) command(args ...string) *exec.Cmd {
 	return cmd
 }
 
+// cpuSeconds is the user and system CPU the shop process has used so far,
+// from /proc/<pid>/stat (utime and stime, fields 14 and 15, counted after
+// the command name, which may hold spaces).
+func (s *shop) cpuSeconds() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	_, after, _ := bytes.Cut(b, []byte(") "))
+	f := strings.Fields(string(after)) // f[0] is field 3, the state
+	if len(f) < 13 {
+		s.tb.Fatalf("/proc/%d/stat: %q", s.cmd.Process.Pid, b)
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / ticksPerSecond
+}
+
 // peakRSSMB reads VmHWM of the shop process.
 func (s *shop) peakRSSMB() float64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
@@ -310,6 +328,7 @@ func (s *shop) dropDB() {
 // loadgenResult is what `shop loadgen` printed.
 type loadgenResult struct {
 	createRate, createP50, createP99 float64 // orders/s, ms
+	loadgenCPU                       float64 // the loadgen process's user and system CPU, seconds
 	completed                        int
 	doneP50, doneP99                 float64 // ms
 	out                              string
@@ -346,6 +365,9 @@ func (s *shop) runLoadgen(args ...string) (loadgenResult, error) {
 	cmd.Dir = s.dir
 	out, err := cmd.CombinedOutput()
 	r := loadgenResult{out: string(out)}
+	if ps := cmd.ProcessState; ps != nil {
+		r.loadgenCPU = (ps.UserTime() + ps.SystemTime()).Seconds()
+	}
 	if err != nil {
 		return r, fmt.Errorf("shop loadgen: %v\n%s", err, out)
 	}

@@ -235,25 +235,39 @@ func BenchmarkSystem(b *testing.B) {
 			// the two is what the HTTP path costs (HTTP, JSON, the
 			// service's code, loadgen's client side) plus the relay
 			// publishing OrderCreated, with no other service on the cores.
-			var direct, directBusy, alone, aloneP50, aloneP99, aloneBusy []float64
+			// Beside each rate, the machine's CPU per order and the
+			// part of it each client and the shop process took (the rest
+			// is Postgres, and NATS for the order service), so that the
+			// difference between the two settings can be accounted for.
+			var direct, directBusy, directCPU, directClient []float64
+			var alone, aloneP50, aloneP99, aloneBusy, aloneCPU, aloneShop, aloneClient []float64
 			for range *runs {
 				m := orderSQL(b, sz, 32, true)
 				direct, directBusy = append(direct, m.rate), append(directBusy, m.busy)
+				directCPU, directClient = append(directCPU, m.cpu), append(directClient, m.selfCPU)
 				r := scoped(b, func(tb testing.TB) loadMeasured {
 					s := startOrderAlone(tb, "alone")
-					cpu0 := readCPU()
+					cpu0, shop0 := readCPU(), s.cpuSeconds()
 					r := s.loadgen(tb, lg...)
-					return loadMeasured{r, busyShare(cpu0, readCPU())}
+					cpu1, shop1 := readCPU(), s.cpuSeconds()
+					n := float64(sz.httpOrders)
+					return loadMeasured{r, busyShare(cpu0, cpu1), 1000 * busySeconds(cpu0, cpu1) / n, 1000 * (shop1 - shop0) / n}
 				})
 				alone, aloneP50, aloneP99 = append(alone, r.createRate), append(aloneP50, r.createP50), append(aloneP99, r.createP99)
-				aloneBusy = append(aloneBusy, r.busy)
+				aloneBusy, aloneCPU, aloneShop = append(aloneBusy, r.busy), append(aloneCPU, r.cpu), append(aloneShop, r.shopCPU)
+				aloneClient = append(aloneClient, 1000*r.loadgenCPU/float64(sz.httpOrders))
 			}
 			t.add("5", directSQL5, "tx/s", direct)
 			t.add("5", "  machine CPU busy meanwhile (direct SQL)", "%", directBusy)
+			t.add("5", "  machine CPU per order (direct SQL)", "ms", directCPU)
+			t.add("5", "    of it the SQL's client (the benchmark process)", "ms", directClient)
 			t.add("5", postAlone, "orders/s", alone)
 			t.add("5", "POST /orders p50, order service alone", "ms", aloneP50)
 			t.add("5", "POST /orders p99, order service alone", "ms", aloneP99)
 			t.add("5", "  machine CPU busy meanwhile (order service alone)", "%", aloneBusy)
+			t.add("5", "  machine CPU per order (order service alone)", "ms", aloneCPU)
+			t.add("5", "    of it shop order (HTTP, service, relay)", "ms", aloneShop)
+			t.add("5", "    of it shop loadgen (the HTTP client)", "ms", aloneClient)
 			// Then `shop all`: the same load while the rest of the saga
 			// reserves stock for these orders on the same cores.
 			var rate, p50, p99, busy []float64
@@ -354,11 +368,13 @@ const (
 	postAll    = "POST /orders, 32 clients, shop all (whole saga running)"
 )
 
-// loadMeasured is what loadgen printed and how busy the machine's CPU was
-// meanwhile (%).
+// loadMeasured is what loadgen printed, how busy the machine's CPU was
+// meanwhile (%), and the CPU it and the shop took.
 type loadMeasured struct {
 	loadgenResult
-	busy float64
+	busy    float64
+	cpu     float64 // the machine's busy CPU per order, ms
+	shopCPU float64 // the shop process's CPU per order, ms
 }
 
 // repeat runs f *runs times and returns its figures.
@@ -372,7 +388,12 @@ func repeat(b *testing.B, f func() float64) []float64 {
 }
 
 // measured is a rate and how busy the machine's CPU was meanwhile (%).
-type measured struct{ rate, busy float64 }
+type measured struct {
+	rate, busy float64
+	// cpu and selfCPU are the machine's busy CPU time and this process's
+	// own per unit measured (ms), where a row reports them (row 5).
+	cpu, selfCPU float64
+}
 
 type measuredRuns struct{ rates, busy []float64 }
 
@@ -539,7 +560,7 @@ func orderSQL(b *testing.B, sz sizes, clients int, withOutbox bool) measured {
 		each := sz.orderTx / clients
 		var failed atomic.Int64
 		var firstErr atomic.Value
-		start, cpu0 := time.Now(), readCPU()
+		start, cpu0, self0 := time.Now(), readCPU(), processCPU()
 		var wg sync.WaitGroup
 		for c := range clients {
 			wg.Go(func() {
@@ -552,11 +573,13 @@ func orderSQL(b *testing.B, sz sizes, clients int, withOutbox bool) measured {
 			})
 		}
 		wg.Wait()
-		el, cpu1 := time.Since(start), readCPU()
+		el, cpu1, self1 := time.Since(start), readCPU(), processCPU()
 		if failed.Load() > 0 {
 			tb.Fatalf("%d order transactions failed: %v", failed.Load(), firstErr.Load())
 		}
-		return measured{rate: float64(each*clients) / el.Seconds(), busy: busyShare(cpu0, cpu1)}
+		n := float64(each * clients)
+		return measured{rate: n / el.Seconds(), busy: busyShare(cpu0, cpu1),
+			cpu: 1000 * busySeconds(cpu0, cpu1) / n, selfCPU: 1000 * (self1 - self0) / n}
 	})
 }
 
