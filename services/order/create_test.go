@@ -128,3 +128,36 @@ func TestOrderCreatedPayloadKeepsItsBytes(t *testing.T) {
 		t.Fatalf("OrderCreated payload\n got %s\nwant %s", got, want)
 	}
 }
+
+// The COMMIT rides in the write batch; when it is COMMIT itself that fails
+// (here a deferred constraint trigger, checked only at commit, refuses the
+// key's record), the request must fail as a failed write does: no 201,
+// nothing written, and a retry with the same key creates the order.
+func TestFailedCommitWritesNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	body := `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`
+	for _, q := range []string{
+		`CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$`,
+		`CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON idempotency_keys DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW WHEN (NEW.key = 'late') EXECUTE FUNCTION refuse_at_commit()`,
+	} {
+		if _, err := e.pool.Exec(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res := e.post(t, "late", body); res.status != http.StatusInternalServerError {
+		t.Fatalf("%d %s, want 500", res.status, res.body)
+	}
+	if n := e.count(t, `SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM idempotency_keys)
+		+ (SELECT count(*) FROM outbox WHERE aggregate_type = 'order') + (SELECT count(*) FROM saga_instances)`); n != 0 {
+		t.Fatalf("a failed commit left %d rows", n)
+	}
+	if _, err := e.pool.Exec(context.Background(), `DROP TRIGGER refuse_at_commit ON idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.post(t, "late", body); res.status != http.StatusCreated || res.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry: %d %s", res.status, res.body)
+	}
+}
