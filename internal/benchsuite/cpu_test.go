@@ -6,7 +6,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // cpuSample is the machine's cumulative CPU time from the first line of
@@ -41,6 +43,16 @@ func busyShare(a, b cpuSample) float64 {
 		return 0
 	}
 	return 100 * (b.busy - a.busy) / total
+}
+
+// processCPU is the user and system CPU this process has used so far, in
+// seconds (0 if it cannot be read).
+func processCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // busySeconds is the busy CPU time between a and b, summed over all cores.

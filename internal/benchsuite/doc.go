@@ -5,7 +5,8 @@
 // ceilings (JetStream publishing, the order-creation SQL run directly, the
 // relay's database work alone) and each part of the system against them —
 // the relay, the write path, latency at a steady rate, POST /orders over
-// HTTP, the whole saga through a real `shop all` process, cost growth with
+// HTTP (to the order service alone, beside its SQL sent directly, and to
+// `shop all`), the whole saga through a real `shop all` process, cost growth with
 // large tables, the peak memory of `shop all`, and what durability costs
 // (the relay and the saga with and without NATS's fsync before every ack,
 // the stream audit of `shop verify`) — and prints one table in

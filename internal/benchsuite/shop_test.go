@@ -99,6 +99,51 @@ func freeAddr(tb testing.TB) string {
 // service is ready and stocks SKU-1 to SKU-16.
 func startShop(tb testing.TB, tag string, env ...string) *shop {
 	tb.Helper()
+	s := newShop(tb, tag, env...)
+	s.launch("all", services.All.Names()...)
+	client := &http.Client{Timeout: 5 * time.Second}
+	// Stock, then wait until the order service has the catalogue entries.
+	for k := 1; k <= 16; k++ {
+		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/stock/SKU-%d", s.url("inventory"), k), strings.NewReader(`{"on_hand":100000000,"price":250}`))
+		req.Header.Set("Content-Type", "application/json")
+		res, err := client.Do(req)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			tb.Fatalf("stock SKU-%d: %s", k, res.Status)
+		}
+	}
+	s.waitOrderable(client)
+	return s
+}
+
+// startOrderAlone is startShop with the order service alone (`shop order`:
+// its HTTP API, its relay, its idle consumers and timeout scanner), on a
+// NATS server in the benchmark process, with nothing else consuming what
+// it publishes. Its catalogue (SKU-1 to SKU-16 at 250) is written straight
+// into its table, as inventory's ProductUpdated would have. Shedding is
+// off and the reservation timeout far away: nothing but POST /orders and
+// the relay's publishing of OrderCreated runs in it.
+func startOrderAlone(tb testing.TB, tag string) *shop {
+	tb.Helper()
+	s := newShop(tb, tag, "NATS_URL="+natstest.New(tb).URL(), "ORDER_MAX_BACKLOG=0", "ORDER_RESERVATION_TIMEOUT=1h")
+	s.launch("order", "order")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := s.admin.Exec(ctx, `INSERT INTO orders.catalogue (sku, price, seq)
+		SELECT 'SKU-' || k, 250, 1 FROM generate_series(1, 16) AS k`); err != nil {
+		tb.Fatal(err)
+	}
+	s.waitOrderable(&http.Client{Timeout: 5 * time.Second})
+	return s
+}
+
+// newShop creates a throwaway database and migrates it with `shop migrate`;
+// launch starts the shop on it.
+func newShop(tb testing.TB, tag string, env ...string) *shop {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := &shop{tb: tb, bin: shopBinary(tb), addrs: map[string]string{}, env: env}
@@ -124,10 +169,21 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 		s.dropDB()
 		tb.Fatal(err)
 	}
+	tb.Cleanup(s.stop)
+	// Every service gets an address, running or not: loadgen is given
+	// the payment service's even when it will not call it.
 	for _, svc := range services.All.Names() {
-		s.addrs[svc] = freeAddr(tb)
+		s.addrs[svc] = freeAddr(s.tb)
 	}
-	s.cmd = s.command("all")
+	return s
+}
+
+// launch starts `shop <command>` and waits until the services named are
+// ready.
+func (s *shop) launch(command string, ready ...string) {
+	tb := s.tb
+	tb.Helper()
+	s.cmd = s.command(command)
 	logf, err := os.Create(filepath.Join(s.dir, "shop.log"))
 	if err != nil {
 		tb.Fatal(err)
@@ -138,28 +194,21 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 	}
 	s.exited = make(chan struct{})
 	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.exited) }()
-	tb.Cleanup(s.stop)
 	client := &http.Client{Timeout: 5 * time.Second}
-	ready, stopWaiting := context.WithTimeout(context.Background(), time.Minute)
-	defer stopWaiting()
-	for _, svc := range services.All.Names() {
-		if err := httpx.WaitReady(ready, client, s.url(svc)); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, svc := range ready {
+		if err := httpx.WaitReady(ctx, client, s.url(svc)); err != nil {
 			tb.Fatalf("%s service: %v; log in %s", svc, err, s.dir)
 		}
 	}
-	// Stock, then wait until the order service has the catalogue entries.
-	for k := 1; k <= 16; k++ {
-		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/stock/SKU-%d", s.url("inventory"), k), strings.NewReader(`{"on_hand":100000000,"price":250}`))
-		req.Header.Set("Content-Type", "application/json")
-		res, err := client.Do(req)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			tb.Fatalf("stock SKU-%d: %s", k, res.Status)
-		}
-	}
+}
+
+// waitOrderable waits until the order service creates an order of
+// SKU-16, the last one stocked.
+func (s *shop) waitOrderable(client *http.Client) {
+	tb := s.tb
+	tb.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for k := 0; ; k++ {
 		req, _ := http.NewRequest(http.MethodPost, s.url("order")+"/orders",
@@ -170,15 +219,14 @@ func startShop(tb testing.TB, tag string, env ...string) *shop {
 		if err == nil {
 			res.Body.Close()
 			if res.StatusCode == http.StatusCreated {
-				break
+				return
 			}
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("the order service never learned SKU-1; log in %s", s.dir)
+			tb.Fatalf("the order service never learned SKU-16; log in %s", s.dir)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return s
 }
 
 func (s *shop) url(svc string) string { return "http://" + s.addrs[svc] }
@@ -203,6 +251,24 @@ func (s *shop) command(args ...string) *exec.Cmd {
 		}
 	}
 	return cmd
+}
+
+// cpuSeconds is the user and system CPU the shop process has used so far,
+// from /proc/<pid>/stat (utime and stime, fields 14 and 15, counted after
+// the command name, which may hold spaces).
+func (s *shop) cpuSeconds() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	_, after, _ := bytes.Cut(b, []byte(") "))
+	f := strings.Fields(string(after)) // f[0] is field 3, the state
+	if len(f) < 13 {
+		s.tb.Fatalf("/proc/%d/stat: %q", s.cmd.Process.Pid, b)
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / ticksPerSecond
 }
 
 // peakRSSMB reads VmHWM of the shop process.
@@ -262,6 +328,7 @@ func (s *shop) dropDB() {
 // loadgenResult is what `shop loadgen` printed.
 type loadgenResult struct {
 	createRate, createP50, createP99 float64 // orders/s, ms
+	loadgenCPU                       float64 // the loadgen process's user and system CPU, seconds
 	completed                        int
 	doneP50, doneP99                 float64 // ms
 	out                              string
@@ -298,6 +365,9 @@ func (s *shop) runLoadgen(args ...string) (loadgenResult, error) {
 	cmd.Dir = s.dir
 	out, err := cmd.CombinedOutput()
 	r := loadgenResult{out: string(out)}
+	if ps := cmd.ProcessState; ps != nil {
+		r.loadgenCPU = (ps.UserTime() + ps.SystemTime()).Seconds()
+	}
 	if err != nil {
 		return r, fmt.Errorf("shop loadgen: %v\n%s", err, out)
 	}

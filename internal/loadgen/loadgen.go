@@ -62,9 +62,16 @@ func newGenerator(cfg config, out io.Writer) *generator {
 	}
 }
 
-// preflight fails fast when nothing listens at the order service.
+// preflight fails fast when nothing listens at the order service, or at
+// the payment service when orders are followed (and so paid). With
+// -follow=false the payment service is never called, so the order service
+// may run alone.
 func (g *generator) preflight(ctx context.Context) error {
-	for _, base := range []string{g.cfg.orderURL, g.cfg.paymentURL} {
+	bases := []string{g.cfg.orderURL}
+	if g.cfg.follow {
+		bases = append(bases, g.cfg.paymentURL)
+	}
+	for _, base := range bases {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/healthz", nil)
 		if err != nil {
 			return err

@@ -65,18 +65,24 @@ func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 // The queue functions below add statements to a batch that the caller sends
 // on its transaction, so that a transaction's writes cost one round trip.
 
+// param is id as a query argument pgx encodes directly. A uuid.UUID reaches
+// pgx as a driver.Valuer, which it turns into a string and parses back:
+// some eighteen allocations per argument, a fifth of POST /orders' (see
+// BenchmarkCreateOrder). The bytes go straight into the message.
+func param(id uuid.UUID) [16]byte { return id }
+
 // queueInsertOrder queues the writes of a new PENDING order: its row, its
 // items and its first history entry.
 func queueInsertOrder(b *pgx.Batch, o Order) {
 	b.Queue(`INSERT INTO orders (order_id, customer_id, status, total, version, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, 1, $5, $5)`, o.ID, o.CustomerID, o.Status, o.Total, o.CreatedAt)
+		VALUES ($1, $2, $3, $4, 1, $5, $5)`, param(o.ID), o.CustomerID, o.Status, o.Total, o.CreatedAt)
 	for i, it := range o.Items {
 		b.Queue(`INSERT INTO order_items (order_id, line, sku, quantity, unit_price) VALUES ($1, $2, $3, $4, $5)`,
-			o.ID, i+1, it.SKU, it.Quantity, it.UnitPrice)
+			param(o.ID), i+1, it.SKU, it.Quantity, it.UnitPrice)
 	}
 	for _, h := range o.History {
 		b.Queue(`INSERT INTO order_history (order_id, status, at, reason) VALUES ($1, $2, $3, NULLIF($4, ''))`,
-			o.ID, h.Status, h.At, h.Reason)
+			param(o.ID), h.Status, h.At, h.Reason)
 	}
 }
 
@@ -84,8 +90,8 @@ func queueInsertOrder(b *pgx.Batch, o Order) {
 // transition): its version is bumped and the history entry appended.
 func queueStatus(b *pgx.Batch, id uuid.UUID, status, reason string) {
 	at := now()
-	b.Queue(`UPDATE orders SET status = $2, version = version + 1, updated_at = $3 WHERE order_id = $1`, id, status, at)
-	b.Queue(`INSERT INTO order_history (order_id, status, at, reason) VALUES ($1, $2, $3, NULLIF($4, ''))`, id, status, at, reason)
+	b.Queue(`UPDATE orders SET status = $2, version = version + 1, updated_at = $3 WHERE order_id = $1`, param(id), status, at)
+	b.Queue(`INSERT INTO order_history (order_id, status, at, reason) VALUES ($1, $2, $3, NULLIF($4, ''))`, param(id), status, at, reason)
 }
 
 // getOrder reads an order with its items and history, oldest entry first,
@@ -239,7 +245,7 @@ func queueDeleteKey(b *pgx.Batch, key string) {
 func queueInsertKey(b *pgx.Batch, key string, hash []byte, status int, response []byte, orderID uuid.UUID, ttl time.Duration) {
 	b.Queue(`INSERT INTO idempotency_keys (key, request_hash, status_code, response, order_id, expires_at)
 		VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 microsecond')`,
-		key, hash, status, response, orderID, ttl.Microseconds())
+		key, hash, status, response, param(orderID), ttl.Microseconds())
 }
 
 // deleteExpiredKeys deletes expired keys in batches, so no one statement
