@@ -261,17 +261,3 @@ func (c *Consumer) settleOthers(ctx context.Context, tx pgx.Tx, batch []*deliver
 	}
 	return br.Close()
 }
-
-// crashedBatch is crashed for a batch: the process dies once for all of it
-// (one failpoint hit), or where the test hook says it dies for any of its
-// events.
-func (c *Consumer) crashedBatch(p crashPoint, batch []*delivery) bool {
-	if c.crash != nil {
-		for _, d := range batch {
-			if c.crash(p, d.m) {
-				return true
-			}
-		}
-	}
-	return c.failpointCrashed(p, batch[0].m)
-}

@@ -113,17 +113,6 @@ type Config struct {
 	FailpointFunc func(name string) error
 }
 
-// The failpoints of the inbox, passed to Config.FailpointFunc once per
-// delivery that gets that far.
-const (
-	// FailpointBeforeCommit is hit after the handler ran, before the inbox
-	// transaction commits.
-	FailpointBeforeCommit = "inbox.before_commit"
-	// FailpointAfterCommitBeforeAck is hit after the inbox transaction
-	// committed, before the message is acked.
-	FailpointAfterCommitBeforeAck = "inbox.after_commit_before_ack"
-)
-
 const day = 24 * time.Hour
 
 func (c *Config) setDefaults() {
