@@ -819,7 +819,7 @@ func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
 				inHandler.Store(goid(), append(list, m.EventID.String()))
 				return nil
 			},
-			FailpointFunc: func(name string) error {
+			Hooks: inbox.Hooks{FailpointFunc: func(name string) error {
 				if name != inbox.FailpointAfterCommitBeforeAck {
 					return nil
 				}
@@ -834,7 +834,7 @@ func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
 					mu.Unlock()
 				}
 				return nil
-			}})
+			}}})
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -28,8 +28,8 @@
 // is about to mark the events published. Unknown names are refused by Init.
 //
 // Libraries under pkg/ must not import internal packages: they take an
-// optional FailpointFunc in their Config, which internal/app sets to
-// Inject. With nothing configured, Inject is one atomic load.
+// optional FailpointFunc among their Config's hooks (inbox.Hooks,
+// saga.Hooks), which internal/app sets to Inject. With nothing configured, Inject is one atomic load.
 package failpoint
 
 import (

@@ -124,9 +124,7 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 			c.handle(ctx, d)
 			continue
 		}
-		if c.cfg.ObserveFunc != nil {
-			c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
-		}
+		c.observe(start)
 		if err := d.msg.Ack(); err != nil {
 			c.log.Warn("inbox ack failed; the event will be redelivered and skipped", "event_id", d.m.EventID, "err", err)
 		}

@@ -94,23 +94,13 @@ type Config struct {
 	SkipSequenceCheck bool
 	// Logger receives the consumer's logs; nil discards them.
 	Logger *slog.Logger
-	// ObserveFunc, when set, is called with Name and the processing time of
-	// every delivery that committed (applied or absorbed as a duplicate):
-	// from a worker taking it to the commit. It is called from the workers
-	// and must be safe for concurrent use and quick. Default: none.
-	ObserveFunc func(consumer string, d time.Duration)
 	// TracerProvider makes the span of each delivery the consumer applies,
 	// a child of the producer's span named by the message's traceparent
 	// (see the package documentation). Default: nil, no spans.
 	TracerProvider trace.TracerProvider
-	// FailpointFunc, when set, is called with the name of each failpoint a
-	// delivery passes (FailpointBeforeCommit, FailpointAfterCommitBeforeAck).
-	// A non-nil error makes the consumer behave as if the process died
-	// there: the transaction is rolled back if it has not committed, and
-	// the message is neither acked nor nak'ed, so JetStream redelivers it
-	// after AckWait. The shop sets it to internal/failpoint.Inject.
-	// Default: none.
-	FailpointFunc func(name string) error
+	// Hooks are where the consumer can be observed and interrupted: no
+	// setting, and the zero value is right outside metrics and tests.
+	Hooks Hooks
 }
 
 const day = 24 * time.Hour

@@ -243,9 +243,7 @@ func (c *Consumer) handle(ctx context.Context, d *delivery) {
 		c.stats.parked.Add(1)
 		log().Debug("inbox event parked until an earlier event of its aggregate is applied")
 	}
-	if c.cfg.ObserveFunc != nil {
-		c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
-	}
+	c.observe(start)
 	// A lost ack only means one more delivery, which the inbox row absorbs.
 	if err := d.msg.Ack(); err != nil {
 		log().Warn("inbox ack failed; the event will be redelivered and skipped", "err", err)

@@ -34,11 +34,19 @@ type ScannerConfig struct {
 	// trace context is kept with it), so that an order's timeout belongs to
 	// the order's trace. Default: nil, no spans.
 	TracerProvider trace.TracerProvider
+	// Hooks are where the scanner can be interrupted: no setting, and the
+	// zero value is right outside tests and the chaos run.
+	Hooks Hooks
+}
+
+// Hooks are the scanner's failure-injection points, not settings: what it
+// does is the same with or without them. Zero fields are no-ops.
+type Hooks struct {
 	// FailpointFunc, when set, is called with FailpointAfterClaimTimeout
-	// each time the scanner has claimed a due timeout. A non-nil error makes
+	// each time the scanner has claimed due timeouts. A non-nil error makes
 	// the scanner behave as if it died there: the claim is rolled back, the
-	// timeout is not postponed, and it fires on a later scan. The shop sets
-	// it to internal/failpoint.Inject. Default: none.
+	// timeouts are not postponed, and they fire on a later scan. The shop
+	// sets it to internal/failpoint.Inject.
 	FailpointFunc func(name string) error
 }
 
@@ -141,8 +149,8 @@ func (s *Scanner) fireOne(ctx context.Context) (bool, error) {
 	// uncommitted delete only. Dying here rolls the claim back (the locks go
 	// with the connection) and the timeout stays due for the next scan,
 	// this scanner's or another's.
-	if s.cfg.FailpointFunc != nil {
-		if err := s.cfg.FailpointFunc(FailpointAfterClaimTimeout); err != nil {
+	if s.cfg.Hooks.FailpointFunc != nil {
+		if err := s.cfg.Hooks.FailpointFunc(FailpointAfterClaimTimeout); err != nil {
 			return false, fmt.Errorf("saga scanner: timeout %s/%s: %w", in.ID, name, err)
 		}
 	}
