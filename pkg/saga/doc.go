@@ -68,8 +68,9 @@
 //
 // # Tables
 //
-// Apply and the Scanner expect these tables in the current schema (the order
-// service's migrations/order/00002_saga.sql and 00005 create them):
+// Apply and the Scanner expect these tables in the current schema, which
+// pkg/saga/migrations creates (embedded; the shop's migrations/ applies it
+// to the order schema):
 //
 //	saga_instances  (id text PK, type, state, version, data jsonb, created_at, updated_at)
 //	saga_timeouts   (saga_id → saga_instances, name, due_at, trace_headers jsonb; PK (saga_id, name))
