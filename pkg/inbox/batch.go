@@ -156,6 +156,19 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 		sql, args := c.recordStatement(d.m)
 		b.Queue(sql, args...)
 	}
+	if c.cfg.LockFunc != nil {
+		// The shared rows the handlers will lock, locked now in one global
+		// order: batches of other workers cannot then deadlock with this one.
+		var handled []Message
+		for _, d := range batch {
+			if c.handles(d.m.Type) {
+				handled = append(handled, d.m)
+			}
+		}
+		if len(handled) > 0 {
+			c.cfg.LockFunc(b, handled)
+		}
+	}
 	br := c.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	defer tx.Rollback(ctx) // no-op after commit; undoes everything otherwise
@@ -180,8 +193,8 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 			others = append(others, i)
 		}
 	}
-	if err = errors.Join(err, br.Close()); err != nil {
-		return nil, fmt.Errorf("record a batch of %d: %w", len(batch), err)
+	if err = errors.Join(err, br.Close()); err != nil { // Close also runs what LockFunc queued
+		return nil, fmt.Errorf("record a batch of %d (or take its locks): %w", len(batch), err)
 	}
 	if len(others) > 0 {
 		if err := c.settleOthers(ctx, tx, batch, metas, others, outs); err != nil {

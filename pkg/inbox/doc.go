@@ -37,11 +37,16 @@
 // acks, brings the whole batch back, and every copy meets its
 // processed_events row.
 //
-// A batch holds its handlers' locks until it commits. A handler that locks
-// rows shared by many aggregates (stock per SKU) deadlocks with other
-// workers' batches; each deadlock is a handler error, so the batch is redone
-// one delivery at a time and nothing is lost, but throughput is. Such a
-// consumer sets BatchSize 1 (the inventory service does).
+// A batch holds its handlers' locks until it commits. Handlers that lock
+// rows shared by many aggregates (stock per SKU), each in an order of its
+// own, deadlock with other workers' batches; each deadlock is a handler
+// error, so the batch is redone one delivery at a time and nothing is lost,
+// but throughput is. Such a consumer sets Config.LockFunc: it queues, with
+// the batch's BEGIN and record statements, one statement that locks every
+// shared row the batch's handlers will touch, in one global order (the
+// inventory service locks the stock rows of all the batch's orders in SKU
+// order). Batches then wait for each other in that order only, never in a
+// cycle.
 //
 // # Traces
 //

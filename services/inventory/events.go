@@ -175,6 +175,33 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 	}
 }
 
+// lockBatch is the consumer's inbox Config.LockFunc: it queues the lock of
+// every stock row the handlers of batch will touch, in SKU order, so that
+// the consumer can apply many orders in one transaction without
+// deadlocking on the hot SKUs other workers' batches hold. A message it
+// cannot read is left out: its handler poisons it, and that rolls the
+// batch back anyway.
+func (s *Service) lockBatch(b *pgx.Batch, batch []inbox.Message) {
+	var skus, orders []string
+	for _, m := range batch {
+		switch m.Type {
+		case TypeOrderCreated:
+			ev, err := decodeOrderEvent(m)
+			if err != nil {
+				continue
+			}
+			for _, it := range ev.Items {
+				skus = append(skus, it.SKU)
+			}
+		case TypeOrderPaid, TypeOrderClosed, TypeOrderRejected:
+			orders = append(orders, m.AggregateID)
+		}
+	}
+	if len(skus) > 0 || len(orders) > 0 {
+		queueLockBatch(b, skus, orders)
+	}
+}
+
 // reserve holds every line of an order or none of them.
 func (s *Service) reserve(ctx context.Context, tx pgx.Tx, orderID string, items []Item) error {
 	skus := make([]string, len(items))
