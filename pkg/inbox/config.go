@@ -31,8 +31,9 @@ type Config struct {
 	Handler HandlerFunc
 	// Handles lists the event types Handler applies. An event of any other
 	// type is only recorded (its cursor advanced, its processed_events row
-	// inserted) in one statement outside any transaction, without calling
-	// Handler: a consumer reads every event of an aggregate for the
+	// inserted), without calling Handler, in no transaction of its own: by
+	// one statement that commits alone, or, in a batch, with the batch's
+	// record statements: a consumer reads every event of an aggregate for the
 	// sequence check, and most of them are often of no interest to it.
 	// Default: every type goes to Handler.
 	Handles []string

@@ -18,7 +18,9 @@
 //     together with step 1, or not at all.
 //
 // An event whose type is not in Config.Handles skips step 2 and so needs no
-// transaction: step 1 alone commits it, in one round trip.
+// transaction of its own: alone, step 1 commits it by itself, in one round
+// trip; in a batch (below), its step 1 goes with the others' in the batch's
+// transaction.
 //
 // Only after the commit is the message acked. Messages are fetched from a
 // durable pull consumer and spread over Config.Workers goroutines by a hash
@@ -143,8 +145,8 @@
 // Aggregate-Seq counts the events of an aggregate per producer with no gaps,
 // so the consumer must see every one of them: Config.FilterSubjects may
 // select producers but must never drop event types. A consumer names the
-// types it needs in Config.Handles; the others are recorded without a
-// transaction. The cursor is keyed by producer
+// types it needs in Config.Handles; the others are only recorded, in no
+// transaction of their own. The cursor is keyed by producer
 // (the first subject token), aggregate type and aggregate id, as the outbox
 // numbers them. Config.SkipSequenceCheck turns the check off
 // for consumers that need neither order nor gap detection.
