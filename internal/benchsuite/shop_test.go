@@ -668,9 +668,10 @@ func consumerBacklog(ctx context.Context, nc *nats.Conn) string {
 // step that leave rows behind, by the distinct xmin of those rows (the
 // transaction that last wrote each): each consumer's (processed_events),
 // each service's outbox rows (published: the relay's mark; the claim before
-// it, as many again, is not seen). Speed-independent, unlike wall-clock
-// figures, and untouched by transactions that write nothing (reads, empty
-// claims), which xact_commit counts too.
+// it, as many again, is not seen). Not a wall-clock figure, and untouched
+// by transactions that write nothing (reads, empty claims), which
+// xact_commit counts too; but a consumer that lags applies bigger batches,
+// so the counts fall as the load rises.
 func stepTransactions(ctx context.Context, db *pgxpool.Pool, orders int) string {
 	var parts []string
 	count := func(label, sql string, args ...any) {
