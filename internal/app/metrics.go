@@ -83,7 +83,7 @@ func newMetrics(service string, log *slog.Logger) *metrics {
 // observePublish is the relay's outbox.Hooks.ObservePublishFunc.
 func (m *metrics) observePublish(d time.Duration) { m.publish.Observe(d.Seconds()) }
 
-// observeProcess is the consumers' inbox.Config.ObserveFunc.
+// observeProcess is the consumers' inbox.Hooks.ObserveFunc.
 func (m *metrics) observeProcess(consumer string, d time.Duration) {
 	m.process.WithLabelValues(consumer).Observe(d.Seconds())
 }

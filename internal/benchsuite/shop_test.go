@@ -627,6 +627,7 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 			res.cpuPerOrder = 1000 * busySeconds(c0, cpuEnd) / float64(inWindow)
 		}
 		res.txPerOrder = float64(x1-x0) / float64(max(nDone, 1))
+		tb.Logf("saga run: transactions per completed order by step: %s", stepTransactions(ctx, s.admin, nDone))
 		if len(lat) > 0 {
 			res.p99 = quantiles(lat)[1]
 		}
@@ -729,6 +730,34 @@ func consumerBacklog(ctx context.Context, nc *nats.Conn) string {
 		for info := range list.Info() {
 			parts = append(parts, fmt.Sprintf("%s %d", info.Name, info.NumPending+uint64(max(info.NumAckPending, 0))))
 		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// stepTransactions counts, per completed order, the transactions of each
+// step that leave rows behind, by the distinct xmin of those rows (the
+// transaction that last wrote each): each consumer's (processed_events),
+// each service's outbox rows (published: the relay's mark; the claim before
+// it, as many again, is not seen). Not a wall-clock figure, and untouched
+// by transactions that write nothing (reads, empty claims), which
+// xact_commit counts too; but a consumer that lags applies bigger batches,
+// so the counts fall as the load rises.
+func stepTransactions(ctx context.Context, db *pgxpool.Pool, orders int) string {
+	var parts []string
+	count := func(label, sql string, args ...any) {
+		var n int64
+		if err := db.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			parts = append(parts, label+" "+err.Error())
+			return
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f", label, float64(n)/float64(max(orders, 1))))
+	}
+	for _, e := range services.All {
+		schema := pgx.Identifier{e.Schema}.Sanitize()
+		for _, c := range e.Consumers {
+			count(c.Name, `SELECT count(DISTINCT xmin::text) FROM `+schema+`.processed_events WHERE consumer_name = $1`, c.Name)
+		}
+		count(e.Name+" relay marks", `SELECT count(DISTINCT xmin::text) FROM `+schema+`.outbox WHERE published_at IS NOT NULL`)
 	}
 	return strings.Join(parts, ", ")
 }

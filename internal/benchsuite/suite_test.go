@@ -37,7 +37,7 @@ var (
 	quick       = flag.Bool("suite.quick", false, "tiny sizes: a smoke test of the suite, not a measurement")
 	sagaSeconds = flag.Int("suite.saga-seconds", 60, "length of one whole-saga run (row 6)")
 	sagaRate    = flag.Float64("suite.saga-rate", 250, "orders started per second in the whole-saga run (row 6)")
-	only        = flag.String("suite.only", "", "comma-separated row groups to run (1…10; 8 comes with 6); empty: all")
+	only        = flag.String("suite.only", "", "comma-separated row groups to run (1…10; 8 comes with 6; 7c, inventory's consumer drain, with 7 or alone); empty: all")
 )
 
 // sizes; -suite.quick shrinks them.
@@ -323,6 +323,10 @@ func BenchmarkSystem(b *testing.B) {
 			t.add("7", "consumer drain 20k, empty processed_events", "events/s", empty.rates)
 			t.add("7", "  machine CPU busy meanwhile (empty processed_events)", "%", empty.busy)
 			t.add("7", fmt.Sprintf("consumer drain 20k, %s rows in processed_events", fmtNum(float64(sz.kept))), "events/s", consumerDrain(b, sz, true).rates)
+		}
+		if wanted("7") || wanted("7c") {
+			t.add("7c", fmt.Sprintf("consumer drain %s OrderCreated, inventory reservation handler, 16 SKUs", fmtNum(float64(sz.consumed/4))), "events/s",
+				inventoryDrain(b, sz))
 		}
 		if wanted("9") {
 			durability(b, t, sz)
@@ -889,7 +893,7 @@ func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
 				inHandler.Store(goid(), append(list, m.EventID.String()))
 				return nil
 			},
-			FailpointFunc: func(name string) error {
+			Hooks: inbox.Hooks{FailpointFunc: func(name string) error {
 				if name != inbox.FailpointAfterCommitBeforeAck {
 					return nil
 				}
@@ -904,7 +908,7 @@ func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
 					mu.Unlock()
 				}
 				return nil
-			}})
+			}}})
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -28,8 +28,9 @@
 // is about to mark the events published. Unknown names are refused by Init.
 //
 // Libraries under pkg/ must not import internal packages: they take an
-// optional FailpointFunc among their Config's hooks, which internal/app sets to
-// Inject. With nothing configured, Inject is one atomic load.
+// optional FailpointFunc among their Config's hooks (outbox.Hooks,
+// inbox.Hooks, saga.Hooks), which internal/app sets to Inject. With nothing
+// configured, Inject is one atomic load.
 package failpoint
 
 import (

@@ -223,8 +223,7 @@ func (d Deps) Inbox(c Consumer, handler inbox.HandlerFunc) inbox.Config {
 		PublishHorizon: cmp.Or(d.PublishHorizon, outbox.Config{}.RetryHorizon()),
 		Logger:         d.Logger,
 		TracerProvider: d.TracerProvider,
-		ObserveFunc:    d.Hooks.ObserveInboxFunc,
-		FailpointFunc:  d.Hooks.FailpointFunc,
+		Hooks:          inbox.Hooks{ObserveFunc: d.Hooks.ObserveInboxFunc, FailpointFunc: d.Hooks.FailpointFunc},
 	}
 	for _, t := range c.Types {
 		// Every subject of a stream is <prefix>.<aggregate id>.<type>.

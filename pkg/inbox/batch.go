@@ -124,9 +124,7 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 			c.handle(ctx, d)
 			continue
 		}
-		if c.cfg.ObserveFunc != nil {
-			c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
-		}
+		c.observe(start)
 		if err := d.msg.Ack(); err != nil {
 			c.log.Warn("inbox ack failed; the event will be redelivered and skipped", "event_id", d.m.EventID, "err", err)
 		}
@@ -158,6 +156,19 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 		sql, args := c.recordStatement(d.m)
 		b.Queue(sql, args...)
 	}
+	if c.cfg.LockFunc != nil {
+		// The shared rows the handlers will lock, locked now in one global
+		// order: batches of other workers cannot then deadlock with this one.
+		var handled []Message
+		for _, d := range batch {
+			if c.handles(d.m.Type) {
+				handled = append(handled, d.m)
+			}
+		}
+		if len(handled) > 0 {
+			c.cfg.LockFunc(b, handled)
+		}
+	}
 	br := c.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	defer tx.Rollback(ctx) // no-op after commit; undoes everything otherwise
@@ -182,8 +193,8 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 			others = append(others, i)
 		}
 	}
-	if err = errors.Join(err, br.Close()); err != nil {
-		return nil, fmt.Errorf("record a batch of %d: %w", len(batch), err)
+	if err = errors.Join(err, br.Close()); err != nil { // Close also runs what LockFunc queued
+		return nil, fmt.Errorf("record a batch of %d (or take its locks): %w", len(batch), err)
 	}
 	if len(others) > 0 {
 		if err := c.settleOthers(ctx, tx, batch, metas, others, outs); err != nil {
@@ -260,18 +271,4 @@ func (c *Consumer) settleOthers(ctx context.Context, tx pgx.Tx, batch []*deliver
 		}
 	}
 	return br.Close()
-}
-
-// crashedBatch is crashed for a batch: the process dies once for all of it
-// (one failpoint hit), or where the test hook says it dies for any of its
-// events.
-func (c *Consumer) crashedBatch(p crashPoint, batch []*delivery) bool {
-	if c.crash != nil {
-		for _, d := range batch {
-			if c.crash(p, d.m) {
-				return true
-			}
-		}
-	}
-	return c.failpointCrashed(p, batch[0].m)
 }

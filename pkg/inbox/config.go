@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -30,8 +31,9 @@ type Config struct {
 	Handler HandlerFunc
 	// Handles lists the event types Handler applies. An event of any other
 	// type is only recorded (its cursor advanced, its processed_events row
-	// inserted) in one statement outside any transaction, without calling
-	// Handler: a consumer reads every event of an aggregate for the
+	// inserted), without calling Handler, in no transaction of its own: by
+	// one statement that commits alone, or, in a batch, with the batch's
+	// record statements: a consumer reads every event of an aggregate for the
 	// sequence check, and most of them are often of no interest to it.
 	// Default: every type goes to Handler.
 	Handles []string
@@ -45,9 +47,25 @@ type Config struct {
 	// A batch holds every lock its handlers take until it commits: a
 	// handler that locks rows shared across aggregates (stock per SKU, say)
 	// in an order of its own deadlocks with other workers' batches, and
-	// each deadlock redoes the batch one delivery at a time; such a
-	// consumer wants 1 (the inventory service's does, see make bench).
+	// each deadlock redoes the batch one delivery at a time. Such a
+	// consumer sets LockFunc, so that each batch takes those locks in one
+	// global order before any handler runs.
 	BatchSize int
+	// LockFunc, when set, queues onto b the statements that lock the rows
+	// shared across aggregates that the handlers of batch will lock, all
+	// of them in one global order (ORDER BY key FOR UPDATE, one
+	// statement). b goes out with the BEGIN and the record statements of a
+	// transaction that applies several deliveries, before any handler
+	// runs: one round trip, no more. batch holds the messages of the types
+	// Handler applies, in stream order; some may turn out to be copies,
+	// whose locks are held for nothing until the commit. Two batches then
+	// wait for each other only in that order, never in a cycle, as long as
+	// the handlers lock no shared row LockFunc missed; a miss is not
+	// unsafe: a deadlock rolls the batch back like any handler error, and
+	// its deliveries are applied one at a time. A statement's error does
+	// the same. Not called for a lone delivery, whose handler takes its
+	// locks itself. Default: none.
+	LockFunc func(b *pgx.Batch, batch []Message)
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
 	MaxDeliver int
@@ -94,35 +112,14 @@ type Config struct {
 	SkipSequenceCheck bool
 	// Logger receives the consumer's logs; nil discards them.
 	Logger *slog.Logger
-	// ObserveFunc, when set, is called with Name and the processing time of
-	// every delivery that committed (applied or absorbed as a duplicate):
-	// from a worker taking it to the commit. It is called from the workers
-	// and must be safe for concurrent use and quick. Default: none.
-	ObserveFunc func(consumer string, d time.Duration)
 	// TracerProvider makes the span of each delivery the consumer applies,
 	// a child of the producer's span named by the message's traceparent
 	// (see the package documentation). Default: nil, no spans.
 	TracerProvider trace.TracerProvider
-	// FailpointFunc, when set, is called with the name of each failpoint a
-	// delivery passes (FailpointBeforeCommit, FailpointAfterCommitBeforeAck).
-	// A non-nil error makes the consumer behave as if the process died
-	// there: the transaction is rolled back if it has not committed, and
-	// the message is neither acked nor nak'ed, so JetStream redelivers it
-	// after AckWait. The shop sets it to internal/failpoint.Inject.
-	// Default: none.
-	FailpointFunc func(name string) error
+	// Hooks are where the consumer can be observed and interrupted: no
+	// setting, and the zero value is right outside metrics and tests.
+	Hooks Hooks
 }
-
-// The failpoints of the inbox, passed to Config.FailpointFunc once per
-// delivery that gets that far.
-const (
-	// FailpointBeforeCommit is hit after the handler ran, before the inbox
-	// transaction commits.
-	FailpointBeforeCommit = "inbox.before_commit"
-	// FailpointAfterCommitBeforeAck is hit after the inbox transaction
-	// committed, before the message is acked.
-	FailpointAfterCommitBeforeAck = "inbox.after_commit_before_ack"
-)
 
 const day = 24 * time.Hour
 

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,90 +42,6 @@ type Consumer struct {
 	// connection would roll it back, and the message is neither acked nor
 	// nak'ed, so JetStream redelivers it after AckWait.
 	crash func(crashPoint, Message) bool
-}
-
-type crashPoint int
-
-const (
-	beforeCommit crashPoint = iota
-	afterCommit
-)
-
-// crashed reports whether the consumer "dies" at p with m: the test hook
-// says so, or Config.FailpointFunc returns an error. The caller then
-// returns without settling the message.
-func (c *Consumer) crashed(p crashPoint, m Message) bool {
-	if c.crash != nil && c.crash(p, m) {
-		return true
-	}
-	return c.failpointCrashed(p, m)
-}
-
-// failpointCrashed is the Config.FailpointFunc half of crashed.
-func (c *Consumer) failpointCrashed(p crashPoint, m Message) bool {
-	if c.cfg.FailpointFunc == nil {
-		return false
-	}
-	name := FailpointBeforeCommit
-	if p == afterCommit {
-		name = FailpointAfterCommitBeforeAck
-	}
-	if err := c.cfg.FailpointFunc(name); err != nil {
-		c.log.Warn("inbox failpoint: abandoning the delivery as a crash would; JetStream redelivers it after AckWait",
-			"event_id", m.EventID, "err", err)
-		return true
-	}
-	return false
-}
-
-type counters struct {
-	processed, duplicates, stale, conflicts, parked, retries, deadLetters, resubscribes, batches atomic.Int64
-	lastDelivery, downSince                                                                      atomic.Int64 // unix nanoseconds; 0: never, not down
-	subscribed                                                                                   atomic.Bool
-}
-
-// Counters are running totals of one Consumer instance, for metrics and
-// tests. Several instances sharing a Name each count their own share.
-type Counters struct {
-	Processed    int64 // events applied and committed, requeued dead letters included
-	Duplicates   int64 // copies absorbed without effect: this event id was already processed
-	Stale        int64 // new ids at a passed sequence whose record is gone (older than Retention), skipped
-	Conflicts    int64 // events at a sequence where another event was applied, dead-lettered as conflicts
-	Parked       int64 // early events parked in inbox_parked (and acked) until the gap before them is filled
-	Retries      int64 // failed deliveries handed back to JetStream for another attempt after a backoff
-	DeadLetters  int64 // events dead-lettered, by their last delivery or by a requeue that failed again
-	Resubscribes int64 // subscriptions that JetStream ended or lost (missed heartbeats, consumer deleted, …), each followed by a new one
-	Batches      int64 // transactions that applied several deliveries at once (see Config.BatchSize)
-}
-
-// Counters returns the consumer's running totals.
-func (c *Consumer) Counters() Counters {
-	return Counters{
-		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(), Stale: c.stats.stale.Load(),
-		Conflicts: c.stats.conflicts.Load(), Parked: c.stats.parked.Load(),
-		Retries: c.stats.retries.Load(), DeadLetters: c.stats.deadLetters.Load(),
-		Resubscribes: c.stats.resubscribes.Load(), Batches: c.stats.batches.Load(),
-	}
-}
-
-// State is how one Consumer instance stands with JetStream now.
-type State struct {
-	Subscribed   bool      // pulling from JetStream
-	DownSince    time.Time // while not subscribed after having been (or failing from the start): since when; zero otherwise
-	LastDelivery time.Time // when JetStream last delivered a message to this instance; zero before the first
-}
-
-// State returns the consumer's state, for readiness reports and metrics.
-func (c *Consumer) State() State {
-	return State{Subscribed: c.stats.subscribed.Load(), DownSince: unixNano(c.stats.downSince.Load()),
-		LastDelivery: unixNano(c.stats.lastDelivery.Load())}
-}
-
-func unixNano(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n)
 }
 
 // Name returns the consumer's Config.Name.
@@ -329,9 +243,7 @@ func (c *Consumer) handle(ctx context.Context, d *delivery) {
 		c.stats.parked.Add(1)
 		log().Debug("inbox event parked until an earlier event of its aggregate is applied")
 	}
-	if c.cfg.ObserveFunc != nil {
-		c.cfg.ObserveFunc(c.cfg.Name, time.Since(start))
-	}
+	c.observe(start)
 	// A lost ack only means one more delivery, which the inbox row absorbs.
 	if err := d.msg.Ack(); err != nil {
 		log().Warn("inbox ack failed; the event will be redelivered and skipped", "err", err)
@@ -423,109 +335,4 @@ func (c *Consumer) transact(ctx context.Context, d *delivery, meta *jetstream.Ms
 		return verdict{}, attemptError{fmt.Errorf("commit inbox tx: %w", err)}
 	}
 	return v, nil
-}
-
-// failed records a failed attempt and settles the message: redeliver after
-// a backoff, or dead-letter and terminate when the failure is poison or
-// attempts reached MaxDeliver.
-func (c *Consumer) failed(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata, cause error) {
-	log := c.log.With("subject", d.msg.Subject(), "event_id", d.m.EventID, "stream_seq", meta.Sequence.Stream)
-	if !counts(cause) {
-		// The inbox steps before the handler failed: the database is down
-		// or overloaded. Retry, but do not count it: an outage must not turn
-		// every event in flight into a dead letter.
-		delay := c.backoff(int(min(meta.NumDelivered, 64)))
-		c.stats.retries.Add(1)
-		log.Error("inbox transaction failed before the handler; will retry", "err", cause, "delay", delay)
-		_ = d.msg.NakWithDelay(delay)
-		return
-	}
-	attempts, dead, err := c.recordFailure(ctx, letterOf(d, meta), cause, nil)
-	if err != nil {
-		// Cannot even write down the failure: the database is likely down.
-		// Retry later; this delivery does not count as an attempt.
-		delay := c.backoff(int(min(meta.NumDelivered, 64)))
-		c.stats.retries.Add(1)
-		log.Error("inbox failure not recorded; will retry", "err", err, "cause", cause, "delay", delay)
-		_ = d.msg.NakWithDelay(delay)
-		return
-	}
-	if dead {
-		c.stats.deadLetters.Add(1)
-		log.Error("inbox event dead-lettered", "attempts", attempts, "err", cause)
-		// Should the Term be lost, the redelivered copy fails again and
-		// updates the same dead letter (unique per stream sequence).
-		_ = d.msg.Term()
-		return
-	}
-	delay := c.backoff(attempts)
-	c.stats.retries.Add(1)
-	log.Warn("inbox handler failed; will retry", "attempts", attempts, "delay", delay, "err", cause)
-	_ = d.msg.NakWithDelay(delay)
-}
-
-// attemptError is a failure of the handler's part of the transaction (its
-// error, a panic, the commit): it counts towards MaxDeliver.
-type attemptError struct{ err error }
-
-func (e attemptError) Error() string { return e.err.Error() }
-func (e attemptError) Unwrap() error { return e.err }
-
-// counts reports whether a failure is the handler's (an attempt) or poison,
-// as opposed to the database failing around it.
-func counts(err error) bool {
-	var a attemptError
-	return errors.Is(err, ErrPoison) || errors.As(err, &a)
-}
-
-// backoff is the delay before attempt+1: exponential, capped, with full
-// jitter so that many failing events do not return in lockstep.
-func (c *Consumer) backoff(attempt int) time.Duration {
-	return rand.N(grow(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt)) + 1
-}
-
-// grow doubles base for each step after the first, up to limit.
-func grow(base, limit time.Duration, n int) time.Duration {
-	d := base
-	for i := 1; i < n && d < limit; i++ {
-		d *= 2
-	}
-	return min(d, limit)
-}
-
-// maintain replays requeued dead letters and deletes old inbox rows until
-// ctx ends; work outlives ctx so that a started replay transaction finishes.
-func (c *Consumer) maintain(ctx, work context.Context) {
-	requeue := time.NewTicker(c.requeueEvery)
-	defer requeue.Stop()
-	cleanup := time.NewTicker(c.cleanupEvery)
-	defer cleanup.Stop()
-	c.cleanup(ctx) // at start too: a process that restarts often would never reach the first tick
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-requeue.C:
-			c.replayRequeued(ctx, work)
-			if !c.cfg.SkipSequenceCheck {
-				c.sweepParked(work)
-			}
-		case <-cleanup.C:
-			c.cleanup(ctx)
-		}
-	}
-}
-
-// cleanup may be cut off by shutdown: each batch is its own statement.
-func (c *Consumer) cleanup(ctx context.Context) {
-	n, err := Cleanup(ctx, c.pool, c.cfg.Name, c.cfg.Retention, 1000)
-	if err != nil {
-		if ctx.Err() == nil {
-			c.log.Error("inbox cleanup failed", "err", err)
-		}
-		return
-	}
-	if n > 0 {
-		c.log.Info("inbox cleanup deleted old processed events", "deleted", n)
-	}
 }

@@ -18,7 +18,9 @@
 //     together with step 1, or not at all.
 //
 // An event whose type is not in Config.Handles skips step 2 and so needs no
-// transaction: step 1 alone commits it, in one round trip.
+// transaction of its own: alone, step 1 commits it by itself, in one round
+// trip; in a batch (below), its step 1 goes with the others' in the batch's
+// transaction.
 //
 // Only after the commit is the message acked. Messages are fetched from a
 // durable pull consumer and spread over Config.Workers goroutines by a hash
@@ -37,11 +39,16 @@
 // acks, brings the whole batch back, and every copy meets its
 // processed_events row.
 //
-// A batch holds its handlers' locks until it commits. A handler that locks
-// rows shared by many aggregates (stock per SKU) deadlocks with other
-// workers' batches; each deadlock is a handler error, so the batch is redone
-// one delivery at a time and nothing is lost, but throughput is. Such a
-// consumer sets BatchSize 1 (the inventory service does).
+// A batch holds its handlers' locks until it commits. Handlers that lock
+// rows shared by many aggregates (stock per SKU), each in an order of its
+// own, deadlock with other workers' batches; each deadlock is a handler
+// error, so the batch is redone one delivery at a time and nothing is lost,
+// but throughput is. Such a consumer sets Config.LockFunc: it queues, with
+// the batch's BEGIN and record statements, one statement that locks every
+// shared row the batch's handlers will touch, in one global order (the
+// inventory service locks the stock rows of all the batch's orders in SKU
+// order). Batches then wait for each other in that order only, never in a
+// cycle.
 //
 // # Traces
 //
@@ -138,8 +145,8 @@
 // Aggregate-Seq counts the events of an aggregate per producer with no gaps,
 // so the consumer must see every one of them: Config.FilterSubjects may
 // select producers but must never drop event types. A consumer names the
-// types it needs in Config.Handles; the others are recorded without a
-// transaction. The cursor is keyed by producer
+// types it needs in Config.Handles; the others are only recorded, in no
+// transaction of their own. The cursor is keyed by producer
 // (the first subject token), aggregate type and aggregate id, as the outbox
 // numbers them. Config.SkipSequenceCheck turns the check off
 // for consumers that need neither order nor gap detection.

@@ -46,8 +46,8 @@ func ExampleNewConsumer() {
 		Name:   "payment",
 		Stream: "INVENTORY",
 		// Every event of the stream passes the sequence check; only these
-		// types reach Handler, the others are recorded without a
-		// transaction.
+		// types reach Handler, the others are only recorded, in no
+		// transaction of their own.
 		Handles: []string{"InventoryReserved"},
 		Handler: func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 			var ev struct {

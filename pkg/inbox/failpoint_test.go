@@ -34,7 +34,7 @@ func TestFailpointBeforeCommit(t *testing.T) {
 	cfg := e.config(t, record(""))
 	cfg.AckWait = time.Second // the redelivery comes after AckWait
 	var hits atomic.Int32
-	cfg.FailpointFunc = failFirst(FailpointBeforeCommit, &hits)
+	cfg.Hooks.FailpointFunc = failFirst(FailpointBeforeCommit, &hits)
 	c := e.consumer(t, e.pool, e.js, cfg)
 	run(t, c)
 
@@ -57,7 +57,7 @@ func TestFailpointAfterCommitBeforeAck(t *testing.T) {
 	cfg := e.config(t, record(""))
 	cfg.AckWait = time.Second
 	var hits atomic.Int32
-	cfg.FailpointFunc = failFirst(FailpointAfterCommitBeforeAck, &hits)
+	cfg.Hooks.FailpointFunc = failFirst(FailpointAfterCommitBeforeAck, &hits)
 	c := e.consumer(t, e.pool, e.js, cfg)
 	run(t, c)
 

@@ -237,7 +237,7 @@ func TestDuplicateDeliveryAppliedOnce(t *testing.T) {
 	shortDuplicateWindow(t, e)
 	var observed atomic.Int32
 	cfg := e.config(t, record(""))
-	cfg.ObserveFunc = func(consumer string, d time.Duration) {
+	cfg.Hooks.ObserveFunc = func(consumer string, d time.Duration) {
 		if consumer == testConsumer && d > 0 {
 			observed.Add(1)
 		}

@@ -46,9 +46,12 @@
 //   - An instance waiting for an answer that never comes (the first state's
 //     event lost, its producer down for good): a Timeout given to Start
 //     bounds the wait from the very first state.
-//   - Two scanners: each claims with FOR UPDATE SKIP LOCKED, deletes the
-//     timeout row and applies it in one short transaction, so a timeout fires
-//     once; a scanner that crashes mid-way rolls back and leaves it to fire.
+//   - Two scanners: each claims due timeouts (up to ScannerConfig.BatchSize)
+//     with FOR UPDATE SKIP LOCKED, deletes their rows and applies them in one
+//     short transaction, so a timeout fires once; a scanner that crashes
+//     mid-way rolls back and leaves them to fire. A transition that fails
+//     rolls its batch back; the same timeouts then fire one per
+//     transaction, and only the failing one is postponed.
 //   - Timeout racing an event (payment arrives as the timeout falls due): both
 //     need the instance row lock; whichever commits first wins, and the other
 //     finds a state with no transition for it (the timeout was cancelled, or
@@ -68,8 +71,9 @@
 //
 // # Tables
 //
-// Apply and the Scanner expect these tables in the current schema (the order
-// service's migrations/order/00002_saga.sql and 00005 create them):
+// Apply and the Scanner expect these tables in the current schema, which
+// pkg/saga/migrations creates (embedded; the shop's migrations/ applies it
+// to the order schema):
 //
 //	saga_instances  (id text PK, type, state, version, data jsonb, created_at, updated_at)
 //	saga_timeouts   (saga_id → saga_instances, name, due_at, trace_headers jsonb; PK (saga_id, name))

@@ -22,12 +22,12 @@ func TestFailpointAfterClaimTimeout(t *testing.T) {
 	var hits atomic.Int32
 	sc, err := saga.NewScanner(e.db.Pool, saga.ScannerConfig{
 		PollInterval: 10 * time.Millisecond,
-		FailpointFunc: func(name string) error {
+		Hooks: saga.Hooks{FailpointFunc: func(name string) error {
 			if name == saga.FailpointAfterClaimTimeout && hits.Add(1) == 1 {
 				return fmt.Errorf("failpoint %s: %w", name, injected)
 			}
 			return nil
-		},
+		}},
 	}, e.ticket)
 	if err != nil {
 		t.Fatal(err)

@@ -537,3 +537,86 @@ func TestFailingTimeoutDoesNotHoldBackOthers(t *testing.T) {
 		t.Fatalf("the failing timeout was not postponed (%v)", err)
 	}
 }
+
+// Due timeouts fire many to a transaction, in due order, and an instance
+// with two due timeouts gets both, the second applied to the state the
+// first left; a failing transition rolls the batch back and the others
+// still fire, one per transaction, while the failing one is postponed.
+func TestTimeoutsFireInBatches(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, migrations.Saga())
+	ctx := context.Background()
+	sg, err := saga.New("x",
+		saga.Transition{From: "A", Event: saga.TimeoutEvent("t"), To: "B",
+			Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+				if st.Instance.ID == "bad" {
+					return errors.New("boom")
+				}
+				return nil
+			}},
+		saga.Transition{From: "B", Event: saga.TimeoutEvent("u"), To: "C"},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := func(id, name string, ago int) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO saga_timeouts (saga_id, name, due_at) VALUES ($1, $2, now() - $3 * interval '1s')`,
+			id, name, ago); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(id string) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return sg.Start(ctx, tx, id, "A", nil) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		start(fmt.Sprint("i", i))
+		due(fmt.Sprint("i", i), "t", 100-i)
+	}
+	start("twice")
+	due("twice", "t", 50)
+	due("twice", "u", 40) // due after t: fires on the state t left
+
+	sc, err := saga.NewScanner(db.Pool, saga.ScannerConfig{}, sg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := sc.Fire(ctx, 64); err != nil || n != 12 {
+		t.Fatalf("Fire: %d fired, %v; want all 12 in one transaction", n, err)
+	}
+	for i := range 10 {
+		if in, err := saga.Load(ctx, db.Pool, fmt.Sprint("i", i)); err != nil || in.State != "B" {
+			t.Fatalf("i%d: %+v, %v; want state B", i, in, err)
+		}
+	}
+	if in, err := saga.Load(ctx, db.Pool, "twice"); err != nil || in.State != "C" || in.Version != 3 {
+		t.Fatalf("twice: %+v, %v; want state C at version 3", in, err)
+	}
+
+	t.Run("a failing transition does not take the batch down", func(t *testing.T) {
+		start("bad")
+		due("bad", "t", 30)
+		for i := range 3 {
+			start(fmt.Sprint("j", i))
+			due(fmt.Sprint("j", i), "t", 20-i)
+		}
+		if n, err := sc.Fire(ctx, 64); err != nil || n != 3 {
+			t.Fatalf("Fire: %d fired, %v; want the 3 good ones, one at a time", n, err)
+		}
+		for i := range 3 {
+			if in, err := saga.Load(ctx, db.Pool, fmt.Sprint("j", i)); err != nil || in.State != "B" {
+				t.Fatalf("j%d: %+v, %v; want state B", i, in, err)
+			}
+		}
+		var later bool
+		if err := db.Pool.QueryRow(ctx, `SELECT due_at > now() FROM saga_timeouts WHERE saga_id = 'bad'`).Scan(&later); err != nil || !later {
+			t.Fatalf("the failing timeout was not postponed (%v)", err)
+		}
+		if got := sc.Fired(); got != 15 {
+			t.Fatalf("Fired() = %d, want 15", got)
+		}
+	})
+}

@@ -27,6 +27,12 @@ type ScannerConfig struct {
 	// it is tried again, so that one failing timeout does not hold back the
 	// others due after it. Default 10s.
 	RetryDelay time.Duration
+	// BatchSize is how many due timeouts one transaction claims and fires,
+	// in due order. A transition that fails rolls the batch back, and the
+	// same timeouts fire one per transaction, so the failing one is
+	// postponed alone (RetryDelay) and holds none of the others back.
+	// Default 64; 1 fires one timeout per transaction.
+	BatchSize int
 	// Logger receives the scanner's logs; nil discards them.
 	Logger *slog.Logger
 	// TracerProvider makes a span for each fired timeout, the parent of its
@@ -34,11 +40,19 @@ type ScannerConfig struct {
 	// trace context is kept with it), so that an order's timeout belongs to
 	// the order's trace. Default: nil, no spans.
 	TracerProvider trace.TracerProvider
+	// Hooks are where the scanner can be interrupted: no setting, and the
+	// zero value is right outside tests and the chaos run.
+	Hooks Hooks
+}
+
+// Hooks are the scanner's failure-injection points, not settings: what it
+// does is the same with or without them. Zero fields are no-ops.
+type Hooks struct {
 	// FailpointFunc, when set, is called with FailpointAfterClaimTimeout
-	// each time the scanner has claimed a due timeout. A non-nil error makes
+	// each time the scanner has claimed due timeouts. A non-nil error makes
 	// the scanner behave as if it died there: the claim is rolled back, the
-	// timeout is not postponed, and it fires on a later scan. The shop sets
-	// it to internal/failpoint.Inject. Default: none.
+	// timeouts are not postponed, and they fire on a later scan. The shop
+	// sets it to internal/failpoint.Inject.
 	FailpointFunc func(name string) error
 }
 
@@ -63,6 +77,10 @@ func NewScanner(pool *pgxpool.Pool, cfg ScannerConfig, sagas ...*Saga) (*Scanner
 	}
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, time.Second)
 	cfg.RetryDelay = cmp.Or(cfg.RetryDelay, 10*time.Second)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, 64)
+	if cfg.BatchSize < 1 {
+		return nil, fmt.Errorf("saga: ScannerConfig.BatchSize %d must be positive", cfg.BatchSize)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -87,12 +105,12 @@ func (s *Scanner) Fired() int64 { return s.fired.Load() }
 func (s *Scanner) Run(ctx context.Context) error {
 	for {
 		for {
-			fired, err := s.fireOne(ctx)
+			n, err := s.fire(ctx, s.cfg.BatchSize)
 			if err != nil && ctx.Err() == nil {
 				s.cfg.Logger.Error("saga timeout failed", "err", err)
 			}
-			if !fired || err != nil || ctx.Err() != nil {
-				break
+			if n < s.cfg.BatchSize || err != nil || ctx.Err() != nil {
+				break // drained; a full batch means more may be due now
 			}
 		}
 		select {
@@ -103,86 +121,158 @@ func (s *Scanner) Run(ctx context.Context) error {
 	}
 }
 
-// fireOne fires one due timeout, if there is one, and reports whether it did.
-// In one short transaction it claims the timeout and its instance with FOR
-// UPDATE SKIP LOCKED (so concurrent scanners take different timeouts, and an
+// fire fires up to limit due timeouts and returns how many it fired. In
+// one short transaction it claims them and their instances with FOR UPDATE
+// SKIP LOCKED (so concurrent scanners take different timeouts, and an
 // instance busy with a transition is left for the next scan), deletes the
-// timeout row and applies its event; a crash before the commit leaves the
-// timeout in place to fire later.
+// timeout rows and applies their events in due order; a crash before the
+// commit leaves every one of them in place to fire later. When a
+// transition fails, the whole claim is rolled back and the same timeouts
+// are fired one per transaction: only the failing one is postponed.
 //
 // A scan that finds nothing costs two round trips (BEGIN with the claim,
-// then ROLLBACK); a fired timeout costs three plus its func's reads: BEGIN
-// with the claim, the transition's batch, COMMIT.
-func (s *Scanner) fireOne(ctx context.Context) (bool, error) {
-	var in Instance
-	var name string
-	var armed map[string]string // the trace context of the transaction that armed it
-	claimed := false
+// then ROLLBACK); fired timeouts cost two plus one per transition (its
+// batch) and its func's reads: BEGIN with the claim, the transitions,
+// COMMIT — one transaction for up to limit timeouts.
+func (s *Scanner) fire(ctx context.Context, limit int) (int, error) {
+	type claim struct {
+		in    Instance
+		name  string
+		armed map[string]string // the trace context of the transaction that armed it
+	}
+	var claims []claim
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{}) // BEGIN rides with the claim: one round trip fewer
-	b.Queue(claimSQL, s.types).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&name, &in.ID, &in.Type, &in.State, &in.Version, &in.Data, &in.UpdatedAt, &armed)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+	b.Queue(claimSQL, s.types, limit).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var c claim
+			if err := rows.Scan(&c.name, &c.in.ID, &c.in.Type, &c.in.State, &c.in.Version, &c.in.Data, &c.in.UpdatedAt, &c.armed); err != nil {
+				return err
+			}
+			claims = append(claims, c)
 		}
-		claimed = err == nil
-		return err
+		return rows.Err()
 	})
 	br := s.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	if err := br.Close(); err != nil {
-		return false, fmt.Errorf("saga scanner: claim: %w", err)
+		return 0, fmt.Errorf("saga scanner: claim: %w", err)
 	}
-	if !claimed {
-		return false, nil
+	if len(claims) == 0 {
+		return 0, nil
 	}
-	// Failure window: the timeout is claimed by row locks and an
-	// uncommitted delete only. Dying here rolls the claim back (the locks go
-	// with the connection) and the timeout stays due for the next scan,
-	// this scanner's or another's.
-	if s.cfg.FailpointFunc != nil {
-		if err := s.cfg.FailpointFunc(FailpointAfterClaimTimeout); err != nil {
-			return false, fmt.Errorf("saga scanner: timeout %s/%s: %w", in.ID, name, err)
+	// Failure window: the timeouts are claimed by row locks and uncommitted
+	// deletes only. Dying here rolls the claim back (the locks go with the
+	// connection) and the timeouts stay due for the next scan, this
+	// scanner's or another's.
+	if s.cfg.Hooks.FailpointFunc != nil {
+		if err := s.cfg.Hooks.FailpointFunc(FailpointAfterClaimTimeout); err != nil {
+			return 0, fmt.Errorf("saga scanner: %d timeouts from %s/%s: %w", len(claims), claims[0].in.ID, claims[0].name, err)
 		}
 	}
+	type done struct {
+		claim
+		res Result
+	}
+	var fired []done
+	applied := map[string]bool{} // instances a transition of this batch moved already
+	for _, c := range claims {
+		res, err := s.fireClaimed(ctx, tx, c.in, c.name, c.armed, applied[c.in.ID])
+		if err != nil {
+			if limit == 1 {
+				_ = tx.Rollback(ctx)
+				// Postpone it, so the next scan moves on to the timeouts behind it.
+				if _, perr := s.pool.Exec(ctx, `UPDATE saga_timeouts SET due_at = now() + $3::bigint * interval '1 microsecond'
+					WHERE saga_id = $1 AND name = $2 AND due_at <= now()`, c.in.ID, c.name, s.cfg.RetryDelay.Microseconds()); perr != nil {
+					err = errors.Join(err, fmt.Errorf("postpone timeout %s/%s: %w", c.in.ID, c.name, perr))
+				}
+				return 0, err
+			}
+			// One bad transition must not hold back the others: roll back
+			// and fire the same timeouts one per transaction.
+			_ = tx.Rollback(ctx)
+			s.cfg.Logger.Debug("saga timeouts not fired as one batch; one at a time", "timeouts", len(claims), "err", err)
+			return s.fireAlone(ctx, len(claims))
+		}
+		applied[c.in.ID] = true
+		fired = append(fired, done{c, res})
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("saga scanner: commit %d timeouts: %w", len(claims), err)
+	}
+	s.fired.Add(int64(len(fired)))
+	for _, f := range fired {
+		s.cfg.Logger.Info("saga timeout fired", "saga", f.in.ID, "timeout", f.name, "applied", f.res.Applied, "from", f.res.From, "to", f.res.To)
+	}
+	return len(fired), nil
+}
+
+// fireClaimed applies the timeout name of instance in, claimed in tx, under
+// a span that continues the trace that armed it. again says a transition
+// of this transaction moved the instance already, so in is stale: the
+// instance is read again (under the lock tx holds).
+func (s *Scanner) fireClaimed(ctx context.Context, tx pgx.Tx, in Instance, name string, armed map[string]string, again bool) (Result, error) {
 	ctx, span := s.cfg.TracerProvider.Tracer(tracerName).Start(traceContext.Extract(ctx, propagation.MapCarrier(armed)), "saga timeout "+name, trace.WithAttributes(
 		attribute.String("saga.type", in.Type), attribute.String("saga.id", in.ID), attribute.String("saga.timeout", name)))
 	defer span.End()
-	// The claim locked the instance as Apply would have: apply it as read.
-	res, err := s.sagas[in.Type].apply(ctx, tx, in, Event{Type: TimeoutEvent(name)})
+	ev := Event{Type: TimeoutEvent(name)}
+	var (
+		res Result
+		err error
+	)
+	if again {
+		res, err = s.sagas[in.Type].Apply(ctx, tx, in.ID, ev)
+	} else {
+		// The claim locked the instance as Apply would have: apply it as read.
+		res, err = s.sagas[in.Type].apply(ctx, tx, in, ev)
+	}
 	if err != nil {
 		span.SetStatus(codes.Error, "timeout not applied")
-		_ = tx.Rollback(ctx)
-		// Postpone it, so the next scan moves on to the timeouts behind it.
-		if _, perr := s.pool.Exec(ctx, `UPDATE saga_timeouts SET due_at = now() + $3::bigint * interval '1 microsecond'
-			WHERE saga_id = $1 AND name = $2 AND due_at <= now()`, in.ID, name, s.cfg.RetryDelay.Microseconds()); perr != nil {
-			err = errors.Join(err, fmt.Errorf("postpone timeout %s/%s: %w", in.ID, name, perr))
-		}
-		return false, err
+		return Result{}, fmt.Errorf("saga scanner: timeout %s/%s: %w", in.ID, name, err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("saga scanner: commit timeout %s/%s: %w", in.ID, name, err)
-	}
-	s.fired.Add(1)
-	s.cfg.Logger.Info("saga timeout fired", "saga", in.ID, "timeout", name, "applied", res.Applied, "from", res.From, "to", res.To)
-	return true, nil
+	return res, nil
 }
 
-// claimSQL claims the earliest due timeout of the scanner's saga types and
-// deletes it, returning its name and its instance. The instance columns come
+// fireAlone fires up to n due timeouts one per transaction, after a batch
+// of n failed, and returns how many it fired. Errors are logged: each
+// failing timeout is postponed, the others fire.
+func (s *Scanner) fireAlone(ctx context.Context, n int) (int, error) {
+	total := 0
+	for range n {
+		k, err := s.fire(ctx, 1)
+		if err != nil {
+			if ctx.Err() != nil {
+				return total, err
+			}
+			s.cfg.Logger.Error("saga timeout failed", "err", err)
+			continue
+		}
+		if k == 0 {
+			break
+		}
+		total += k
+	}
+	return total, nil
+}
+
+// claimSQL claims the earliest due timeouts of the scanner's saga types, up
+// to $2, and deletes them, returning their names and their instances in
+// due order. The instance columns come
 // from the locking SELECT itself: a row locked after a concurrent update is
 // returned as updated (Postgres re-reads it under the lock), where a second
 // read of saga_instances in this statement would see its older snapshot.
 const claimSQL = `
 WITH due AS (
-	SELECT t.saga_id, t.name, i.type, i.state, i.version, i.data, i.updated_at, t.trace_headers
+	SELECT t.saga_id, t.name, t.due_at, i.type, i.state, i.version, i.data, i.updated_at, t.trace_headers
 	FROM saga_timeouts t JOIN saga_instances i ON i.id = t.saga_id
 	WHERE t.due_at <= now() AND i.type = ANY($1)
 	ORDER BY t.due_at
-	LIMIT 1
+	LIMIT $2
 	FOR UPDATE OF t, i SKIP LOCKED
+), gone AS (
+	DELETE FROM saga_timeouts t USING due
+	WHERE t.saga_id = due.saga_id AND t.name = due.name
+	RETURNING due.name, due.saga_id, due.type, due.state, due.version, due.data, due.updated_at, due.trace_headers, due.due_at
 )
-DELETE FROM saga_timeouts t USING due
-WHERE t.saga_id = due.saga_id AND t.name = due.name
-RETURNING due.name, due.saga_id, due.type, due.state, due.version, due.data, due.updated_at, due.trace_headers`
+SELECT name, saga_id, type, state, version, data, updated_at, trace_headers FROM gone ORDER BY due_at`

@@ -148,7 +148,7 @@ var handledTypes = []string{TypeOrderCreated, TypeOrderClosed, TypeOrderRejected
 // redelivery finds the event processed and changes nothing.
 func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 	if !slices.Contains(handledTypes, m.Type) {
-		return nil // the sequence check needs every event; we act on four
+		return nil // never reached through the consumer, which records other types without calling handle (Config.Handles)
 	}
 	ev, err := decodeOrderEvent(m)
 	if err != nil {
@@ -169,6 +169,33 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 		return s.commit(ctx, tx, ev.OrderID)
 	default:
 		return s.release(ctx, tx, ev.OrderID)
+	}
+}
+
+// lockBatch is the consumer's inbox Config.LockFunc: it queues the lock of
+// every stock row the handlers of batch will touch, in SKU order, so that
+// the consumer can apply many orders in one transaction without
+// deadlocking on the hot SKUs other workers' batches hold. A message it
+// cannot read is left out: its handler poisons it, and that rolls the
+// batch back anyway.
+func (s *Service) lockBatch(b *pgx.Batch, batch []inbox.Message) {
+	var skus, orders []string
+	for _, m := range batch {
+		switch m.Type {
+		case TypeOrderCreated:
+			ev, err := decodeOrderEvent(m)
+			if err != nil {
+				continue
+			}
+			for _, it := range ev.Items {
+				skus = append(skus, it.SKU)
+			}
+		case TypeOrderPaid, TypeOrderClosed, TypeOrderRejected:
+			orders = append(orders, m.AggregateID)
+		}
+	}
+	if len(skus) > 0 || len(orders) > 0 {
+		queueLockBatch(b, skus, orders)
 	}
 }
 

@@ -1,10 +1,13 @@
 package inventory
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -554,4 +557,100 @@ func TestConcurrentCommitsAndReleasesDoNotDeadlock(t *testing.T) {
 			t.Errorf("stock %s %+v, want nothing reserved and %d sold", sku, st, orders/2)
 		}
 	}
+}
+
+// Batches of many orders on a few shared SKUs, each order taking them in
+// another order: the consumer's LockFunc locks every stock row a batch will
+// touch in SKU order before the first handler runs, so batches of different
+// workers never deadlock (without it they did, and each deadlock redid its
+// batch one delivery at a time); every event is applied exactly once and
+// none is dead-lettered.
+func TestBatchesOnSharedSKUsDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	f := setupWith(t, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	skus := []string{"A", "B", "C", "D", "E", "F"}
+	for _, sku := range skus {
+		f.seed(t, sku, 1000, 100)
+	}
+	// Order i takes one or two SKUs, picked so that consecutive orders (the
+	// ones a worker's batch holds together) lock them in ever other orders.
+	const orders = 240
+	ids := make([]string, orders)
+	sold := map[string]int64{}
+	for i := range ids {
+		ids[i] = fmt.Sprintf("order-%03d", i)
+		items := []Item{{skus[(i*5)%len(skus)], 1}}
+		if i%3 == 0 {
+			items = append(items, Item{skus[(i*5+1)%len(skus)], 1})
+		}
+		if i%2 == 0 {
+			for _, it := range items {
+				sold[it.SKU]++
+			}
+		}
+		f.publish(t, ids[i], 1, TypeOrderCreated, orderCreated(ids[i], items...))
+	}
+	for i, o := range ids {
+		if i%2 == 0 {
+			f.publish(t, o, 2, TypeOrderPaid, orderPaid(o))
+		} else {
+			f.publish(t, o, 2, TypeOrderClosed, orderClosed(o, "payment_timeout"))
+		}
+	}
+	f.runConsumer(t)
+	eventually(t, "every event is applied", func() bool {
+		return f.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = $1`, ConsumerName) == 2*orders
+	})
+	for _, sku := range skus {
+		st := f.stock(t, sku)
+		if st.Reserved != 0 || st.Sold != sold[sku] || st.OnHand+st.Sold != st.Supplied {
+			t.Errorf("stock %s %+v, want nothing reserved and %d sold", sku, st, sold[sku])
+		}
+	}
+	if n := f.count(t, `SELECT count(DISTINCT order_id) FROM reservations WHERE state = 'COMMITTED'`); n != orders/2 {
+		t.Errorf("%d orders committed, want %d", n, orders/2)
+	}
+	if n := f.count(t, `SELECT count(DISTINCT order_id) FROM reservations WHERE state = 'RELEASED'`); n != orders/2 {
+		t.Errorf("%d orders released, want %d", n, orders/2)
+	}
+	if dead, err := inbox.ListDeadLetters(context.Background(), f.pool, ConsumerName, 10); err != nil || len(dead) != 0 {
+		t.Fatalf("dead letters %+v, %v; want none", dead, err)
+	}
+	got := f.svc.consumer.Counters()
+	if got.Processed != 2*orders || got.Batches == 0 || got.Retries != 0 {
+		t.Errorf("counters %+v, want %d processed in some batches, no retries", got, 2*orders)
+	}
+	if text := logs.String(); strings.Contains(text, "deadlock") || strings.Contains(text, "40P01") {
+		t.Errorf("a batch deadlocked:\n%s", grepLines(text, "deadlock"))
+	}
+}
+
+// lockedBuffer is a bytes.Buffer the consumer's workers may log to at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// grepLines returns the lines of text that contain s.
+func grepLines(text, s string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -3,6 +3,7 @@ package inventory
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -31,12 +32,18 @@ type fixture struct {
 // runConsumer.
 func setup(t *testing.T) *fixture {
 	t.Helper()
+	return setupWith(t, nil)
+}
+
+// setupWith is setup with the service logging to log (nil: nowhere).
+func setupWith(t *testing.T, log *slog.Logger) *fixture {
+	t.Helper()
 	db := pgtest.New(t, Registration.Sets()...)
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
 	ns.Stream(t, js, "ORDERS", "orders.>")
 	ns.Stream(t, js, "INVENTORY", "inventory.>")
-	svc, err := New(registry.Deps{Pool: db.Pool, JetStream: js}, Config{})
+	svc, err := New(registry.Deps{Pool: db.Pool, JetStream: js, Logger: log}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -165,7 +165,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		s.consumers = append(s.consumers, consumer)
 	}
 	s.scanner, err = saga.NewScanner(s.pool, saga.ScannerConfig{PollInterval: s.scanEvery, Logger: s.log,
-		FailpointFunc: d.Hooks.FailpointFunc, TracerProvider: d.TracerProvider}, s.saga)
+		Hooks: saga.Hooks{FailpointFunc: d.Hooks.FailpointFunc}, TracerProvider: d.TracerProvider}, s.saga)
 	if err != nil {
 		return nil, fmt.Errorf("order: %w", err)
 	}

@@ -79,7 +79,7 @@ var handledTypes = []string{"OrderCreated", "OrderAwaitingPayment", "OrderPaid",
 // handle applies one ORDERS event inside its inbox transaction.
 func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 	if !slices.Contains(handledTypes, m.Type) {
-		return nil // not ours; the inbox still advances the sequence cursor
+		return nil // never reached through the consumer, which records other types without calling handle (Config.Handles)
 	}
 	if m.SchemaVersion != 1 {
 		return inbox.Poison(fmt.Errorf("%s schema version %d is not supported", m.Type, m.SchemaVersion))
