@@ -164,3 +164,38 @@ func TestBatchesThatDeadlockLoseNothing(t *testing.T) {
 		wantSeqs(t, e, fmt.Sprint("b-", a), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 	}
 }
+
+// Deliveries of types the consumer does not handle cost no transaction of
+// their own in a batch: their record statements ride in the batch's
+// transaction. Counted by the distinct xmin (the writing transaction) of
+// the processed_events rows: far fewer transactions than filtered events.
+func TestFilteredDeliveriesRideInTheBatch(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const aggregates, perAggregate = 20, 10
+	for seq := 1; seq <= perAggregate; seq++ {
+		for a := range aggregates {
+			ev := newEvent(fmt.Sprint("f-", a), int64(seq))
+			if seq%2 == 0 {
+				ev.typ = "OrderAwaitingPayment" // not handled
+			}
+			e.publish(t, ev)
+		}
+	}
+	cfg := e.config(t, record(""))
+	cfg.Handles = []string{"OrderCreated"}
+	c := e.consumer(t, e.pool, e.js, cfg)
+	run(t, c)
+	eventually(t, "every event is recorded", func() bool {
+		return e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = $1`, testConsumer) == aggregates*perAggregate
+	})
+	for a := range aggregates {
+		wantSeqs(t, e, fmt.Sprint("f-", a), 1, 3, 5, 7, 9)
+	}
+	const filtered = aggregates * perAggregate / 2
+	txs := e.count(t, `SELECT count(DISTINCT xmin::text) FROM processed_events WHERE consumer_name = $1`, testConsumer)
+	if got := c.Counters(); got.Batches == 0 || txs >= filtered {
+		t.Errorf("%d transactions recorded %d events (%d of them filtered) in %d batches; want batches, and fewer transactions than filtered events",
+			txs, aggregates*perAggregate, filtered, got.Batches)
+	}
+}

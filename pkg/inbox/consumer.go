@@ -16,8 +16,9 @@ import (
 )
 
 // Consumer feeds the events of one durable JetStream consumer to a handler,
-// each in a Postgres transaction that also records the event as processed,
-// so that every event takes effect once however often it is delivered.
+// each in a Postgres transaction that also records the event as processed
+// (several waiting events share one, see Config.BatchSize), so that every
+// event takes effect once however often it is delivered.
 //
 // Several Consumers, in one process or many, may run with the same
 // Config.Name: they share the durable consumer, the idempotency records and

@@ -5,8 +5,8 @@
 // # The pattern
 //
 // JetStream delivers at least once: a message is redelivered until it is
-// acked. A [Consumer] turns that into "effectively once" with one Postgres
-// transaction per event that does two things together:
+// acked. A [Consumer] turns that into "effectively once" with a Postgres
+// transaction that does two things together for each event:
 //
 //  1. advances the consumer's cursor for the event's aggregate in
 //     inbox_sequences from Aggregate-Seq-1 to Aggregate-Seq and inserts

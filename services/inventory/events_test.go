@@ -574,7 +574,7 @@ func TestBatchesOnSharedSKUsDoNotDeadlock(t *testing.T) {
 		f.seed(t, sku, 1000, 100)
 	}
 	// Order i takes one or two SKUs, picked so that consecutive orders (the
-	// ones a worker's batch holds together) lock them in ever other orders.
+	// ones a worker's batch holds together) lock them in changing orders.
 	const orders = 240
 	ids := make([]string, orders)
 	sold := map[string]int64{}
