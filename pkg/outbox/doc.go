@@ -114,8 +114,9 @@
 // and writes nothing until it marks: one statement per batch, fenced by the
 // epochs it read under. Every change of owner raises the shard's epoch, and
 // a mark or failure update joins the shard rows under those epochs with
-// FOR SHARE, so a takeover waits for an update in flight and a stale owner
-// (paused past its lease) changes nothing. Windows it adds:
+// FOR SHARE: a takeover passes over a shard while an update holds it (and
+// takes it at a later round), and a stale owner (paused past its lease)
+// changes nothing. Windows it adds:
 //
 //   - Owner dies: its leases expire (LeaseDuration) and live members take
 //     its shards over under new epochs (counted as TakenOver, per shard).

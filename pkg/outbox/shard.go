@@ -195,9 +195,10 @@ ORDER BY o.event_id
 LIMIT $1`
 
 // ownedSQL is the fence of the shard updates below: the shards the member
-// still owns under the epochs it read them in, share-locked so that a
-// takeover waits for the update to commit (and a takeover that committed
-// first leaves the update nothing to match).
+// still owns under the epochs it read them in, share-locked so that no
+// takeover commits while the update runs (takeShardsSQL passes over a
+// locked shard), and a takeover that committed first leaves the update
+// nothing to match.
 const ownedSQL = `
 WITH owned AS (
 	SELECT s.shard FROM outbox_shards s
