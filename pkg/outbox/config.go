@@ -44,7 +44,10 @@ type Config struct {
 	// each worker owns a fair share of the shards, reads their events in
 	// order without writing a claim on them, and marks them fenced by the
 	// shard's epoch; a dead relay's shards move to the others when their
-	// lease expires. Every relay of a schema must use the same mode.
+	// lease expires. A worker renews its leases when it looks for events,
+	// so one that sleeps longer than LeaseDuration (a PollInterval or a
+	// backoff that long) may find its shards moved to other relays: safe,
+	// only less even. Every relay of a schema must use the same mode.
 	// Default false: per-row claims (see the package documentation).
 	ShardOwnership bool
 

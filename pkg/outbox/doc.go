@@ -107,9 +107,10 @@
 // relay worker is a member that leases hash shards of the aggregates (32
 // rows in outbox_shards: owner, epoch, lease expiry; members heartbeat in
 // outbox_relays). A member owns its fair share, the shards divided by the
-// live members rounded up: it gives back its surplus between two batches
-// when another member arrives, takes free or expired shards when it has
-// fewer, and gives its shards back when it stops. It reads its shards in
+// live members rounded up. Between two batches, at most every quarter
+// second, a member renews its leases, gives back its surplus when another
+// member has arrived and takes free or expired shards when it has fewer;
+// it gives its shards back when it stops. It reads its shards in
 // event order, with the same oldest-unpublished-of-its-aggregate predicate,
 // and writes nothing until it marks: one statement per batch, fenced by the
 // epochs it read under. Every change of owner raises the shard's epoch, and

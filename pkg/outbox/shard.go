@@ -23,6 +23,12 @@ const (
 	shardExpr  = `(hashtext(o.aggregate_type || '/' || o.aggregate_id) & 31)`
 )
 
+// shardRound is how often at most a member that owns shards renews them
+// and looks for members that came or went: often enough that a relay that
+// joins gets its share within a fraction of a second, not a lease later.
+// A round is one batch of three small statements.
+const shardRound = 250 * time.Millisecond
+
 // member is one worker's share of the shards.
 type member struct {
 	name    string    // unique per worker and per run: a restarted relay never adopts a lease it cannot know about
@@ -49,7 +55,7 @@ func newMember(relay string, worker int) *member {
 // under a shard it gives back is in flight. The fair share is the shards
 // divided by the live members, rounded up, so every shard finds an owner.
 func (r *Relay) own(ctx context.Context, m *member) error {
-	if len(m.shards) > 0 && time.Since(m.renewed) < r.cfg.LeaseDuration/3 {
+	if len(m.shards) > 0 && time.Since(m.renewed) < min(r.cfg.LeaseDuration/3, shardRound) {
 		return nil
 	}
 	lease := r.cfg.LeaseDuration.Microseconds()
