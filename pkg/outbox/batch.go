@@ -248,9 +248,11 @@ func (r *Relay) settle(ctx context.Context, f fence, batch []row, results []resu
 		}
 		dead := res.permanent || ev.attempts+1 >= r.cfg.MaxAttempts
 		delay := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, ev.attempts+1)
-		q := failed.Queue(failSQL, ev.id, f.token, res.err.Error(), delay.Microseconds(), dead)
+		var q *pgx.QueuedQuery
 		if f.member != nil {
 			q = failed.Queue(failShardsSQL, ev.id, f.shards, f.epochs, f.member.name, res.err.Error(), delay.Microseconds(), dead)
+		} else {
+			q = failed.Queue(failSQL, ev.id, f.token, res.err.Error(), delay.Microseconds(), dead)
 		}
 		q.Exec(func(tag pgconnTag) error {
 			switch {
