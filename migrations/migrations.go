@@ -59,7 +59,8 @@ type Set struct {
 	err   error  // why the set cannot be applied (see Service)
 }
 
-// Outbox is pkg/outbox's set: the outbox and its sequence counters.
+// Outbox is pkg/outbox's set: the outbox, its sequence counters and the
+// shard tables of shard ownership.
 func Outbox() Set { return Set{Name: "outbox", Table: "outbox_goose_version", FS: outboxsql.FS()} }
 
 // Inbox is pkg/inbox's set: processed events, cursors, failures, dead

@@ -31,17 +31,35 @@ type row struct {
 	takeover bool // the row carried an expired lease of an earlier claim
 }
 
-// claim takes a batch in one short transaction: each row is the oldest
-// unpublished event of its aggregate (so k+1 is never claimed before k is
-// published), available, and not leased to anyone else. SKIP LOCKED lets
-// relays claim side by side; the committed lease, not a held lock, keeps
-// other relays off while this one publishes.
-func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
-	limit := r.cfg.BatchSize
-	if r.stats.downSince.Load() != 0 {
-		limit = 1 // the broker was taking nothing: probe with one event, not a batch of leases
+// take claims a batch with per-row leases, or reads one of m's shards when
+// the relay owns shards, and returns the fence its settlement must pass.
+func (r *Relay) take(ctx context.Context, m *member) ([]row, fence, error) {
+	if m == nil {
+		token := uuid.New()
+		batch, err := r.claim(ctx, token)
+		return batch, fence{token: token}, err
 	}
-	rows, err := r.pool.Query(ctx, claimSQL, limit, r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds())
+	if err := r.own(ctx, m); err != nil {
+		return nil, fence{}, err
+	}
+	f := fence{member: m, shards: m.shards, epochs: m.epochs}
+	if len(f.shards) == 0 {
+		return nil, f, nil
+	}
+	batch, err := r.query(ctx, readShardsSQL, r.limit(), f.shards)
+	return batch, f, err
+}
+
+func (r *Relay) limit() int {
+	if r.stats.downSince.Load() != 0 {
+		return 1 // the broker was taking nothing: probe with one event, not a batch
+	}
+	return r.cfg.BatchSize
+}
+
+// query runs a claim or a read and collects its rows.
+func (r *Relay) query(ctx context.Context, sql string, args ...any) ([]row, error) {
+	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox batch: %w", err)
 	}
@@ -52,6 +70,19 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	return batch, nil
+}
+
+// claim takes a batch in one short transaction: each row is the oldest
+// unpublished event of its aggregate (so k+1 is never claimed before k is
+// published), available, and not leased to anyone else. SKIP LOCKED lets
+// relays claim side by side; the committed lease, not a held lock, keeps
+// other relays off while this one publishes.
+func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
+	batch, err := r.query(ctx, claimSQL, r.limit(), r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds())
+	if err != nil {
+		return nil, err
 	}
 	for _, ev := range batch {
 		if ev.takeover {
@@ -189,9 +220,10 @@ func (ev row) message() (*nats.Msg, error) {
 }
 
 // settle records the outcome of a batch. Every update is fenced by the
-// claim token: a relay whose lease expired and was taken over matches no
-// rows, so it can neither mark nor fail an event it no longer owns.
-func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, results []result) error {
+// claim token, or by the shards' epochs: a relay whose lease expired and
+// was taken over matches no rows, so it can neither mark nor fail an event
+// it no longer owns.
+func (r *Relay) settle(ctx context.Context, f fence, batch []row, results []result) error {
 	var acked, released [][16]byte // plain arrays: pgx encodes them without the driver.Valuer detour
 	var outage error
 	failed := &pgx.Batch{}
@@ -216,7 +248,13 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 		}
 		dead := res.permanent || ev.attempts+1 >= r.cfg.MaxAttempts
 		delay := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, ev.attempts+1)
-		failed.Queue(failSQL, ev.id, token, res.err.Error(), delay.Microseconds(), dead).Exec(func(tag pgconnTag) error {
+		var q *pgx.QueuedQuery
+		if f.member != nil {
+			q = failed.Queue(failShardsSQL, ev.id, f.shards, f.epochs, f.member.name, res.err.Error(), delay.Microseconds(), dead)
+		} else {
+			q = failed.Queue(failSQL, ev.id, f.token, res.err.Error(), delay.Microseconds(), dead)
+		}
+		q.Exec(func(tag pgconnTag) error {
 			switch {
 			case tag.RowsAffected() == 0:
 				r.stats.lostLeases.Add(1)
@@ -242,7 +280,13 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 		}
 		// Marked only now, after the ack: a crash before this line leaves the
 		// events claimed; the lease expires and they are published again.
-		tag, err := r.pool.Exec(ctx, markSQL, acked, token)
+		var tag pgconnTag
+		var err error
+		if f.member != nil {
+			tag, err = r.pool.Exec(ctx, markShardsSQL, acked, f.shards, f.epochs, f.member.name)
+		} else {
+			tag, err = r.pool.Exec(ctx, markSQL, acked, f.token)
+		}
 		if err != nil {
 			return fmt.Errorf("mark %d events published: %w", len(acked), err)
 		}
@@ -253,8 +297,12 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 			r.log.Warn("outbox lease lost before marking; another relay publishes these again", "events", lost)
 		}
 	}
-	if len(released) > 0 {
-		failed.Queue(releaseSQL, released, token, outage.Error()).Exec(func(tag pgconnTag) error {
+	if len(released) > 0 && f.member != nil {
+		// Nothing was written when the shard's events were read: they are
+		// due as they are.
+		r.stats.deferred.Add(int64(len(released)))
+	} else if len(released) > 0 {
+		failed.Queue(releaseSQL, released, f.token, outage.Error()).Exec(func(tag pgconnTag) error {
 			r.stats.deferred.Add(tag.RowsAffected())
 			return nil
 		})

@@ -99,22 +99,44 @@
 // Delivery is therefore at least once. Exactly-once effects are the
 // consumer's job (pkg/inbox); RetryHorizon tells it how long copies can come.
 //
-// # Why per-row claims
+// # Per-row claims or shard ownership
 //
-// Two designs fit: per-row claims (above) and shard ownership (relays lease
-// hash shards of aggregate ids and read their shards in order without
-// writing a claim per row). Measured on the 2-core development machine over a
-// 50,000-event backlog of 1 KiB events (docs/performance.md), the database
-// work alone ran at about 23,000 events/s with per-row claims and about
-// 51,000 with shard ownership, because a claim is one more row write. We
-// chose per-row claims all the same: the relay's real rate there (16,000
-// events/s) is bounded by the broker and the database sharing two cores
-// more than by the claim write, two single-worker relays give 1.33× one,
-// and per-row claims need no shard table, no rebalancing protocol
-// and no epoch bookkeeping. Every relay does useful work from its first
-// batch, a dead relay's share is picked up row by row as leases expire, and
-// ordering across relays follows from one SQL predicate instead of from
-// ownership. Shard ownership is the step to take when claim writes dominate.
+// Two designs keep relays apart, and [Config.ShardOwnership] chooses; every
+// relay of a schema must use the same one. Per-row claims (above, the
+// default) write a lease on every claimed row. With shard ownership each
+// relay worker is a member that leases hash shards of the aggregates (32
+// rows in outbox_shards: owner, epoch, lease expiry; members heartbeat in
+// outbox_relays). A member owns its fair share, the shards divided by the
+// live members rounded up. Between two batches, at most every quarter
+// second, a member renews its leases, gives back its surplus when another
+// member has arrived and takes free or expired shards when it has fewer;
+// it gives its shards back when it stops. It reads its shards in
+// event order, with the same oldest-unpublished-of-its-aggregate predicate,
+// and writes nothing until it marks: one statement per batch, fenced by the
+// epochs it read under. Every change of owner raises the shard's epoch, and
+// a mark or failure update joins the shard rows under those epochs with
+// FOR SHARE: a takeover passes over a shard while an update holds it (and
+// takes it at a later round), and a stale owner (paused past its lease)
+// changes nothing. Windows it adds:
+//
+//   - Owner dies: its leases expire (LeaseDuration) and live members take
+//     its shards over under new epochs (counted as TakenOver, per shard).
+//   - Owner paused past its lease while another took the shard over: both
+//     may publish an event of the shard once more (same ids: the stream's
+//     duplicate window or the inbox drops the copy), but its next renewal
+//     finds the shards gone and it reads them no more, and its marks and
+//     failure updates match no row.
+//   - Rebalance: a member gives a shard back only between its batches, and
+//     the next owner reads the shard's oldest unpublished events, so each
+//     aggregate's events still go out in sequence.
+//
+// Measured on the 2-core development machine over a 50,000-event backlog of
+// 1 KiB events (docs/performance.md), the database work alone ran at about
+// 23,000 events/s with per-row claims and about 51,000 with a shard owner's
+// read and mark, because a claim is one more row write. Per-row claims stay
+// the default until the shop's benchmark shows what shard ownership buys
+// the whole relay: there, its rate was bounded by the broker and the
+// database sharing two cores more than by the claim write.
 //
 // The sequence check in the claim makes a backlog of many events of one
 // aggregate drain one event per round trip; orders have a handful of events
