@@ -13,9 +13,6 @@ import (
 
 type pgconnTag = pgconn.CommandTag
 
-// ErrNotFound is returned for an event id the outbox does not hold.
-var ErrNotFound = errors.New("outbox event not found")
-
 // Stats describe the backlog of one outbox.
 type Stats struct {
 	Pending       int64         // committed, not yet published, not dead

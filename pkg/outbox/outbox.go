@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -232,10 +231,6 @@ func groupByAggregate(prefix string, trace map[string]string, events []Event) ([
 	})
 	return groups, nil
 }
-
-// ErrInvalidEvent is returned by Add and Queue for an event that cannot be
-// stored.
-var ErrInvalidEvent = errors.New("invalid event")
 
 func (e Event) validate() error {
 	switch {
