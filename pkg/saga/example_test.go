@@ -15,7 +15,7 @@ import (
 // A two-step saga: a parcel waits for a pickup, which must happen within an
 // hour, or the parcel is returned.
 func ExampleNew() {
-	var events outbox.Writer
+	events := outbox.Writer{Prefix: "parcels"} // subjects parcels.<id>.<Type>
 	parcel, err := saga.New("parcel",
 		saga.Transition{From: "WAITING", Event: "PickedUp", To: "IN_TRANSIT",
 			Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
@@ -24,7 +24,7 @@ func ExampleNew() {
 				// one round trip, and committed with it.
 				return events.Queue(ctx, st.Batch(), outbox.Event{
 					AggregateType: "parcel", AggregateID: st.Instance.ID, Type: "ParcelInTransit",
-					Subject: "parcels." + st.Instance.ID + ".ParcelInTransit", Payload: map[string]string{"parcel_id": st.Instance.ID},
+					Payload: map[string]string{"parcel_id": st.Instance.ID},
 				})
 			}},
 		saga.Transition{From: "WAITING", Event: saga.TimeoutEvent("pickup"), To: "RETURNED"},
