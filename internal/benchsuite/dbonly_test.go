@@ -54,13 +54,14 @@ func readRelayStatements(tb testing.TB) relayStatements {
 }
 
 // stringConsts returns the string constants declared in the non-test Go
-// files of dir, by name.
+// files of dir, by name: literals, and sums of literals and of other such
+// constants (claimSQL is built from dueSQL).
 func stringConsts(dir string) (map[string]string, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		return nil, err
 	}
-	consts := map[string]string{}
+	exprs := map[string]ast.Expr{}
 	fset := token.NewFileSet()
 	for _, name := range files {
 		if strings.HasSuffix(name, "_test.go") {
@@ -78,23 +79,48 @@ func stringConsts(dir string) (map[string]string, error) {
 			for _, spec := range gd.Specs {
 				vs := spec.(*ast.ValueSpec)
 				for i, id := range vs.Names {
-					if i >= len(vs.Values) {
-						continue
+					if i < len(vs.Values) {
+						exprs[id.Name] = vs.Values[i]
 					}
-					lit, ok := vs.Values[i].(*ast.BasicLit)
-					if !ok || lit.Kind != token.STRING {
-						continue
-					}
-					v, err := strconv.Unquote(lit.Value)
-					if err != nil {
-						return nil, fmt.Errorf("%s: constant %s: %w", name, id.Name, err)
-					}
-					consts[id.Name] = v
 				}
 			}
 		}
 	}
+	consts := map[string]string{}
+	for name := range exprs {
+		if v, ok := stringValue(exprs, name, 0); ok {
+			consts[name] = v
+		}
+	}
 	return consts, nil
+}
+
+// stringValue folds the constant name to a string, if it is one.
+func stringValue(exprs map[string]ast.Expr, name string, depth int) (string, bool) {
+	var fold func(e ast.Expr) (string, bool)
+	fold = func(e ast.Expr) (string, bool) {
+		switch e := e.(type) {
+		case *ast.BasicLit:
+			if e.Kind != token.STRING {
+				return "", false
+			}
+			v, err := strconv.Unquote(e.Value)
+			return v, err == nil
+		case *ast.Ident:
+			if _, ok := exprs[e.Name]; !ok || depth > 8 {
+				return "", false
+			}
+			return stringValue(exprs, e.Name, depth+1)
+		case *ast.BinaryExpr:
+			x, okx := fold(e.X)
+			y, oky := fold(e.Y)
+			return x + y, okx && oky && e.Op == token.ADD
+		case *ast.ParenExpr:
+			return fold(e.X)
+		}
+		return "", false
+	}
+	return fold(exprs[name])
 }
 
 // claimAndMark claims one batch as a relay does (lease of 15 s, the

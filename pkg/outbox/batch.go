@@ -92,18 +92,25 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
 	return batch, nil
 }
 
-const claimSQL = `
-WITH claimable AS (
-	SELECT o.event_id, o.claim_until IS NOT NULL AS takeover FROM outbox o
-	WHERE o.published_at IS NULL AND o.dead_at IS NULL
-	  AND o.available_at <= now()
+// dueSQL selects the outbox rows o a relay may publish now: due, not
+// leased by a live claim, and the oldest unpublished event of their
+// aggregate, so that k+1 is never published before k. Per-row claims and
+// shard owners (readShardsSQL) both read through it, so the two modes
+// cannot disagree on the ordering rule.
+const dueSQL = `o.available_at <= now()
 	  AND (o.claim_until IS NULL OR o.claim_until < now())
 	  AND NOT EXISTS (
 	      SELECT 1 FROM outbox earlier
 	      WHERE earlier.aggregate_type = o.aggregate_type
 	        AND earlier.aggregate_id = o.aggregate_id
 	        AND earlier.aggregate_seq < o.aggregate_seq
-	        AND earlier.published_at IS NULL)
+	        AND earlier.published_at IS NULL)`
+
+const claimSQL = `
+WITH claimable AS (
+	SELECT o.event_id, o.claim_until IS NOT NULL AS takeover FROM outbox o
+	WHERE o.published_at IS NULL AND o.dead_at IS NULL
+	  AND ` + dueSQL + `
 	ORDER BY o.event_id
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED

@@ -189,14 +189,7 @@ SELECT o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.event_ty
 FROM outbox o
 WHERE ` + shardExpr + ` = ANY($2::int[])
   AND o.published_at IS NULL AND o.dead_at IS NULL
-  AND o.available_at <= now()
-  AND (o.claim_until IS NULL OR o.claim_until < now())
-  AND NOT EXISTS (
-      SELECT 1 FROM outbox earlier
-      WHERE earlier.aggregate_type = o.aggregate_type
-        AND earlier.aggregate_id = o.aggregate_id
-        AND earlier.aggregate_seq < o.aggregate_seq
-        AND earlier.published_at IS NULL)
+  AND ` + dueSQL + `
 ORDER BY o.event_id
 LIMIT $1`
 
