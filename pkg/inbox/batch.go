@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
@@ -156,19 +158,6 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 		sql, args := c.recordStatement(d.m)
 		b.Queue(sql, args...)
 	}
-	if c.cfg.LockFunc != nil {
-		// The shared rows the handlers will lock, locked now in one global
-		// order: batches of other workers cannot then deadlock with this one.
-		var handled []Message
-		for _, d := range batch {
-			if c.handles(d.m.Type) {
-				handled = append(handled, d.m)
-			}
-		}
-		if len(handled) > 0 {
-			c.cfg.LockFunc(b, handled)
-		}
-	}
 	br := c.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	defer tx.Rollback(ctx) // no-op after commit; undoes everything otherwise
@@ -193,23 +182,16 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 			others = append(others, i)
 		}
 	}
-	if err = errors.Join(err, br.Close()); err != nil { // Close also runs what LockFunc queued
-		return nil, fmt.Errorf("record a batch of %d (or take its locks): %w", len(batch), err)
+	if err = errors.Join(err, br.Close()); err != nil {
+		return nil, fmt.Errorf("record a batch of %d: %w", len(batch), err)
 	}
 	if len(others) > 0 {
 		if err := c.settleOthers(ctx, tx, batch, metas, others, outs); err != nil {
 			return nil, err
 		}
 	}
-	for i, d := range batch {
-		if outs[i] != applied {
-			continue
-		}
-		// The handler sees its own delivery's span: the events it writes
-		// continue its producer's trace, not a neighbour's.
-		if err := c.applyHandler(trace.ContextWithSpan(ctx, spans[i]), tx, d.m, metas[i].NumDelivered > 1); err != nil {
-			return nil, err
-		}
+	if err := c.applyHandlers(ctx, tx, batch, metas, spans, outs); err != nil {
+		return nil, err
 	}
 	// Failure window: every effect is in the transaction, none committed.
 	if c.crashedBatch(beforeCommit, batch) {
@@ -219,6 +201,67 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 		return nil, fmt.Errorf("commit a batch of %d: %w", len(batch), err)
 	}
 	return outs, nil
+}
+
+// applyHandlers runs the handlers of the batch's applied deliveries in
+// stream order, one call each or, with Config.BatchHandler, one call for
+// them all, and clears the failure records of those that had failed before.
+func (c *Consumer) applyHandlers(ctx context.Context, tx pgx.Tx, batch []*delivery, metas []*jetstream.MsgMetadata, spans []trace.Span, outs []outcome) error {
+	if c.cfg.BatchHandler == nil {
+		for i, d := range batch {
+			if outs[i] != applied {
+				continue
+			}
+			// The handler sees its own delivery's span: the events it writes
+			// continue its producer's trace, not a neighbour's.
+			if err := c.applyHandler(trace.ContextWithSpan(ctx, spans[i]), tx, d.m, metas[i].NumDelivered > 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var (
+		handled []Batched
+		retried []uuid.UUID
+	)
+	for i, d := range batch {
+		if outs[i] != applied {
+			continue
+		}
+		if c.handles(d.m.Type) {
+			handled = append(handled, Batched{Message: d.m, Ctx: trace.ContextWithSpan(ctx, spans[i])})
+		}
+		if metas[i].NumDelivered > 1 {
+			retried = append(retried, d.m.EventID)
+		}
+	}
+	if len(handled) > 0 {
+		if err := c.callBatchHandler(ctx, tx, handled); err != nil {
+			return attemptError{err}
+		}
+	}
+	if len(retried) > 0 {
+		if _, err := tx.Exec(ctx,
+			`DELETE FROM inbox_failures WHERE consumer_name = $1 AND event_id = ANY($2)`,
+			c.cfg.Name, retried); err != nil {
+			return fmt.Errorf("clear inbox failures: %w", err)
+		}
+	}
+	return nil
+}
+
+// callBatchHandler calls Config.BatchHandler, turning a panic into an
+// error: the batch is then rolled back and its deliveries handled alone.
+func (c *Consumer) callBatchHandler(ctx context.Context, tx pgx.Tx, handled []Batched) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("batch handler panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	if err := c.cfg.BatchHandler(ctx, tx, handled); err != nil {
+		return fmt.Errorf("handle a batch of %d events: %w", len(handled), err)
+	}
+	return nil
 }
 
 // settleOthers classifies, in tx, the deliveries at idx that record did

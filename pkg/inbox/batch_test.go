@@ -199,3 +199,79 @@ func TestFilteredDeliveriesRideInTheBatch(t *testing.T) {
 			txs, aggregates*perAggregate, filtered, got.Batches)
 	}
 }
+
+// With Config.BatchHandler, a batch's events go to it in one call, in
+// stream order, each with a context of its own; lone deliveries still go
+// to Handler.
+func TestBatchHandlerTakesTheBatchInOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	backlog(t, e, 20, 10)
+	cfg := e.config(t, record(""))
+	var calls, widest atomic.Int32
+	cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, batch []Batched) error {
+		calls.Add(1)
+		if n := int32(len(batch)); n > widest.Load() {
+			widest.Store(n) // one batch at a time per worker is enough for a maximum here
+		}
+		for _, b := range batch {
+			if b.Ctx == nil {
+				return errors.New("an event without its context")
+			}
+			if err := record("")(b.Ctx, tx, b.Message); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	c := e.consumer(t, e.pool, e.js, cfg)
+	run(t, c)
+	eventually(t, "every event is applied", func() bool { return e.count(t, `SELECT count(*) FROM effects`) == 200 })
+	for a := range 20 {
+		wantSeqs(t, e, fmt.Sprint("b-", a), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	}
+	if got := c.Counters(); got.Processed != 200 || got.Duplicates != 0 || got.Retries != 0 {
+		t.Errorf("counters %+v, want 200 processed, no duplicates, no retries", got)
+	}
+	if calls.Load() == 0 || widest.Load() < 2 {
+		t.Errorf("the batch handler was called %d times, with at most %d events; want batches", calls.Load(), widest.Load())
+	}
+}
+
+// A batch handler that fails (here it panics, every time) rolls its batch
+// back, and Handler then applies the same deliveries one at a time: a
+// poison event among them is dead-lettered alone, the rest are applied
+// once.
+func TestFailingBatchHandlerFallsBackToHandler(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	backlog(t, e, 10, 5)
+	cfg := e.config(t, func(ctx context.Context, tx pgx.Tx, m Message) error {
+		if m.AggregateID == "b-3" && m.Seq == 2 {
+			return Poison(errors.New("cannot apply this one"))
+		}
+		return record("")(ctx, tx, m)
+	})
+	var calls atomic.Int32
+	cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, batch []Batched) error {
+		calls.Add(1)
+		if err := record("")(ctx, tx, batch[0].Message); err != nil { // rolled back with the panic
+			return err
+		}
+		panic("batch handler bug")
+	}
+	c := e.consumer(t, e.pool, e.js, cfg)
+	run(t, c)
+	eventually(t, "the others are applied", func() bool { return e.count(t, `SELECT count(*) FROM effects`) == 9*5+1 })
+	eventually(t, "settled", func() bool { return e.settled(t) })
+	dead, err := ListDeadLetters(context.Background(), e.db.Pool, testConsumer, 10)
+	if err != nil || len(dead) != 1 || dead[0].Header.Get("Aggregate-Id") != "b-3" || dead[0].Header.Get("Aggregate-Seq") != "2" {
+		t.Fatalf("dead letters %+v, %v; want b-3/2 alone", dead, err)
+	}
+	if n := e.count(t, `SELECT count(*) FROM (SELECT event_id FROM effects GROUP BY event_id HAVING count(*) > 1) d`); n != 0 {
+		t.Fatalf("%d events applied twice", n)
+	}
+	if calls.Load() == 0 {
+		t.Error("the batch handler was never called; the test proves nothing")
+	}
+}

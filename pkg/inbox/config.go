@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -29,6 +28,13 @@ type Config struct {
 	FilterSubjects []string
 	// Handler applies one event. Required.
 	Handler HandlerFunc
+	// BatchHandler, when set, applies the handled events of a batch (see
+	// BatchSize) in one call, where Handler is called once per event; it
+	// must have the same effect (see [BatchHandlerFunc]). Handler is still
+	// required: a lone delivery, a batch rolled back to be applied one
+	// delivery at a time, a parked event and a requeued dead letter go
+	// through it. Default: none, Handler is called for each event.
+	BatchHandler BatchHandlerFunc
 	// Handles lists the event types Handler applies. An event of any other
 	// type is only recorded (its cursor advanced, its processed_events row
 	// inserted), without calling Handler, in no transaction of its own: by
@@ -48,24 +54,9 @@ type Config struct {
 	// handler that locks rows shared across aggregates (stock per SKU, say)
 	// in an order of its own deadlocks with other workers' batches, and
 	// each deadlock redoes the batch one delivery at a time. Such a
-	// consumer sets LockFunc, so that each batch takes those locks in one
-	// global order before any handler runs.
+	// consumer sets BatchHandler, which takes all of a batch's shared locks
+	// in one statement, in one global order.
 	BatchSize int
-	// LockFunc, when set, queues onto b the statements that lock the rows
-	// shared across aggregates that the handlers of batch will lock, all
-	// of them in one global order (ORDER BY key FOR UPDATE, one
-	// statement). b goes out with the BEGIN and the record statements of a
-	// transaction that applies several deliveries, before any handler
-	// runs: one round trip, no more. batch holds the messages of the types
-	// Handler applies, in stream order; some may turn out to be copies,
-	// whose locks are held for nothing until the commit. Two batches then
-	// wait for each other only in that order, never in a cycle, as long as
-	// the handlers lock no shared row LockFunc missed; a miss is not
-	// unsafe: a deadlock rolls the batch back like any handler error, and
-	// its deliveries are applied one at a time. A statement's error does
-	// the same. Not called for a lone delivery, whose handler takes its
-	// locks itself. Default: none.
-	LockFunc func(b *pgx.Batch, batch []Message)
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
 	MaxDeliver int

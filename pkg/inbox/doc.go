@@ -39,16 +39,23 @@
 // acks, brings the whole batch back, and every copy meets its
 // processed_events row.
 //
+// A consumer whose handlers read rows, decide and write them back pays for
+// that per delivery even in a batch: a round trip for each read and each
+// write. Config.BatchHandler, when set, takes the batch's handled events in
+// one call instead, so that it can read every row they need at once, decide
+// in memory in stream order and write once (the inventory service reserves
+// a batch of orders in two round trips). It must leave what Handler, called
+// on each event in turn, would leave; any error of it rolls the batch back,
+// and Handler applies the same deliveries one at a time, as above.
+//
 // A batch holds its handlers' locks until it commits. Handlers that lock
 // rows shared by many aggregates (stock per SKU), each in an order of its
 // own, deadlock with other workers' batches; each deadlock is a handler
 // error, so the batch is redone one delivery at a time and nothing is lost,
-// but throughput is. Such a consumer sets Config.LockFunc: it queues, with
-// the batch's BEGIN and record statements, one statement that locks every
-// shared row the batch's handlers will touch, in one global order (the
-// inventory service locks the stock rows of all the batch's orders in SKU
-// order). Batches then wait for each other in that order only, never in a
-// cycle.
+// but throughput is. A batch handler locks all of the batch's shared rows
+// in one statement, in one global order (the inventory service locks the
+// stock rows of all the batch's orders in SKU order), so batches wait for
+// each other in that order only, never in a cycle.
 //
 // # Traces
 //

@@ -50,6 +50,37 @@ type Message struct {
 // you do not need: the sequence check needs to see every event.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, m Message) error
 
+// BatchHandlerFunc applies several events inside tx, the transaction that
+// also records every one of them as processed, in the order given: stream
+// order, so an aggregate's events come in sequence. It must leave exactly
+// what the consumer's HandlerFunc, called on each event in turn in the same
+// transaction, would leave; it only does it with fewer round trips (one
+// read of all the rows the batch needs, decisions in memory, one write).
+// The rules of HandlerFunc hold for it.
+//
+// Any error, a poison one included, rolls the whole batch back, and the
+// consumer then hands the same deliveries to HandlerFunc one at a time:
+// the event that is bad fails alone, as if there were no batches. So a
+// batch handler need not isolate anything; it may simply return the first
+// error it meets.
+//
+// A batch handler that locks rows shared across aggregates should lock
+// all of them in one statement, in one global order (ORDER BY key FOR
+// UPDATE), before it reads them: batches of other workers then wait for it
+// in that order, never in a cycle.
+type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, batch []Batched) error
+
+// Batched is one event of a batch handed to a [BatchHandlerFunc].
+type Batched struct {
+	Message
+	// Ctx is the event's own context: its delivery's span (see Traces in
+	// the package documentation) under the batch's deadline. Events the
+	// handler writes because of this one should be queued to the outbox
+	// with Ctx, so that they continue this event's trace and not a
+	// neighbour's.
+	Ctx context.Context
+}
+
 // decode reads the event headers. A message that breaks the contract is
 // poison: it would fail the same way on every delivery. The returned
 // Message carries whatever could be read (the event id above all), for the

@@ -150,21 +150,14 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 	if !slices.Contains(handledTypes, m.Type) {
 		return nil // never reached through the consumer, which records other types without calling handle (Config.Handles)
 	}
-	ev, err := decodeOrderEvent(m)
+	ev, err := readOrderEvent(m)
 	if err != nil {
 		return err
 	}
-	if err := validOrderID(ev.OrderID, m.AggregateID); err != nil {
-		return inbox.Poison(fmt.Errorf("%s: %w", m.Type, err))
-	}
 	switch m.Type {
 	case TypeOrderCreated:
-		items, err := mergeLines(ev.Items)
-		if err != nil {
-			return inbox.Poison(fmt.Errorf("%s %s: %w", m.Type, ev.OrderID, err))
-		}
 		s.log.Debug("order created", "order_id", ev.OrderID, "schema_version", m.SchemaVersion, "currency", ev.Currency)
-		return s.reserve(ctx, tx, ev.OrderID, items)
+		return s.reserve(ctx, tx, ev.OrderID, ev.Items)
 	case TypeOrderPaid:
 		return s.commit(ctx, tx, ev.OrderID)
 	default:
@@ -172,31 +165,25 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 	}
 }
 
-// lockBatch is the consumer's inbox Config.LockFunc: it queues the lock of
-// every stock row the handlers of batch will touch, in SKU order, so that
-// the consumer can apply many orders in one transaction without
-// deadlocking on the hot SKUs other workers' batches hold. A message it
-// cannot read is left out: its handler poisons it, and that rolls the
-// batch back anyway.
-func (s *Service) lockBatch(b *pgx.Batch, batch []inbox.Message) {
-	var skus, orders []string
-	for _, m := range batch {
-		switch m.Type {
-		case TypeOrderCreated:
-			ev, err := decodeOrderEvent(m)
-			if err != nil {
-				continue
-			}
-			for _, it := range ev.Items {
-				skus = append(skus, it.SKU)
-			}
-		case TypeOrderPaid, TypeOrderClosed, TypeOrderRejected:
-			orders = append(orders, m.AggregateID)
-		}
+// readOrderEvent reads and checks an order event of a handled type; the
+// items of an OrderCreated come back merged (mergeLines). What breaks the
+// contract is poison.
+func readOrderEvent(m inbox.Message) (orderEvent, error) {
+	ev, err := decodeOrderEvent(m)
+	if err != nil {
+		return ev, err
 	}
-	if len(skus) > 0 || len(orders) > 0 {
-		queueLockBatch(b, skus, orders)
+	if err := validOrderID(ev.OrderID, m.AggregateID); err != nil {
+		return ev, inbox.Poison(fmt.Errorf("%s: %w", m.Type, err))
 	}
+	if m.Type != TypeOrderCreated {
+		ev.Items = nil // commit and release read what is held, not the event
+		return ev, nil
+	}
+	if ev.Items, err = mergeLines(ev.Items); err != nil {
+		return ev, inbox.Poison(fmt.Errorf("%s %s: %w", m.Type, ev.OrderID, err))
+	}
+	return ev, nil
 }
 
 // reserve holds every line of an order or none of them.

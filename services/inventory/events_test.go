@@ -560,8 +560,8 @@ func TestConcurrentCommitsAndReleasesDoNotDeadlock(t *testing.T) {
 }
 
 // Batches of many orders on a few shared SKUs, each order taking them in
-// another order: the consumer's LockFunc locks every stock row a batch will
-// touch in SKU order before the first handler runs, so batches of different
+// another order: the consumer's batch handler locks every stock row a batch
+// will touch in SKU order before it decides anything, so batches of different
 // workers never deadlock (without it they did, and each deadlock redid its
 // batch one delivery at a time); every event is applied exactly once and
 // none is dead-lettered.

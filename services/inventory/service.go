@@ -80,11 +80,10 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		outbox: &outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
 	}
 	ic := d.Inbox(ordersConsumer, s.handle)
-	// Batches of many orders, their stock rows locked first in SKU order:
-	// without that, batches of different workers locked the hot SKUs in
-	// no global order and deadlocked (hundreds of "deadlock detected" per
-	// saga run in make bench, each batch redone one delivery at a time).
-	ic.LockFunc = s.lockBatch
+	// Batches of orders decided together: two round trips a batch where
+	// handle takes two an order, each of them holding hot stock rows that
+	// other workers' batches wait for.
+	ic.BatchHandler = s.handleBatch
 	c, err := inbox.NewConsumer(d.Pool, d.JetStream, ic)
 	if err != nil {
 		return nil, fmt.Errorf("inventory: %w", err)

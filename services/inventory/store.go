@@ -123,23 +123,6 @@ func queueLockStock(b *pgx.Batch, skus []string, into map[string]Stock) {
 	})
 }
 
-// queueLockBatch queues into b the statement that locks, in SKU order, the
-// stock rows of skus and of what orders hold (RESERVED): every stock row a
-// batch of reservations, commits and releases will lock, taken at once
-// before the first of them runs. Each handler then locks a subset of what
-// its transaction holds already, so batches of different workers wait for
-// each other only in SKU order, as single reservations do
-// (queueLockStock), and never deadlock. The reservations read here are
-// those committed before the batch; one its own OrderCreated writes later
-// has its SKUs in skus.
-func queueLockBatch(b *pgx.Batch, skus, orders []string) {
-	b.Queue(`
-		SELECT 1 FROM stock
-		WHERE sku = ANY($1::text[])
-		   OR sku IN (SELECT sku FROM reservations WHERE order_id = ANY($2::text[]) AND state = 'RESERVED')
-		ORDER BY sku FOR UPDATE`, skus, orders)
-}
-
 // reservationState is what is recorded about an order when its
 // OrderCreated is handled, and the stock its lines ask for.
 type reservationState struct {

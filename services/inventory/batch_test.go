@@ -1,0 +1,168 @@
+package inventory
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/shop-ref/shop/pkg/inbox"
+)
+
+// history is a random stream of order events over a few scarce SKUs: each
+// order follows one of the scripts below (its events in sequence), and the
+// orders' events are interleaved at random, as the ORDERS stream would
+// interleave them.
+func history(t *testing.T, rng *rand.Rand, orders int) []inbox.Message {
+	t.Helper()
+	skus := []string{"A", "B", "C", "D"}
+	line := func() Item {
+		if rng.IntN(20) == 0 {
+			return Item{"GHOST", 1} // not stocked: rejected
+		}
+		return Item{skus[rng.IntN(len(skus))], int64(1 + rng.IntN(4))}
+	}
+	scripts := [][]string{
+		{TypeOrderCreated, TypeOrderPaid},
+		{TypeOrderCreated, TypeOrderPaid},
+		{TypeOrderCreated, TypeOrderClosed},
+		{TypeOrderCreated, TypeOrderRejected},
+		{TypeOrderClosed, TypeOrderCreated},                   // released before reserved: a tombstone
+		{TypeOrderCreated, TypeOrderCreated, TypeOrderClosed}, // a second OrderCreated under another id
+		{TypeOrderCreated},
+		{TypeOrderPaid, TypeOrderCreated},
+		{TypeOrderCreated, TypeOrderPaid, TypeOrderClosed},
+		{TypeOrderRejected, TypeOrderClosed},
+	}
+	var queues [][]inbox.Message
+	for i := range orders {
+		id := fmt.Sprintf("order-%03d", i)
+		var items []Item
+		for range 1 + rng.IntN(3) {
+			items = append(items, line()) // a SKU may come twice: merged
+		}
+		var q []inbox.Message
+		for seq, typ := range scripts[rng.IntN(len(scripts))] {
+			payload := orderClosed(id, "payment_timeout")
+			switch typ {
+			case TypeOrderCreated:
+				payload = orderCreated(id, items...)
+			case TypeOrderPaid:
+				payload = orderPaid(id)
+			}
+			q = append(q, message(t, id, int64(seq+1), typ, payload))
+		}
+		queues = append(queues, q)
+	}
+	var stream []inbox.Message
+	for len(queues) > 0 {
+		i := rng.IntN(len(queues))
+		stream = append(stream, queues[i][0])
+		if queues[i] = queues[i][1:]; len(queues[i]) == 0 {
+			queues = slices.Delete(queues, i, i+1)
+		}
+	}
+	return stream
+}
+
+// The batch handler decides as the one-at-a-time handler does: the same
+// random histories, applied one event per transaction on one schema and in
+// batches of random sizes on another, leave the same stock, reservations,
+// tombstones and events, payloads included.
+func TestBatchDecidesAsOneAtATime(t *testing.T) {
+	t.Parallel()
+	for run := range 6 {
+		seed := uint64(run + 1)
+		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, seed))
+			stream := history(t, rng, 60)
+			alone, batched := setup(t), setup(t)
+			for _, f := range []*fixture{alone, batched} {
+				for _, sku := range []string{"A", "B", "C", "D"} {
+					f.seed(t, sku, 15, 100)
+				}
+			}
+			for _, m := range stream {
+				if err := alone.apply(t, m); err != nil {
+					t.Fatalf("%s %s: %v", m.Type, m.AggregateID, err)
+				}
+			}
+			widest := 0
+			for rest := stream; len(rest) > 0; {
+				n := min(len(rest), 1+rng.IntN(24))
+				if err := batched.applyBatch(t, rest[:n]); err != nil {
+					t.Fatalf("a batch of %d: %v", n, err)
+				}
+				widest = max(widest, n)
+				rest = rest[n:]
+			}
+			if widest < 2 {
+				t.Fatal("no batch had two events; the test proves nothing")
+			}
+			a, b := alone.snapshot(t), batched.snapshot(t)
+			if a != b {
+				t.Errorf("one at a time and in batches differ:\n--- one at a time\n%s\n--- in batches\n%s", a, b)
+			}
+			// The histories reach every decision, or the comparison is thin.
+			for _, want := range []string{TypeInventoryReserved, TypeInventoryCommitted, TypeInventoryReleased,
+				ReasonInsufficientStock, ReasonReleased, "tombstone"} {
+				if !strings.Contains(a, want) {
+					t.Errorf("the history never reached %s", want)
+				}
+			}
+		})
+	}
+}
+
+// applyBatch calls the consumer's batch handler directly in a transaction
+// of its own, as the inbox would, and commits.
+func (f *fixture) applyBatch(t *testing.T, ms []inbox.Message) error {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	batch := make([]inbox.Batched, len(ms))
+	for i, m := range ms {
+		batch[i] = inbox.Batched{Message: m, Ctx: ctx}
+	}
+	if err := f.svc.handleBatch(ctx, tx, batch); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// snapshot is the service's state as text: stock, reservations,
+// tombstones, and the order events it emitted, in sequence.
+func (f *fixture) snapshot(t *testing.T) string {
+	t.Helper()
+	var out strings.Builder
+	for _, q := range []string{
+		`SELECT sku, on_hand, reserved, sold, supplied FROM stock ORDER BY sku`,
+		`SELECT order_id, sku, quantity, state FROM reservations ORDER BY order_id, sku`,
+		`SELECT 'tombstone', order_id FROM released_orders ORDER BY order_id`,
+		`SELECT aggregate_id, aggregate_seq, event_type, payload::jsonb FROM outbox
+		 WHERE aggregate_type = 'order' ORDER BY aggregate_id, aggregate_seq`,
+	} {
+		rows, err := f.pool.Query(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintln(&out, vals...)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out.String()
+}
