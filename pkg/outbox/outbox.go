@@ -113,12 +113,23 @@ func (w *Writer) Queue(ctx context.Context, b *pgx.Batch, events ...Event) error
 	if err != nil {
 		return err
 	}
+	var counted []*group
 	for _, g := range groups {
 		if g.givenSeq {
 			b.Queue(insertGivenSQL, g.aggType, g.aggID, g.seqs, g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
 			continue
 		}
+		counted = append(counted, g)
+	}
+	switch {
+	case len(counted) == 1:
+		g := counted[0]
 		b.Queue(insertSQL, g.aggType, g.aggID, len(g.ids), g.ids, g.types, g.versions, g.subjects, g.payloads, g.headers, g.occurred)
+	case len(counted) > 1:
+		// One statement for many aggregates (a consumer's batch writes an
+		// event for each of its orders): a statement each cost most of the
+		// write of such a batch.
+		queueMany(b, counted)
 	}
 	if w.shouldNotify() {
 		// Delivered by Postgres only when the transaction commits: a
@@ -157,6 +168,56 @@ INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event
 SELECT e.id, $1, $2, e.seq, e.typ, e.ver, e.subj, e.payload::json, e.headers::jsonb, e.at
 FROM unnest($3::bigint[], $4::uuid[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::timestamptz[])
      AS e(seq, id, typ, ver, subj, payload, headers, at)`
+
+// insertManySQL is insertSQL for several aggregates at once. Their counter
+// rows are upserted in the order given, which is groupByAggregate's fixed
+// aggregate order, so two transactions still lock them in one order.
+const insertManySQL = `
+WITH seq AS (
+	INSERT INTO outbox_sequences (aggregate_type, aggregate_id, last_seq)
+	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+	ON CONFLICT (aggregate_type, aggregate_id)
+	DO UPDATE SET last_seq = outbox_sequences.last_seq + EXCLUDED.last_seq
+	RETURNING aggregate_type, aggregate_id, last_seq
+)
+INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+                    schema_version, subject, payload, headers, occurred_at)
+SELECT e.id, e.agg_type, e.agg_id, seq.last_seq - e.cnt + e.k, e.typ, e.ver, e.subj, e.payload::json, e.headers::jsonb, e.at
+FROM unnest($4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::uuid[], $9::text[], $10::int[], $11::text[], $12::text[], $13::text[], $14::timestamptz[])
+     WITH ORDINALITY AS e(agg_type, agg_id, k, cnt, id, typ, ver, subj, payload, headers, at, ord)
+JOIN seq ON seq.aggregate_type = e.agg_type AND seq.aggregate_id = e.agg_id
+ORDER BY e.ord`
+
+// queueMany queues insertManySQL for groups, none of them numbered by the
+// caller.
+func queueMany(b *pgx.Batch, groups []*group) {
+	var (
+		aggTypes, aggIDs                                 []string
+		counts                                           []int64
+		eTypes, eIDs, types, subjects, payloads, headers []string
+		ks, cnts                                         []int64
+		ids                                              []uuid.UUID
+		versions                                         []int32
+		occurred                                         []time.Time
+	)
+	for _, g := range groups {
+		n := int64(len(g.ids))
+		aggTypes, aggIDs, counts = append(aggTypes, g.aggType), append(aggIDs, g.aggID), append(counts, n)
+		for i := range g.ids {
+			eTypes, eIDs = append(eTypes, g.aggType), append(eIDs, g.aggID)
+			ks, cnts = append(ks, int64(i+1)), append(cnts, n)
+		}
+		ids = append(ids, g.ids...)
+		types = append(types, g.types...)
+		versions = append(versions, g.versions...)
+		subjects = append(subjects, g.subjects...)
+		payloads = append(payloads, g.payloads...)
+		headers = append(headers, g.headers...)
+		occurred = append(occurred, g.occurred...)
+	}
+	b.Queue(insertManySQL, aggTypes, aggIDs, counts,
+		eTypes, eIDs, ks, cnts, ids, types, versions, subjects, payloads, headers, occurred)
+}
 
 // The channel is per schema, so relays of one service wake only for it.
 const notifySQL = `SELECT pg_notify('outbox.' || current_schema(), '')`

@@ -136,6 +136,8 @@ func TestAdd(t *testing.T) {
 		var w Writer
 		add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"))
 		add(t, e.db.Pool, &w, event("o-1", "OrderPaid"), event("o-1", "OrderCompleted"))
+		// Several aggregates, interleaved, go in one statement.
+		add(t, e.db.Pool, &w, event("o-2", "A"), event("o-1", "B"), event("o-3", "C"), event("o-2", "D"))
 
 		rows, err := e.db.Pool.Query(context.Background(),
 			`SELECT aggregate_id, aggregate_seq, event_type FROM outbox ORDER BY aggregate_id, aggregate_seq`)
@@ -151,7 +153,7 @@ func TestAdd(t *testing.T) {
 			}
 			got = append(got, fmt.Sprintf("%s/%d/%s", agg, seq, typ))
 		}
-		want := "o-1/1/OrderCreated o-1/2/OrderPaid o-1/3/OrderCompleted o-2/1/OrderCreated"
+		want := "o-1/1/OrderCreated o-1/2/OrderPaid o-1/3/OrderCompleted o-1/4/B o-2/1/OrderCreated o-2/2/A o-2/3/D o-3/1/C"
 		if strings.Join(got, " ") != want {
 			t.Fatalf("outbox = %v, want %s", got, want)
 		}

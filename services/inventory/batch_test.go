@@ -2,11 +2,14 @@ package inventory
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/pkg/inbox"
 )
@@ -106,6 +109,25 @@ func TestBatchDecidesAsOneAtATime(t *testing.T) {
 			if a != b {
 				t.Errorf("one at a time and in batches differ:\n--- one at a time\n%s\n--- in batches\n%s", a, b)
 			}
+			// Each event carries the trace of the delivery that caused it,
+			// not a neighbour's in the batch.
+			rows, err := batched.pool.Query(context.Background(),
+				`SELECT aggregate_id, headers->>'traceparent' FROM outbox WHERE aggregate_type = 'order'`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var id, parent string
+				if err := rows.Scan(&id, &parent); err != nil {
+					t.Fatal(err)
+				}
+				if want := orderSpan(id).TraceID().String(); !strings.Contains(parent, want) {
+					t.Errorf("an event of %s has traceparent %q, want trace %s", id, parent, want)
+				}
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
 			// The histories reach every decision, or the comparison is thin.
 			for _, want := range []string{TypeInventoryReserved, TypeInventoryCommitted, TypeInventoryReleased,
 				ReasonInsufficientStock, ReasonReleased, "tombstone"} {
@@ -129,12 +151,21 @@ func (f *fixture) applyBatch(t *testing.T, ms []inbox.Message) error {
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	batch := make([]inbox.Batched, len(ms))
 	for i, m := range ms {
-		batch[i] = inbox.Batched{Message: m, Ctx: ctx}
+		batch[i] = inbox.Batched{Message: m, Ctx: trace.ContextWithSpanContext(ctx, orderSpan(m.AggregateID))}
 	}
 	if err := f.svc.handleBatch(ctx, tx, batch); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// orderSpan is the span context applyBatch gives every event of orderID,
+// as if each order were a trace of its own.
+func orderSpan(orderID string) trace.SpanContext {
+	sum := sha256.Sum256([]byte(orderID))
+	return trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID(sum[:16]), SpanID: trace.SpanID(sum[16:24]), TraceFlags: trace.FlagsSampled,
+	})
 }
 
 // snapshot is the service's state as text: stock, reservations,

@@ -7,6 +7,9 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // batchState is what a batch of order events reads, locked, before it
@@ -14,7 +17,7 @@ import (
 // recorded about each of its orders. The decisions change it in memory;
 // batchWrite remembers what to write.
 type batchState struct {
-	stock  map[string]*Stock       // locked for the rest of tx, by SKU; unknown SKUs are absent
+	stock  map[string]*Stock      // locked for the rest of tx, by SKU; unknown SKUs are absent
 	orders map[string]*batchOrder // by order id
 }
 
@@ -96,8 +99,7 @@ func lockBatchState(ctx context.Context, tx pgx.Tx, skus, orders []string) (*bat
 		}
 		return rows.Err()
 	})
-	b.Queue(`SELECT order_id FROM released_orders WHERE order_id = ANY($1::text[])`, orders,
-	).Query(func(rows pgx.Rows) error {
+	b.Queue(`SELECT order_id FROM released_orders WHERE order_id = ANY($1::text[])`, orders).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var id string
 			if err := rows.Scan(&id); err != nil {
@@ -190,10 +192,19 @@ func (w *batchWrite) send(ctx context.Context, tx pgx.Tx, s *Service) error {
 			INSERT INTO released_orders (order_id) SELECT unnest($1::text[])
 			ON CONFLICT (order_id) DO NOTHING`, w.tombstones)
 	}
-	for _, e := range w.events {
-		if err := s.outbox.Queue(e.ctx, b, orderEventOf(e.orderID, e.typ, e.payload)); err != nil {
-			return err
-		}
+	// The events in one call, so in one statement (a statement each was
+	// half of the batch's write), each with the trace of the delivery that
+	// caused it in its own headers (the writer keeps a traceparent it is
+	// given) rather than one trace for all.
+	events := make([]outbox.Event, len(w.events))
+	for i, e := range w.events {
+		events[i] = orderEventOf(e.orderID, e.typ, e.payload)
+		trace := propagation.MapCarrier{}
+		propagation.TraceContext{}.Inject(e.ctx, trace)
+		events[i].Headers = trace
+	}
+	if err := s.outbox.Queue(ctx, b, events...); err != nil {
+		return err
 	}
 	if b.Len() == 0 {
 		return nil

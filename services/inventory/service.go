@@ -84,6 +84,13 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 	// handle takes two an order, each of them holding hot stock rows that
 	// other workers' batches wait for.
 	ic.BatchHandler = s.handleBatch
+	// Those batches wait for each other on the hot stock rows, one at a
+	// time: what a batch costs besides its rows (its round trips, its
+	// commit) is paid once per batch, so bigger batches drain faster (row
+	// 7c of make bench: 64 → 256 took the drain from about 3,600 to 6,600
+	// events/s). A lone delivery still waits for nothing. Prefetch is then
+	// Workers × 256 = 2,048 messages, half the default MaxAckPending.
+	ic.BatchSize = 256
 	c, err := inbox.NewConsumer(d.Pool, d.JetStream, ic)
 	if err != nil {
 		return nil, fmt.Errorf("inventory: %w", err)
