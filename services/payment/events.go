@@ -81,50 +81,107 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 	if !slices.Contains(handledTypes, m.Type) {
 		return nil // never reached through the consumer, which records other types without calling handle (Config.Handles)
 	}
-	if m.SchemaVersion != 1 {
-		return inbox.Poison(fmt.Errorf("%s schema version %d is not supported", m.Type, m.SchemaVersion))
+	ev, err := readOrderEvent(m)
+	if err != nil {
+		return err
 	}
+	if m.Type == typeRefundRequested {
+		return s.requestRefund(ctx, tx, m.EventID, ev, *ev.Amount)
+	}
+	sql, args := intentStatement(ctx, m.Type, ev)
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		return fmt.Errorf("%s: write intent of %s: %w", m.Type, ev.OrderID, err)
+	}
+	return nil
+}
+
+// typeRefundRequested is the one event whose handling reads before it
+// writes.
+const typeRefundRequested = "RefundRequested"
+
+// readOrderEvent reads and checks an ORDERS event of a handled type: what
+// breaks the contract is poison. The amount an event needs (Total or
+// Amount) is there when it returns nil.
+func readOrderEvent(m inbox.Message) (orderEvent, error) {
 	var ev orderEvent
+	if m.SchemaVersion != 1 {
+		return ev, inbox.Poison(fmt.Errorf("%s schema version %d is not supported", m.Type, m.SchemaVersion))
+	}
 	if err := json.Unmarshal(m.Data, &ev); err != nil {
-		return inbox.Poison(fmt.Errorf("decode %s: %w", m.Type, err))
+		return ev, inbox.Poison(fmt.Errorf("decode %s: %w", m.Type, err))
 	}
 	if ev.OrderID == "" {
-		return inbox.Poison(fmt.Errorf("%s without order_id", m.Type))
+		return ev, inbox.Poison(fmt.Errorf("%s without order_id", m.Type))
 	}
-	need := func(name string, v *int64) (int64, error) {
+	need := func(name string, v *int64) error {
 		if v == nil || *v < 0 {
-			return 0, inbox.Poison(fmt.Errorf("%s without a valid %s", m.Type, name))
+			return inbox.Poison(fmt.Errorf("%s without a valid %s", m.Type, name))
 		}
-		return *v, nil
+		return nil
 	}
 	switch m.Type {
-	case "OrderCreated":
-		total, err := need("total", ev.Total)
-		if err != nil {
-			return err
-		}
-		return createIntent(ctx, tx, ev.OrderID, total)
-	case "OrderAwaitingPayment":
-		total, err := need("total", ev.Total)
-		if err != nil {
-			return err
-		}
-		return markPayable(ctx, tx, ev.OrderID, total)
-	case "OrderPaid":
-		amount, err := need("amount", ev.Amount)
-		if err != nil {
-			return err
-		}
-		return markPaid(ctx, tx, ev.OrderID, amount)
-	case "OrderClosed", "OrderRejected":
-		return markClosed(ctx, tx, ev.OrderID)
-	default: // RefundRequested
-		amount, err := need("amount", ev.Amount)
-		if err != nil {
-			return err
-		}
-		return s.requestRefund(ctx, tx, m.EventID, ev, amount)
+	case "OrderCreated", "OrderAwaitingPayment":
+		return ev, need("total", ev.Total)
+	case "OrderPaid", typeRefundRequested:
+		return ev, need("amount", ev.Amount)
 	}
+	return ev, nil
+}
+
+// intentStatement is the one statement by which an ORDERS event other than
+// RefundRequested moves its order's payment intent. None of them reads
+// first, so a batch of them can go in one round trip (handleBatch).
+func intentStatement(ctx context.Context, typ string, ev orderEvent) (string, []any) {
+	switch typ {
+	case "OrderCreated":
+		return createIntentSQL, []any{ev.OrderID, *ev.Total}
+	case "OrderAwaitingPayment":
+		return markPayableSQL, []any{ev.OrderID, *ev.Total, traceHeaders(ctx)}
+	case "OrderPaid":
+		return markPaidSQL, []any{ev.OrderID, *ev.Amount}
+	default: // OrderClosed, OrderRejected
+		return markClosedSQL, []any{ev.OrderID}
+	}
+}
+
+// handleBatch is the consumer's inbox Config.BatchHandler: the intent
+// statements of a batch's events go out in one round trip instead of one
+// each. A RefundRequested reads its payment before it writes, so what is
+// queued before it is sent first: every statement runs in stream order
+// and sees what the events before it wrote, as with handle one event at a
+// time (TestBatchMovesIntentsAsOneAtATime). Any error fails the batch, and
+// the inbox applies it again one event at a time.
+func (s *Service) handleBatch(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) error {
+	b := &pgx.Batch{}
+	flush := func() error {
+		if b.Len() == 0 {
+			return nil
+		}
+		err := tx.SendBatch(ctx, b).Close()
+		b = &pgx.Batch{}
+		if err != nil {
+			return fmt.Errorf("write the intents of a batch: %w", err)
+		}
+		return nil
+	}
+	for _, e := range batch {
+		ev, err := readOrderEvent(e.Message)
+		if err != nil {
+			return err
+		}
+		if e.Type == typeRefundRequested {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := s.requestRefund(e.Ctx, tx, e.EventID, ev, *ev.Amount); err != nil {
+				return err
+			}
+			continue
+		}
+		sql, args := intentStatement(e.Ctx, e.Type, ev)
+		b.Queue(sql, args...)
+	}
+	return flush()
 }
 
 // requestRefund records the refund in the inbox transaction; the provider

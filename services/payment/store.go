@@ -223,52 +223,29 @@ func queueInsertPayment(b *pgx.Batch, p Payment) {
 // each write only guards against what cannot happen in order anyway: a
 // state never moves back.
 
-func createIntent(ctx context.Context, tx pgx.Tx, orderID string, amount int64) error {
-	_, err := tx.Exec(ctx, `
+// The statements that move a payment intent, one per ORDERS event
+// (intentStatement).
+const (
+	createIntentSQL = `
 		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PENDING', $2)
-		ON CONFLICT (order_id) DO NOTHING`, orderID, amount)
-	if err != nil {
-		return fmt.Errorf("create intent: %w", err)
-	}
-	return nil
-}
-
-func markPayable(ctx context.Context, tx pgx.Tx, orderID string, amount int64) error {
+		ON CONFLICT (order_id) DO NOTHING`
 	// An upsert: OrderAwaitingPayment carries the total, so the intent can
 	// be made from it alone.
-	_, err := tx.Exec(ctx, `
+	markPayableSQL = `
 		INSERT INTO intents (order_id, state, amount, trace_headers) VALUES ($1, 'PAYABLE', $2, $3)
 		ON CONFLICT (order_id) DO UPDATE SET state = 'PAYABLE', amount = EXCLUDED.amount, updated_at = now(),
 			trace_headers = EXCLUDED.trace_headers
-		WHERE intents.state = 'PENDING'`, orderID, amount, traceHeaders(ctx))
-	if err != nil {
-		return fmt.Errorf("mark intent payable: %w", err)
-	}
-	return nil
-}
-
-func markPaid(ctx context.Context, tx pgx.Tx, orderID string, amount int64) error {
-	_, err := tx.Exec(ctx, `
+		WHERE intents.state = 'PENDING'`
+	markPaidSQL = `
 		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PAID', $2)
 		ON CONFLICT (order_id) DO UPDATE SET state = 'PAID', updated_at = now()
-		WHERE intents.state IN ('PENDING', 'PAYABLE')`, orderID, amount)
-	if err != nil {
-		return fmt.Errorf("mark intent paid: %w", err)
-	}
-	return nil
-}
-
-func markClosed(ctx context.Context, tx pgx.Tx, orderID string) error {
+		WHERE intents.state IN ('PENDING', 'PAYABLE')`
 	// No amount in OrderClosed/OrderRejected: an order never seen stays
 	// unknown, and its callbacks get 404.
-	_, err := tx.Exec(ctx, `
+	markClosedSQL = `
 		UPDATE intents SET state = 'CLOSED', updated_at = now()
-		WHERE order_id = $1 AND state <> 'CLOSED'`, orderID)
-	if err != nil {
-		return fmt.Errorf("mark intent closed: %w", err)
-	}
-	return nil
-}
+		WHERE order_id = $1 AND state <> 'CLOSED'`
+)
 
 // insertRefundSQL records a requested refund. It does nothing when the
 // payment already has one (the saga asked twice) or the key is known (a
