@@ -25,6 +25,16 @@
 // instance, and the timeouts of its first state ([Timeout]), into the batch
 // that writes the business row starting it.
 //
+// A consumer that applies a batch of deliveries in one transaction
+// (pkg/inbox Config.BatchHandler) hands them to [Saga.ApplyBatch]: one
+// round trip locks every instance of the batch, in id order, the funcs run
+// in stream order on the instances as the batch's earlier events left them,
+// and one round trip saves everything, where Apply in turn takes two per
+// event. A func's reads then run before the writes of the batch's earlier
+// transitions of other instances are sent, so ApplyBatch suits funcs that
+// read only their own instance's rows; a second event of one instance has
+// what is queued sent first.
+//
 // A [Scanner] fires durable timeouts: a due timeout is applied as an event of
 // type "timeout:<name>" ([TimeoutEvent]).
 //

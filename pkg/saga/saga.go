@@ -219,25 +219,60 @@ func (s *Saga) Apply(ctx context.Context, tx pgx.Tx, id string, ev Event) (Resul
 
 // apply is Apply for instance in, read and locked by the caller in tx.
 func (s *Saga) apply(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (res Result, err error) {
+	p, err := s.prepare(ctx, tx, in, ev)
+	defer func() { p.end(err) }()
+	if err != nil {
+		return Result{}, err
+	}
+	if err := tx.SendBatch(ctx, p.batch).Close(); err != nil {
+		if !p.res.Applied {
+			return Result{}, fmt.Errorf("saga %s %s: record unexpected %s: %w", s.typ, in.ID, ev.Type, err)
+		}
+		return Result{}, fmt.Errorf("saga %s %s: save %s on %s: %w", s.typ, in.ID, in.State, ev.Type, err)
+	}
+	return p.res, nil
+}
+
+// prepared is a transition run but not yet saved: batch holds the func's
+// writes, then the new state and timeouts (or, for an unexpected event,
+// its record), to be sent on the transition's transaction.
+type prepared struct {
+	res   Result
+	data  json.RawMessage // the instance's data after the transition
+	batch *pgx.Batch
+	span  trace.Span // nil for an unexpected event
+}
+
+// end ends the transition's span, once what was prepared is saved (err nil)
+// or not.
+func (p prepared) end(err error) {
+	if p.span != nil {
+		endTransition(p.span, err)
+	}
+}
+
+// prepare runs the transition of in for ev in tx (the func and its reads)
+// and queues what saves it; nothing is written until the batch is sent.
+func (s *Saga) prepare(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (prepared, error) {
+	b := &pgx.Batch{}
 	t, ok := s.table[[2]string{in.State, ev.Type}]
 	if !ok {
 		trace.SpanFromContext(ctx).AddEvent("saga unexpected event", trace.WithAttributes(
 			attribute.String("saga.type", s.typ), attribute.String("saga.id", in.ID),
 			attribute.String("saga.state", in.State), attribute.String("saga.event", ev.Type)))
-		return Result{From: in.State, To: in.State, Version: in.Version}, s.unexpected(ctx, tx, in.ID, &in.State, ev)
+		s.queueUnexpected(b, in.ID, &in.State, ev)
+		return prepared{res: Result{From: in.State, To: in.State, Version: in.Version}, data: in.Data, batch: b}, nil
 	}
 	ctx, span := startTransition(ctx, s.typ, in, t)
-	defer func() { endTransition(span, err) }()
 	st := &Step{Instance: in, Event: ev, To: t.To, Data: in.Data,
-		batch: &pgx.Batch{}, set: map[string]time.Time{}, cancel: map[string]bool{}}
+		batch: b, set: map[string]time.Time{}, cancel: map[string]bool{}}
 	if t.Func != nil {
 		if err := t.Func(ctx, tx, st); err != nil {
-			return Result{}, fmt.Errorf("saga %s %s: %s on %s: %w", s.typ, in.ID, in.State, ev.Type, err)
+			return prepared{span: span}, fmt.Errorf("saga %s %s: %s on %s: %w", s.typ, in.ID, in.State, ev.Type, err)
 		}
 	}
 	// The func's writes first, in the order it queued them, then the state:
 	// one round trip for the whole transition.
-	b := st.batch
 	b.Queue(`UPDATE saga_instances SET state = $2, version = version + 1, data = $3, updated_at = now() WHERE id = $1`,
 		in.ID, t.To, []byte(st.Data))
 	trace := traceHeaders(ctx) // the transition's span: the timeout continues it
@@ -248,19 +283,26 @@ func (s *Saga) apply(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (res
 	for name := range st.cancel {
 		b.Queue(`DELETE FROM saga_timeouts WHERE saga_id = $1 AND name = $2`, in.ID, name)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return Result{}, fmt.Errorf("saga %s %s: save %s on %s: %w", s.typ, in.ID, in.State, ev.Type, err)
-	}
-	return Result{Applied: true, From: in.State, To: t.To, Version: in.Version + 1}, nil
+	return prepared{
+		res:  Result{Applied: true, From: in.State, To: t.To, Version: in.Version + 1},
+		data: st.Data, batch: b, span: span,
+	}, nil
 }
 
 func (s *Saga) unexpected(ctx context.Context, tx pgx.Tx, id string, state *string, ev Event) error {
-	_, err := tx.Exec(ctx, `INSERT INTO saga_unexpected (saga_id, saga_type, state, event_type, event_id)
-		VALUES ($1, $2, $3, $4, NULLIF($5, ''))`, id, s.typ, state, ev.Type, ev.ID)
-	if err != nil {
+	b := &pgx.Batch{}
+	s.queueUnexpected(b, id, state, ev)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("saga %s %s: record unexpected %s: %w", s.typ, id, ev.Type, err)
 	}
 	return nil
+}
+
+// queueUnexpected queues the record of an event with no transition (state
+// nil: no such instance).
+func (s *Saga) queueUnexpected(b *pgx.Batch, id string, state *string, ev Event) {
+	b.Queue(`INSERT INTO saga_unexpected (saga_id, saga_type, state, event_type, event_id)
+		VALUES ($1, $2, $3, $4, NULLIF($5, ''))`, id, s.typ, state, ev.Type, ev.ID)
 }
 
 // DB is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.

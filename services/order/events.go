@@ -81,16 +81,70 @@ func (s *Service) applyEvent(ctx context.Context, tx pgx.Tx, m inbox.Message) er
 	if err := checkVersion(m); err != nil {
 		return err
 	}
-	res, err := s.saga.Apply(ctx, tx, m.AggregateID, saga.Event{Type: m.Type, ID: m.EventID.String(), Data: m.Data})
+	res, err := s.saga.Apply(ctx, tx, m.AggregateID, sagaEvent(m))
 	if err != nil {
 		return err
 	}
+	s.logTransition(m, res)
+	return nil
+}
+
+// batchHandler is a saga consumer's inbox Config.BatchHandler: the saga
+// events of a batch go to Saga.ApplyBatch together (the order saga's funcs
+// read only their own order, as ApplyBatch requires), two round trips
+// where one at a time takes two an event. Any other event handle applies
+// (ProductUpdated) runs in its place in the stream, after the saga events
+// before it are saved, so the batch's order holds.
+func (s *Service) batchHandler(outcomes []string, handle inbox.HandlerFunc) inbox.BatchHandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) error {
+		var (
+			events []saga.BatchEvent
+			msgs   []inbox.Message
+		)
+		flush := func() error {
+			if len(events) == 0 {
+				return nil
+			}
+			results, err := s.saga.ApplyBatch(ctx, tx, events)
+			if err != nil {
+				return err
+			}
+			for i, res := range results {
+				s.logTransition(msgs[i], res)
+			}
+			events, msgs = nil, nil
+			return nil
+		}
+		for _, b := range batch {
+			if !slices.Contains(outcomes, b.Type) {
+				if err := flush(); err != nil {
+					return err
+				}
+				if err := handle(b.Ctx, tx, b.Message); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := checkVersion(b.Message); err != nil {
+				return err
+			}
+			events = append(events, saga.BatchEvent{Ctx: b.Ctx, ID: b.AggregateID, Event: sagaEvent(b.Message)})
+			msgs = append(msgs, b.Message)
+		}
+		return flush()
+	}
+}
+
+func sagaEvent(m inbox.Message) saga.Event {
+	return saga.Event{Type: m.Type, ID: m.EventID.String(), Data: m.Data}
+}
+
+func (s *Service) logTransition(m inbox.Message, res saga.Result) {
 	if !res.Applied {
 		s.log.Warn("saga event unexpected", "order_id", m.AggregateID, "event", m.Type, "event_id", m.EventID, "state", res.From)
 	} else {
 		s.log.Info("saga transition", "order_id", m.AggregateID, "event", m.Type, "from", res.From, "to", res.To)
 	}
-	return nil
 }
 
 // checkVersion refuses payload versions this code does not know: retrying

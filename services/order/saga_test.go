@@ -1,6 +1,7 @@
 package order
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/saga"
 )
 
@@ -294,5 +296,48 @@ func TestSagaEventsAreHandled(t *testing.T) {
 		if !slices.Contains(handled, tr.Event) {
 			t.Errorf("the saga has a transition on %s, which no consumer's Handles lists", tr.Event)
 		}
+	}
+}
+
+// A saga consumer's batch handler applies a batch as its handler would one
+// event at a time: saga events through Saga.ApplyBatch (an unexpected one
+// recorded), a ProductUpdated among them in its place.
+func TestBatchHandlerAppliesTheBatchInOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 250)
+	a, b, c := e.create(t, "SKU-1", 1), e.create(t, "SKU-1", 2), e.create(t, "SKU-1", 3)
+	msg := func(aggID string, seq int64, typ string, payload any) inbox.Batched {
+		data, err := json.Marshal(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inbox.Batched{Ctx: t.Context(), Message: inbox.Message{EventID: uuid.New(), Type: typ,
+			AggregateID: aggID, Seq: seq, SchemaVersion: 1, Data: data}}
+	}
+	reserved := func(o Order) inbox.Batched {
+		return msg(o.ID.String(), 1, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{}})
+	}
+	batch := []inbox.Batched{
+		reserved(a),
+		msg("SKU-1", 99, "ProductUpdated", map[string]any{"sku": "SKU-1", "price": 300}),
+		reserved(b),
+		msg(c.ID.String(), 1, "InventoryRejected", map[string]any{"order_id": c.ID, "reason": "insufficient_stock"}),
+		reserved(a), // a is in WAIT_PAY by now: unexpected
+	}
+	handle := e.svc.batchHandler(inventoryOutcomes, e.svc.handleInventory)
+	if err := pgx.BeginFunc(t.Context(), e.pool, func(tx pgx.Tx) error { return handle(t.Context(), tx, batch) }); err != nil {
+		t.Fatal(err)
+	}
+	for o, want := range map[uuid.UUID]string{a.ID: WaitPay, b.ID: WaitPay, c.ID: Rejected} {
+		if got := e.get(t, o).Status; got != want {
+			t.Errorf("order %s: %s, want %s", o, got, want)
+		}
+	}
+	if n := e.count(t, `SELECT price FROM catalogue WHERE sku = 'SKU-1'`); n != 300 {
+		t.Errorf("price %d, want 300", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'InventoryReserved'`, a.ID.String()); n != 1 {
+		t.Errorf("%d unexpected records for the second InventoryReserved, want 1", n)
 	}
 }

@@ -155,8 +155,14 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		"order-payment":     s.handlePayment,
 		"order-fulfillment": s.handleFulfillment,
 	}
+	outcomes := map[string][]string{
+		"order-inventory":   inventoryOutcomes,
+		"order-payment":     paymentOutcomes,
+		"order-fulfillment": fulfillmentOutcomes,
+	}
 	for _, c := range consumers {
 		cfg := d.Inbox(c, handlers[c.Name])
+		cfg.BatchHandler = s.batchHandler(outcomes[c.Name], handlers[c.Name])
 		cfg.Workers = consumerWorkers
 		consumer, err := inbox.NewConsumer(s.pool, s.js, cfg)
 		if err != nil {

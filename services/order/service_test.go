@@ -32,6 +32,7 @@ import (
 // env is one test's world: its own schema, NATS server with the four
 // streams, a running Service and its HTTP server.
 type env struct {
+	svc  *Service
 	db   *pgtest.Schema
 	pool *pgxpool.Pool
 	js   jetstream.JetStream
@@ -86,7 +87,7 @@ func setupWith(t *testing.T, cfg Config, hooks registry.Hooks) *env {
 			t.Error("Run did not return after its context ended")
 		}
 	})
-	return &env{db: db, pool: pool, js: js, url: hs.URL, seqs: map[string]int64{}}
+	return &env{svc: svc, db: db, pool: pool, js: js, url: hs.URL, seqs: map[string]int64{}}
 }
 
 // upstream builds an event as a producer's outbox relay would publish it,
