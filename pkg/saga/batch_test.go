@@ -117,27 +117,9 @@ func TestApplyBatchAsApplyInTurn(t *testing.T) {
 // (timestamps left out).
 func (e *env) sagaSnapshot(t *testing.T) string {
 	t.Helper()
-	var out strings.Builder
-	for _, q := range []string{
+	return e.db.Dump(t,
 		`SELECT id, state, version, data::text FROM saga_instances ORDER BY id`,
 		`SELECT saga_id, name FROM saga_timeouts ORDER BY saga_id, name`,
 		`SELECT saga_id, coalesce(state, '-'), event_type, event_id FROM saga_unexpected ORDER BY event_id`,
-		`SELECT saga_id, from_state, event FROM effects ORDER BY saga_id, at`,
-	} {
-		rows, err := e.db.Pool.Query(context.Background(), q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			vals, err := rows.Values()
-			if err != nil {
-				t.Fatal(err)
-			}
-			fmt.Fprintln(&out, vals...)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out.String()
+		`SELECT saga_id, from_state, event FROM effects ORDER BY saga_id, at`)
 }

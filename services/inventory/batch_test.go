@@ -172,28 +172,10 @@ func orderSpan(orderID string) trace.SpanContext {
 // tombstones, and the order events it emitted, in sequence.
 func (f *fixture) snapshot(t *testing.T) string {
 	t.Helper()
-	var out strings.Builder
-	for _, q := range []string{
+	return f.db.Dump(t,
 		`SELECT sku, on_hand, reserved, sold, supplied FROM stock ORDER BY sku`,
 		`SELECT order_id, sku, quantity, state FROM reservations ORDER BY order_id, sku`,
 		`SELECT 'tombstone', order_id FROM released_orders ORDER BY order_id`,
 		`SELECT aggregate_id, aggregate_seq, event_type, payload::jsonb FROM outbox
-		 WHERE aggregate_type = 'order' ORDER BY aggregate_id, aggregate_seq`,
-	} {
-		rows, err := f.pool.Query(context.Background(), q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			vals, err := rows.Values()
-			if err != nil {
-				t.Fatal(err)
-			}
-			fmt.Fprintln(&out, vals...)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out.String()
+		 WHERE aggregate_type = 'order' ORDER BY aggregate_id, aggregate_seq`)
 }

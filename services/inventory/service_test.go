@@ -21,6 +21,7 @@ import (
 
 // fixture is one test's service on its own schema and NATS server.
 type fixture struct {
+	db   *pgtest.Schema
 	svc  *Service
 	pool *pgxpool.Pool
 	js   jetstream.JetStream
@@ -51,7 +52,7 @@ func setupWith(t *testing.T, log *slog.Logger) *fixture {
 	svc.Routes(r)
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
-	return &fixture{svc: svc, pool: db.Pool, js: js, http: srv}
+	return &fixture{db: db, svc: svc, pool: db.Pool, js: js, http: srv}
 }
 
 // runConsumer runs the service's consumer until the test ends and checks

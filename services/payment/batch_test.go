@@ -133,27 +133,9 @@ func orderCtx(orderID string) context.Context {
 // on each side; their idempotency keys, the event ids, are not).
 func (e *env) paymentSnapshot(t *testing.T) string {
 	t.Helper()
-	var out strings.Builder
-	for _, q := range []string{
+	return e.db.Dump(t,
 		`SELECT order_id, state, amount, trace_headers FROM intents ORDER BY order_id`,
-		`SELECT order_id, payment_id, idempotency_key, amount, state FROM refunds ORDER BY order_id, idempotency_key`,
-	} {
-		rows, err := e.db.Pool.Query(context.Background(), q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			vals, err := rows.Values()
-			if err != nil {
-				t.Fatal(err)
-			}
-			fmt.Fprintln(&out, vals...)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out.String()
+		`SELECT order_id, payment_id, idempotency_key, amount, state FROM refunds ORDER BY order_id, idempotency_key`)
 }
 
 // inTx runs f in a transaction on e's pool, as the inbox would, and
