@@ -392,6 +392,7 @@ type sagaResult struct {
 	txPerOrder                                     float64 // committed transactions in the shop's database per completed order
 	busy                                           float64 // machine CPU busy over the measured window, %
 	cpuPerOrder                                    float64 // machine CPU (all cores, everything on it) per order completed in the window, ms
+	completed                                      int     // orders COMPLETED by the end of the run, in the window or after it
 }
 
 // saga starts a fresh `shop all` (with its embedded NATS server, or with
@@ -626,6 +627,7 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 			res.busy = busyShare(c0, cpuEnd)
 			res.cpuPerOrder = 1000 * busySeconds(c0, cpuEnd) / float64(inWindow)
 		}
+		res.completed = nDone
 		res.txPerOrder = float64(x1-x0) / float64(max(nDone, 1))
 		tb.Logf("saga run: transactions per completed order by step: %s", stepTransactions(ctx, s.admin, nDone))
 		if len(lat) > 0 {
