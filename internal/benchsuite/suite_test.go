@@ -211,14 +211,19 @@ func BenchmarkSystem(b *testing.B) {
 			t.add("3", "write path, order tx + outbox, 8 clients", "tx/s", with)
 		}
 		if wanted("4") {
-			for _, wake := range []bool{true, false} {
-				mode := "wake-up"
-				if !wake {
-					mode = "polling 100ms"
-				}
+			for _, m := range []struct {
+				name   string
+				wake   bool
+				notify time.Duration // the writer's NotifyInterval
+			}{
+				{"wake-up", true, 5 * time.Millisecond}, // as the services' writers
+				{"wake-up, NOTIFY every commit", true, 0},
+				{"polling 100ms", false, 0},
+			} {
+				mode := m.name
 				var acks, cons [3][]float64
 				for range *runs {
-					a, c := latency(b, sz, wake)
+					a, c := latency(b, sz, m.wake, m.notify)
 					for i := range 3 {
 						acks[i] = append(acks[i], a[i])
 						cons[i] = append(cons[i], c[i])
@@ -361,7 +366,7 @@ func BenchmarkSystem(b *testing.B) {
 	t.ratio(fmt.Sprintf("consumer drain 20k, %s rows in processed_events", fmtNum(float64(sz.kept))), "consumer drain 20k, empty processed_events", "of empty", "≥ 0.9")
 	for _, r := range t.rows {
 		switch {
-		case strings.Contains(r.what, "commit→consumer commit p99") && strings.Contains(r.what, "wake-up"):
+		case strings.Contains(r.what, "commit→consumer commit p99") && strings.Contains(r.what, "wake-up:"):
 			r.ratio = "target ≤ 15 ms"
 		case strings.HasPrefix(r.what, "whole saga") && r.group == "6":
 			r.ratio = "target ≥ 200/s, backlog bounded"
@@ -873,10 +878,11 @@ func goid() uint64 {
 // per transaction, and measures commit → stored by the stream (a core
 // subscriber sees each message as JetStream stores it, just before the
 // PubAck goes out) and commit → the consumer's transaction committed.
-// wake: the relay is woken by NOTIFY (coalesced to 5 ms, as the services
-// write); otherwise it polls every 100 ms with no LISTEN and no NOTIFY.
+// wake: the relay is woken by NOTIFY, which the writer sends at most once
+// per notify (5 ms as the services' writers; 0: on every commit);
+// otherwise it polls every 100 ms with no LISTEN and no NOTIFY.
 // It returns p50, p99 and max in ms of both.
-func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
+func latency(b *testing.B, sz sizes, wake bool, notify time.Duration) (ack, cons [3]float64) {
 	type pair struct{ a, c [3]float64 }
 	p := scoped(b, func(tb testing.TB) pair {
 		e := newEnv(tb, nil)
@@ -929,7 +935,7 @@ func latency(b *testing.B, sz sizes, wake bool) (ack, cons [3]float64) {
 			tb.Fatal(err)
 		}
 		cfg := outbox.Config{}
-		w := &outbox.Writer{NotifyInterval: 5 * time.Millisecond}
+		w := &outbox.Writer{NotifyInterval: notify}
 		if !wake {
 			cfg = outbox.Config{PollInterval: 100 * time.Millisecond, DisableListen: true}
 			w = &outbox.Writer{NotifyInterval: 1000 * time.Hour} // one NOTIFY at first, which nobody hears
