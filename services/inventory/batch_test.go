@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/trace"
@@ -178,4 +179,61 @@ func (f *fixture) snapshot(t *testing.T) string {
 		`SELECT 'tombstone', order_id FROM released_orders ORDER BY order_id`,
 		`SELECT aggregate_id, aggregate_seq, event_type, payload::jsonb FROM outbox
 		 WHERE aggregate_type = 'order' ORDER BY aggregate_id, aggregate_seq`)
+}
+
+// Batches of other workers racing for the last units of two SKUs sell no
+// more than there is: each batch decides under the locks it took for all
+// its orders, so what it reads is what the batches before it left. Every
+// order gets exactly one answer, and what the reservations hold is what
+// the stock rows say is reserved.
+func TestConcurrentBatchesDoNotOversell(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.seed(t, "A", 40, 100)
+	f.seed(t, "B", 25, 100)
+	const workers, batches, perBatch = 6, 5, 6
+	work := make([][][]inbox.Message, workers) // built here: message may fail the test, which only this goroutine may do
+	rng := rand.New(rand.NewPCG(7, 7))
+	for w := range work {
+		for b := range batches {
+			var ms []inbox.Message
+			for o := range perBatch {
+				id := fmt.Sprintf("order-%d-%d-%d", w, b, o)
+				items := []Item{{"A", int64(1 + rng.IntN(3))}}
+				if rng.IntN(2) == 0 {
+					items = append(items, Item{"B", int64(1 + rng.IntN(2))})
+				}
+				ms = append(ms, message(t, id, 1, TypeOrderCreated, orderCreated(id, items...)))
+			}
+			work[w] = append(work[w], ms)
+		}
+	}
+	var wg sync.WaitGroup
+	for w, mine := range work {
+		wg.Go(func() {
+			for b, ms := range mine {
+				if err := f.applyBatch(t, ms); err != nil {
+					t.Errorf("worker %d batch %d: %v", w, b, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, sku := range []string{"A", "B"} {
+		st := f.stock(t, sku)
+		held := f.count(t, `SELECT coalesce(sum(quantity), 0) FROM reservations WHERE sku = $1 AND state = 'RESERVED'`, sku)
+		if st.Reserved != int64(held) || st.Reserved > st.OnHand {
+			t.Errorf("stock %s %+v, but the reservations hold %d", sku, st, held)
+		}
+	}
+	if n := f.count(t, `SELECT count(*) FROM outbox WHERE aggregate_type = 'order'`); n != workers*batches*perBatch {
+		t.Errorf("%d answers for %d orders", n, workers*batches*perBatch)
+	}
+	if n := f.count(t, `SELECT count(*) FROM outbox o WHERE event_type = 'InventoryReserved'
+		AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.order_id = o.aggregate_id)`); n != 0 {
+		t.Errorf("%d orders answered reserved hold nothing", n)
+	}
+	if n := f.count(t, `SELECT count(*) FROM outbox WHERE event_type = 'InventoryRejected'`); n == 0 {
+		t.Error("no order was short of stock; the race for the last units never happened")
+	}
 }
