@@ -96,7 +96,7 @@ func (s *Saga) ApplyBatch(ctx context.Context, tx pgx.Tx, events []BatchEvent) (
 // lockAll locks and reads the instances of type typ among ids (sorted), in
 // one round trip; ids with no instance are absent from the map.
 func lockAll(ctx context.Context, tx pgx.Tx, typ string, ids []string) (map[string]*Instance, error) {
-	rows, err := tx.Query(ctx, `SELECT id, type, state, version, data, updated_at FROM saga_instances
+	rows, err := tx.Query(ctx, `SELECT `+instanceColumns+` FROM saga_instances
 		WHERE id = ANY($1) AND type = $2 ORDER BY id FOR UPDATE`, ids, typ)
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: lock %d instances: %w", typ, len(ids), err)

@@ -312,13 +312,16 @@ type DB interface {
 
 // Load reads instance id without locking it.
 func Load(ctx context.Context, db DB, id string) (Instance, error) {
-	return scan(db.QueryRow(ctx, `SELECT id, type, state, version, data, updated_at FROM saga_instances WHERE id = $1`, id), id)
+	return scan(db.QueryRow(ctx, `SELECT `+instanceColumns+` FROM saga_instances WHERE id = $1`, id), id)
 }
 
 func lock(ctx context.Context, tx pgx.Tx, typ, id string) (Instance, error) {
-	return scan(tx.QueryRow(ctx, `SELECT id, type, state, version, data, updated_at FROM saga_instances
+	return scan(tx.QueryRow(ctx, `SELECT `+instanceColumns+` FROM saga_instances
 		WHERE id = $1 AND type = $2 FOR UPDATE`, id, typ), id)
 }
+
+// instanceColumns are what scan reads, in its order.
+const instanceColumns = `id, type, state, version, data, updated_at`
 
 func scan(row pgx.Row, id string) (Instance, error) {
 	var in Instance

@@ -31,8 +31,8 @@ type batchOrder struct {
 type reservationRow struct {
 	Item
 	state string
-	isNew bool // written by this batch: inserted, not updated
-	was   string
+	isNew bool   // made by this batch: inserted with its last state
+	was   string // its state as read: only a row whose state moved is updated
 }
 
 func (st *batchState) order(id string) *batchOrder {
