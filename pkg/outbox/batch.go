@@ -254,7 +254,7 @@ func (r *Relay) settle(ctx context.Context, f fence, batch []row, results []resu
 			continue
 		}
 		dead := res.permanent || ev.attempts+1 >= r.cfg.MaxAttempts
-		delay := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, ev.attempts+1)
+		delay := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, ev.attempts+1, r.jitter)
 		var q *pgx.QueuedQuery
 		if f.member != nil {
 			q = failed.Queue(failShardsSQL, ev.id, f.shards, f.epochs, f.member.name, res.err.Error(), delay.Microseconds(), dead)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -549,7 +550,11 @@ func TestTransientFailuresBackOffThenDie(t *testing.T) {
 	var w Writer
 	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
 	ctx := context.Background()
-	r := e.relay(t, Config{MaxAttempts: 3, BackoffBase: time.Second, BackoffMax: time.Minute})
+	r := e.relay(t, Config{MaxAttempts: 3, BackoffBase: time.Hour, BackoffMax: 10 * time.Hour, OutageBackoffMax: time.Hour})
+	// Every backoff its longest, so that "not claimable yet" does not
+	// depend on a draw: full jitter may pick a microsecond, gone before the
+	// next claim looks (a test once failed on that).
+	r.jitter = longestJitter
 
 	for attempt := 1; attempt <= 3; attempt++ {
 		if _, err := e.db.Pool.Exec(ctx, `UPDATE outbox SET available_at = now()`); err != nil {
@@ -571,6 +576,11 @@ func TestTransientFailuresBackOffThenDie(t *testing.T) {
 			t.Fatalf("attempt %d: dead = %v", attempt, dead)
 		}
 		if attempt < 3 {
+			// base·2^(attempt-1) from the settle, less a minute for a slow machine.
+			floor := fmt.Sprintf("now() + interval '%d minutes'", 60<<(attempt-1)-1)
+			if n := count(t, e.db.Pool, "available_at > "+floor); n != 1 {
+				t.Fatalf("attempt %d: not backed off by its base (%s)", attempt, floor)
+			}
 			if again, _ := r.claim(ctx, uuid.New()); len(again) != 0 {
 				t.Fatalf("attempt %d: claimable again before its backoff ended", attempt)
 			}
@@ -578,11 +588,14 @@ func TestTransientFailuresBackOffThenDie(t *testing.T) {
 	}
 }
 
+// longestJitter draws the longest delay backoff allows.
+func longestJitter(n int64) int64 { return n - 1 }
+
 func TestBackoffIsCappedFullJitter(t *testing.T) {
 	for attempt := 1; attempt < 80; attempt++ {
 		ceiling := min(time.Second, 10*time.Millisecond<<(min(attempt, 31)-1))
 		for range 20 {
-			d := backoff(10*time.Millisecond, time.Second, attempt)
+			d := backoff(10*time.Millisecond, time.Second, attempt, rand.Int64N)
 			if d <= 0 || d > ceiling {
 				t.Fatalf("attempt %d: backoff %v outside (0, %v]", attempt, d, ceiling)
 			}

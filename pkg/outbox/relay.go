@@ -27,6 +27,9 @@ type Relay struct {
 	schema string
 	kick   chan struct{} // one idle worker takes each wake-up
 	stats  counters
+	// jitter draws a backoff's random part: rand.Int64N, except in tests
+	// that must know how long a backoff is.
+	jitter func(n int64) int64
 }
 
 type counters struct {
@@ -61,7 +64,7 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Relay, e
 	if err != nil {
 		return nil, fmt.Errorf("relay jetstream context: %w", err)
 	}
-	r := &Relay{pool: pool, nc: js.Conn(), js: ownJS, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name)}
+	r := &Relay{pool: pool, nc: js.Conn(), js: ownJS, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name), jitter: rand.Int64N}
 	r.kick = make(chan struct{}, 1)
 	return r, nil
 }
@@ -123,7 +126,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, failures)):
+		case <-time.After(backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, failures, r.jitter)):
 		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
@@ -173,9 +176,9 @@ func (r *Relay) work(ctx context.Context, m *member) {
 		wait := r.cfg.PollInterval
 		switch {
 		case outages > 0:
-			wait = backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, outages)
+			wait = backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, outages, r.jitter)
 		case failures > 0:
-			wait = backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, failures)
+			wait = backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, failures, r.jitter)
 		}
 		select {
 		case <-ctx.Done():
@@ -232,12 +235,12 @@ func (r *Relay) relayBatch(ctx context.Context, m *member) (int, error) {
 	return len(batch), verdict(results)
 }
 
-// backoff is exponential with full jitter: a random delay up to
-// base·2^(attempt-1), capped, so relays retrying together spread out.
-func backoff(base, ceiling time.Duration, attempt int) time.Duration {
+// backoff is exponential with full jitter: a delay in (0, base·2^(attempt-1)],
+// capped, drawn by jitter (rand.Int64N), so relays retrying together spread out.
+func backoff(base, ceiling time.Duration, attempt int, jitter func(int64) int64) time.Duration {
 	d := ceiling
 	if attempt < 31 {
 		d = min(ceiling, base<<(attempt-1))
 	}
-	return time.Duration(rand.Int64N(int64(d)) + 1)
+	return time.Duration(jitter(int64(d)) + 1)
 }
