@@ -228,13 +228,15 @@ func BenchmarkSystem(b *testing.B) {
 			// minutes falls on every mode alike.
 			acks := make([][3][]float64, len(modes))
 			cons := make([][3][]float64, len(modes))
+			busy := make([][]float64, len(modes))
 			for range *runs {
 				for j, m := range modes {
-					a, c := latency(b, sz, m.wake, m.notify, m.batch)
+					l := latency(b, sz, m.wake, m.notify, m.batch)
 					for i := range 3 {
-						acks[j][i] = append(acks[j][i], a[i])
-						cons[j][i] = append(cons[j][i], c[i])
+						acks[j][i] = append(acks[j][i], l.ack[i])
+						cons[j][i] = append(cons[j][i], l.cons[i])
 					}
+					busy[j] = append(busy[j], l.busy)
 				}
 			}
 			for j, m := range modes {
@@ -244,6 +246,8 @@ func BenchmarkSystem(b *testing.B) {
 				for i, q := range []string{"p50", "p99", "max"} {
 					t.add("4", fmt.Sprintf("500 ev/s %s: commit→consumer commit %s", m.name, q), "ms", cons[j][i])
 				}
+				// What bounds the tail: each step of the path waits for a core.
+				t.add("4", fmt.Sprintf("  machine CPU busy meanwhile (%s)", m.name), "%", busy[j])
 			}
 		}
 		if wanted("5") {
@@ -899,10 +903,8 @@ func goid() uint64 {
 // per notify (5 ms as the services' writers; 0: on every commit);
 // otherwise it polls every 100 ms with no LISTEN and no NOTIFY. batch is
 // the consumer's BatchSize (0: the inbox default).
-// It returns p50, p99 and max in ms of both.
-func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int) (ack, cons [3]float64) {
-	type pair struct{ a, c [3]float64 }
-	p := scoped(b, func(tb testing.TB) pair {
+func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int) latencies {
+	return scoped(b, func(tb testing.TB) latencies {
 		e := newEnv(tb, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -974,8 +976,12 @@ func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int)
 		// not yet prepared, the consumer's first pulls) and took up to
 		// 150 ms each, which in a 5 s run was the whole p99.
 		warmUp := rate / 2
+		var cpu0 cpuSample
 		for i := range warmUp + total {
 			<-tick.C
+			if i == warmUp {
+				cpu0 = readCPU()
+			}
 			id := uuid.Must(uuid.NewV7())
 			ev := outbox.Event{ID: id, AggregateType: "order", AggregateID: id.String(), Seq: 1, Type: "Step",
 				Subject: "ev." + id.String() + ".Step", Payload: payload}
@@ -991,6 +997,7 @@ func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int)
 			mu.Unlock()
 		}
 		tick.Stop()
+		busy := busyShare(cpu0, readCPU())
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			mu.Lock()
@@ -1006,9 +1013,16 @@ func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int)
 		if len(ackLat) < total*9/10 || len(consLat) < total*9/10 {
 			tb.Fatalf("saw %d stored and %d consumed of %d events", len(ackLat), len(consLat), total)
 		}
-		return pair{quantiles(ackLat), quantiles(consLat)}
+		return latencies{quantiles(ackLat), quantiles(consLat), busy}
 	})
-	return p.a, p.c
+}
+
+// latencies are the p50, p99 and max in ms of commit → stored and commit
+// → consumer commit, and how busy the machine's CPU was (%) while the
+// events were written.
+type latencies struct {
+	ack, cons [3]float64
+	busy      float64
 }
 
 func quantiles(d []time.Duration) [3]float64 {
