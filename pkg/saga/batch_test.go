@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shop-ref/shop/internal/streamtest"
 	"github.com/shop-ref/shop/pkg/saga"
 )
 
@@ -56,61 +57,54 @@ func countingTicket(t *testing.T) *saga.Saga {
 // timeouts, unexpected records and func writes.
 func TestApplyBatchAsApplyInTurn(t *testing.T) {
 	t.Parallel()
-	for run := range 4 {
-		seed := uint64(run + 1)
-		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
-			t.Parallel()
-			rng := rand.New(rand.NewPCG(seed, seed))
-			alone, batched := setup(t, time.Hour), setup(t, time.Hour)
-			ticket := countingTicket(t)
-			for _, e := range []*env{alone, batched} {
-				for i := range 12 {
-					e.start(t, fmt.Sprint("t-", i))
+	streamtest.Seeds(t, 4, func(t *testing.T, rng *rand.Rand) {
+		alone, batched := setup(t, time.Hour), setup(t, time.Hour)
+		ticket := countingTicket(t)
+		for _, e := range []*env{alone, batched} {
+			for i := range 12 {
+				e.start(t, fmt.Sprint("t-", i))
+			}
+		}
+		types := []string{"Reserve", "Reserve", "Cancel", "Pay", "Pay", "Touch", "Touch", saga.TimeoutEvent("hold"), "Bogus"}
+		events := make([]saga.BatchEvent, 150)
+		for i := range events {
+			typ := types[rng.IntN(len(types))]
+			events[i] = saga.BatchEvent{Ctx: context.Background(), ID: fmt.Sprint("t-", rng.IntN(14)), // t-12, t-13 do not exist
+				Event: saga.Event{Type: typ, ID: fmt.Sprint("ev-", i)}}
+		}
+		var want, got []string
+		for _, ev := range events {
+			alone.inTx(t, func(ctx context.Context, tx pgx.Tx) error {
+				res, err := ticket.Apply(ctx, tx, ev.ID, ev.Event)
+				want = append(want, fmt.Sprintf("%+v", res))
+				return err
+			})
+		}
+		for _, batch := range streamtest.Batches(t, rng, events, 30) {
+			batched.inTx(t, func(ctx context.Context, tx pgx.Tx) error {
+				res, err := ticket.ApplyBatch(ctx, tx, batch)
+				for _, r := range res {
+					got = append(got, fmt.Sprintf("%+v", r))
 				}
+				return err
+			})
+		}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("results differ:\n--- Apply in turn\n%s\n--- ApplyBatch\n%s", strings.Join(want, "\n"), strings.Join(got, "\n"))
+		}
+		a, b := alone.sagaSnapshot(t), batched.sagaSnapshot(t)
+		if a != b {
+			t.Errorf("the tables differ:\n--- Apply in turn\n%s\n--- ApplyBatch\n%s", a, b)
+		}
+		for _, s := range []string{"PAID", "CANCELLED", "hold", "Bogus", "t-13"} {
+			if !strings.Contains(a, s) {
+				t.Errorf("the stream never reached %s", s)
 			}
-			types := []string{"Reserve", "Reserve", "Cancel", "Pay", "Pay", "Touch", "Touch", saga.TimeoutEvent("hold"), "Bogus"}
-			events := make([]saga.BatchEvent, 150)
-			for i := range events {
-				typ := types[rng.IntN(len(types))]
-				events[i] = saga.BatchEvent{Ctx: context.Background(), ID: fmt.Sprint("t-", rng.IntN(14)), // t-12, t-13 do not exist
-					Event: saga.Event{Type: typ, ID: fmt.Sprint("ev-", i)}}
-			}
-			var want, got []string
-			for _, ev := range events {
-				alone.inTx(t, func(ctx context.Context, tx pgx.Tx) error {
-					res, err := ticket.Apply(ctx, tx, ev.ID, ev.Event)
-					want = append(want, fmt.Sprintf("%+v", res))
-					return err
-				})
-			}
-			for rest := events; len(rest) > 0; {
-				n := min(len(rest), 1+rng.IntN(30))
-				batched.inTx(t, func(ctx context.Context, tx pgx.Tx) error {
-					res, err := ticket.ApplyBatch(ctx, tx, rest[:n])
-					for _, r := range res {
-						got = append(got, fmt.Sprintf("%+v", r))
-					}
-					return err
-				})
-				rest = rest[n:]
-			}
-			if strings.Join(got, "\n") != strings.Join(want, "\n") {
-				t.Errorf("results differ:\n--- Apply in turn\n%s\n--- ApplyBatch\n%s", strings.Join(want, "\n"), strings.Join(got, "\n"))
-			}
-			a, b := alone.sagaSnapshot(t), batched.sagaSnapshot(t)
-			if a != b {
-				t.Errorf("the tables differ:\n--- Apply in turn\n%s\n--- ApplyBatch\n%s", a, b)
-			}
-			for _, s := range []string{"PAID", "CANCELLED", "hold", "Bogus", "t-13"} {
-				if !strings.Contains(a, s) {
-					t.Errorf("the stream never reached %s", s)
-				}
-			}
-			if !regexp.MustCompile(`"effects_before": [1-9]`).MatchString(a) {
-				t.Error("no func read an effect of its instance's earlier transition; the test proves nothing")
-			}
-		})
-	}
+		}
+		if !regexp.MustCompile(`"effects_before": [1-9]`).MatchString(a) {
+			t.Error("no func read an effect of its instance's earlier transition; the test proves nothing")
+		}
+	})
 }
 
 // sagaSnapshot is the saga's tables and the funcs' effects as text

@@ -5,13 +5,13 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shop-ref/shop/internal/streamtest"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
 
@@ -60,15 +60,7 @@ func history(t *testing.T, rng *rand.Rand, orders int) []inbox.Message {
 		}
 		queues = append(queues, q)
 	}
-	var stream []inbox.Message
-	for len(queues) > 0 {
-		i := rng.IntN(len(queues))
-		stream = append(stream, queues[i][0])
-		if queues[i] = queues[i][1:]; len(queues[i]) == 0 {
-			queues = slices.Delete(queues, i, i+1)
-		}
-	}
-	return stream
+	return streamtest.Interleave(rng, queues)
 }
 
 // The batch handler decides as the one-at-a-time handler does: the same
@@ -77,67 +69,55 @@ func history(t *testing.T, rng *rand.Rand, orders int) []inbox.Message {
 // tombstones and events, payloads included.
 func TestBatchDecidesAsOneAtATime(t *testing.T) {
 	t.Parallel()
-	for run := range 6 {
-		seed := uint64(run + 1)
-		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
-			t.Parallel()
-			rng := rand.New(rand.NewPCG(seed, seed))
-			stream := history(t, rng, 60)
-			alone, batched := setup(t), setup(t)
-			for _, f := range []*fixture{alone, batched} {
-				for _, sku := range []string{"A", "B", "C", "D"} {
-					f.seed(t, sku, 15, 100)
-				}
+	streamtest.Seeds(t, 6, func(t *testing.T, rng *rand.Rand) {
+		stream := history(t, rng, 60)
+		alone, batched := setup(t), setup(t)
+		for _, f := range []*fixture{alone, batched} {
+			for _, sku := range []string{"A", "B", "C", "D"} {
+				f.seed(t, sku, 15, 100)
 			}
-			for _, m := range stream {
-				if err := alone.apply(t, m); err != nil {
-					t.Fatalf("%s %s: %v", m.Type, m.AggregateID, err)
-				}
+		}
+		for _, m := range stream {
+			if err := alone.apply(t, m); err != nil {
+				t.Fatalf("%s %s: %v", m.Type, m.AggregateID, err)
 			}
-			widest := 0
-			for rest := stream; len(rest) > 0; {
-				n := min(len(rest), 1+rng.IntN(24))
-				if err := batched.applyBatch(t, rest[:n]); err != nil {
-					t.Fatalf("a batch of %d: %v", n, err)
-				}
-				widest = max(widest, n)
-				rest = rest[n:]
+		}
+		for _, batch := range streamtest.Batches(t, rng, stream, 24) {
+			if err := batched.applyBatch(t, batch); err != nil {
+				t.Fatalf("a batch of %d: %v", len(batch), err)
 			}
-			if widest < 2 {
-				t.Fatal("no batch had two events; the test proves nothing")
-			}
-			a, b := alone.snapshot(t), batched.snapshot(t)
-			if a != b {
-				t.Errorf("one at a time and in batches differ:\n--- one at a time\n%s\n--- in batches\n%s", a, b)
-			}
-			// Each event carries the trace of the delivery that caused it,
-			// not a neighbour's in the batch.
-			rows, err := batched.pool.Query(context.Background(),
-				`SELECT aggregate_id, headers->>'traceparent' FROM outbox WHERE aggregate_type = 'order'`)
-			if err != nil {
+		}
+		a, b := alone.snapshot(t), batched.snapshot(t)
+		if a != b {
+			t.Errorf("one at a time and in batches differ:\n--- one at a time\n%s\n--- in batches\n%s", a, b)
+		}
+		// Each event carries the trace of the delivery that caused it,
+		// not a neighbour's in the batch.
+		rows, err := batched.pool.Query(context.Background(),
+			`SELECT aggregate_id, headers->>'traceparent' FROM outbox WHERE aggregate_type = 'order'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id, parent string
+			if err := rows.Scan(&id, &parent); err != nil {
 				t.Fatal(err)
 			}
-			for rows.Next() {
-				var id, parent string
-				if err := rows.Scan(&id, &parent); err != nil {
-					t.Fatal(err)
-				}
-				if want := orderSpan(id).TraceID().String(); !strings.Contains(parent, want) {
-					t.Errorf("an event of %s has traceparent %q, want trace %s", id, parent, want)
-				}
+			if want := orderSpan(id).TraceID().String(); !strings.Contains(parent, want) {
+				t.Errorf("an event of %s has traceparent %q, want trace %s", id, parent, want)
 			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		// The histories reach every decision, or the comparison is thin.
+		for _, want := range []string{TypeInventoryReserved, TypeInventoryCommitted, TypeInventoryReleased,
+			ReasonInsufficientStock, ReasonReleased, "tombstone"} {
+			if !strings.Contains(a, want) {
+				t.Errorf("the history never reached %s", want)
 			}
-			// The histories reach every decision, or the comparison is thin.
-			for _, want := range []string{TypeInventoryReserved, TypeInventoryCommitted, TypeInventoryReleased,
-				ReasonInsufficientStock, ReasonReleased, "tombstone"} {
-				if !strings.Contains(a, want) {
-					t.Errorf("the history never reached %s", want)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // applyBatch calls the consumer's batch handler directly in a transaction

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shop-ref/shop/internal/streamtest"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
 
@@ -23,46 +24,34 @@ import (
 // leave the same intents (trace headers included) and refunds.
 func TestBatchMovesIntentsAsOneAtATime(t *testing.T) {
 	t.Parallel()
-	for run := range 4 {
-		seed := uint64(run + 1)
-		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
-			t.Parallel()
-			rng := rand.New(rand.NewPCG(seed, seed))
-			alone, batched := newEnv(t), newEnv(t)
-			stream := paymentHistory(t, rng, 50, alone, batched)
-			ctx := context.Background()
-			for _, m := range stream {
-				if err := inTx(ctx, alone, func(tx pgx.Tx) error { return alone.svc.handle(orderCtx(m.AggregateID), tx, m) }); err != nil {
-					t.Fatalf("%s %s: %v", m.Type, m.AggregateID, err)
-				}
+	streamtest.Seeds(t, 4, func(t *testing.T, rng *rand.Rand) {
+		alone, batched := newEnv(t), newEnv(t)
+		stream := paymentHistory(t, rng, 50, alone, batched)
+		ctx := context.Background()
+		for _, m := range stream {
+			if err := inTx(ctx, alone, func(tx pgx.Tx) error { return alone.svc.handle(orderCtx(m.AggregateID), tx, m) }); err != nil {
+				t.Fatalf("%s %s: %v", m.Type, m.AggregateID, err)
 			}
-			widest := 0
-			for rest := stream; len(rest) > 0; {
-				n := min(len(rest), 1+rng.IntN(20))
-				batch := make([]inbox.Batched, n)
-				for i, m := range rest[:n] {
-					batch[i] = inbox.Batched{Message: m, Ctx: orderCtx(m.AggregateID)}
-				}
-				if err := inTx(ctx, batched, func(tx pgx.Tx) error { return batched.svc.handleBatch(ctx, tx, batch) }); err != nil {
-					t.Fatalf("a batch of %d: %v", n, err)
-				}
-				widest = max(widest, n)
-				rest = rest[n:]
+		}
+		for _, msgs := range streamtest.Batches(t, rng, stream, 20) {
+			batch := make([]inbox.Batched, len(msgs))
+			for i, m := range msgs {
+				batch[i] = inbox.Batched{Message: m, Ctx: orderCtx(m.AggregateID)}
 			}
-			if widest < 2 {
-				t.Fatal("no batch had two events; the test proves nothing")
+			if err := inTx(ctx, batched, func(tx pgx.Tx) error { return batched.svc.handleBatch(ctx, tx, batch) }); err != nil {
+				t.Fatalf("a batch of %d: %v", len(batch), err)
 			}
-			a, b := alone.paymentSnapshot(t), batched.paymentSnapshot(t)
-			if a != b {
-				t.Errorf("one at a time and in batches differ:\n--- one at a time\n%s\n--- in batches\n%s", a, b)
+		}
+		a, b := alone.paymentSnapshot(t), batched.paymentSnapshot(t)
+		if a != b {
+			t.Errorf("one at a time and in batches differ:\n--- one at a time\n%s\n--- in batches\n%s", a, b)
+		}
+		for _, want := range []string{"PENDING", "PAYABLE", "PAID", "CLOSED", "REQUESTED", "traceparent"} {
+			if !strings.Contains(a, want) {
+				t.Errorf("the history never reached %s", want)
 			}
-			for _, want := range []string{"PENDING", "PAYABLE", "PAID", "CLOSED", "REQUESTED", "traceparent"} {
-				if !strings.Contains(a, want) {
-					t.Errorf("the history never reached %s", want)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // paymentHistory is a random ORDERS stream: each order follows one of a few
@@ -109,15 +98,7 @@ func paymentHistory(t *testing.T, rng *rand.Rand, orders int, envs ...*env) []in
 		}
 		queues = append(queues, q)
 	}
-	var stream []inbox.Message
-	for len(queues) > 0 {
-		i := rng.IntN(len(queues))
-		stream = append(stream, queues[i][0])
-		if queues[i] = queues[i][1:]; len(queues[i]) == 0 {
-			queues = slices.Delete(queues, i, i+1)
-		}
-	}
-	return stream
+	return streamtest.Interleave(rng, queues)
 }
 
 // orderCtx is a context whose span is the order's own, as if each order
