@@ -29,8 +29,10 @@
 // event. Whenever the event is published, by whichever relay and however
 // late, the message carries the context of the change that wrote it, and a
 // consumer continues that trace (pkg/inbox). A traceparent the caller put
-// in Event.Headers itself is kept. With no span in ctx no trace header is
-// written.
+// in Event.Headers itself is kept, and ctx's trace context is then left out
+// of that event whole (its tracestate belongs to another trace): a batch
+// handler queues each event with the trace of the delivery that caused it.
+// With no span in ctx no trace header is written.
 //
 // The package uses only the OpenTelemetry API and its propagation package,
 // never the SDK or global state: whichever tracer provider made the span,

@@ -100,6 +100,8 @@ func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
 // The trace context of ctx, when it holds a span (see the package
 // documentation), is written into each event's headers as traceparent and
 // tracestate, in the same batch and so the same transaction as the event.
+// An event whose Headers carry a traceparent keeps its own trace context
+// instead, so one call can queue events caused by different traces.
 //
 // Queue returns the errors it can find without the database (an invalid
 // event, a payload that does not encode); then it has queued nothing. The

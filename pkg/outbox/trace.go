@@ -24,9 +24,15 @@ func traceHeaders(ctx context.Context) map[string]string {
 }
 
 // withTrace is an event's headers with the trace headers added; a header
-// the caller set itself wins. It copies rather than writes to the caller's
-// map, which may be shared between events.
+// the caller set itself wins. An event that carries its own traceparent
+// keeps its own trace context whole: a batch handler gives each event the
+// trace of the delivery that caused it, and ctx's tracestate belongs to
+// another trace. It copies rather than writes to the caller's map, which
+// may be shared between events.
 func withTrace(headers, trace map[string]string) map[string]string {
+	if _, own := headers["traceparent"]; own {
+		trace = nil
+	}
 	out := make(map[string]string, len(headers)+len(trace))
 	maps.Copy(out, trace)
 	maps.Copy(out, headers)

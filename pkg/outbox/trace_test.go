@@ -28,7 +28,8 @@ func TestTraceContextOfCtxReachesTheMessage(t *testing.T) {
 
 	traced := event("o-1", "OrderCreated")
 	traced.Headers = nil
-	own := event("o-1", "OrderPaid") // a header the caller set wins
+	own := event("o-1", "OrderPaid") // a trace context the caller set wins, whole
+	own.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
 		return w.Add(ctx, tx, traced, own)
 	}); err != nil {
@@ -60,5 +61,13 @@ func TestTraceContextOfCtxReachesTheMessage(t *testing.T) {
 	}
 	if got := msg.Header.Get("tracestate"); got != "shop=1" {
 		t.Errorf("tracestate = %q, want shop=1", got)
+	}
+	// ctx's tracestate belongs to ctx's trace, not to the event's own.
+	msg, err = e.stream.GetLastMsgForSubject(ctx, "ev.o-1.OrderPaid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := msg.Header.Get("tracestate"); got != "" {
+		t.Errorf("an event with its own traceparent was given ctx's tracestate %q", got)
 	}
 }
