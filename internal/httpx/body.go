@@ -31,7 +31,10 @@ const (
 //     still sending is read and discarded, up to DrainLimit bytes within
 //     10 s, so it finishes its request, reads the answer, and the
 //     connection even stays open for the next request. A body known to be
-//     larger than DrainLimit is not read: its connection is closed.
+//     larger than DrainLimit is not read: its connection is closed;
+//   - a body sent with "Expect: 100-continue" that was answered without
+//     being read is not waited for: the answer says "Connection: close",
+//     and whatever the client sends after it is never read as a request.
 //
 // Bodies must be the outermost handler (the one http.Server calls): it needs
 // the server's own ResponseWriter.
@@ -45,8 +48,16 @@ func Bodies(next http.Handler) http.Handler {
 		// Reading the rest after the response is written is what full
 		// duplex allows; without it the server may refuse the read.
 		_ = rc.EnableFullDuplex()
+		// The handler reads through a copy of the request: the server's
+		// own keeps its own body, whose type the server looks at to decide
+		// whether the connection may carry another request (a body closed
+		// before its end, an "Expect: 100-continue" body never asked for).
+		// Replaced, those checks saw neither, and a client that sent its
+		// body after the 413 anyway had the rest read as its next request
+		// (431).
 		body := &trackedBody{ReadCloser: r.Body}
-		r.Body = body
+		inner := r.WithContext(r.Context())
+		inner.Body = body
 		expectContinue := strings.EqualFold(r.Header.Get("Expect"), "100-continue")
 
 		if r.ContentLength > MaxBody {
@@ -56,7 +67,7 @@ func Bodies(next http.Handler) http.Handler {
 			WriteProblem(w, r, nil, NewProblem(http.StatusRequestEntityTooLarge, "body-too-large",
 				fmt.Sprintf("the request body exceeds %d bytes", MaxBody)))
 		} else {
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, inner)
 		}
 
 		switch {
@@ -64,7 +75,10 @@ func Bodies(next http.Handler) http.Handler {
 			return
 		case expectContinue && !body.read:
 			// The client waits for "100 Continue", which it will not get
-			// now that the answer is written: it sends nothing more.
+			// now that the answer is written. It may still send the body
+			// (curl does after a second): the server answered with
+			// "Connection: close" and closes, so that body is never read
+			// as a request.
 			return
 		case r.ContentLength > DrainLimit:
 			return
