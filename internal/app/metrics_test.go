@@ -224,14 +224,16 @@ func TestMetrics(t *testing.T) {
 		return published >= 1 && ok && backlog == 0 && processed >= 1
 	})
 
-	// An order starts a saga; it comes to rest waiting for payment, every
-	// outbox empty and every consumer caught up.
+	// An order starts a saga; it comes to rest with its stock held, waiting
+	// for payment (which does not run here) to open the payment intent,
+	// every outbox empty and every consumer caught up. The saga's join
+	// state shows in the metric by its name.
 	do(t, http.MethodPost, urls["order"]+"/orders", `{"customer_id": "c-1", "items": [{"sku": "SKU-M", "quantity": 1}]}`,
 		http.StatusCreated, "Idempotency-Key", "metrics-1")
 	inv, ord := waitMetrics(t, urls, "the order's saga rests and the outboxes are empty", func(inv, ord scrape) bool {
 		invBacklog, ok1 := inv.value("shop_outbox_backlog_events")
 		ordBacklog, ok2 := ord.value("shop_outbox_backlog_events")
-		waiting, _ := ord.value("shop_saga_instances", `state="WAIT_PAY"`)
+		waiting, _ := ord.value("shop_saga_instances", `state="STOCK_HELD"`)
 		lag := 0.0
 		for _, c := range []string{"order-inventory", "order-payment", "order-fulfillment"} {
 			n, ok := ord.value("shop_consumer_lag_messages", `consumer="`+c+`"`)

@@ -70,7 +70,8 @@ type Result struct {
 	PeakServerConns      int // and to the whole server, which other tests share
 	Violations           int
 	Report               verify.Report
-	Unended              int // orders whose saga had not ended by the deadline
+	Unended              int      // orders whose saga had not ended by the deadline
+	RefusedPays          []string // payments refused the moment their order said WAIT_PAY
 	Elapsed              time.Duration
 }
 

@@ -50,8 +50,9 @@ type driver struct {
 	deadline time.Time // no request after this
 	run      string
 
-	mu     sync.Mutex
-	orders []*orderRec
+	mu          sync.Mutex
+	orders      []*orderRec
+	refusedPays []string // payments refused the moment their order said WAIT_PAY: "order: answer"
 }
 
 func (d *driver) start(chaosCtx, ctx context.Context) {
@@ -173,18 +174,21 @@ func (d *driver) waitFor(ctx context.Context, r *orderRec, want string) string {
 	}
 }
 
-// pay asks the fake provider to charge, retrying 404/409 (the payment
-// service has not learned the order yet) and failures, until the order
-// shows it is paid or has ended.
+// pay asks the fake provider to charge the moment the order said WAIT_PAY,
+// retrying what got no answer or a 5xx, until the order shows it is paid
+// or has ended. The shop promises to take that payment: any other answer
+// is a refusal, recorded (the run fails on it), and not retried.
 func (d *driver) pay(ctx context.Context, r *orderRec) {
 	urls := d.h.urls("payment")
 	for k := 0; ; k++ {
-		st, _, err := d.h.do(ctx, http.MethodPost, urls[(r.i+k)%len(urls)]+"/payments/"+r.id+"/simulate", "", nil, []byte(`{"outcome":"succeeded"}`))
+		st, b, err := d.h.do(ctx, http.MethodPost, urls[(r.i+k)%len(urls)]+"/payments/"+r.id+"/simulate", "", nil, []byte(`{"outcome":"succeeded"}`))
 		if err == nil && (st == http.StatusOK || st == http.StatusAccepted) {
 			return
 		}
-		if err == nil && st != http.StatusNotFound && st != http.StatusConflict && st < 500 {
-			r.err = fmt.Sprintf("simulate: %d", st)
+		if err == nil && st < 500 {
+			d.mu.Lock()
+			d.refusedPays = append(d.refusedPays, fmt.Sprintf("%s: %d %s", r.id, st, b))
+			d.mu.Unlock()
 			return
 		}
 		// A lost answer may have paid: look before charging again.

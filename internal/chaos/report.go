@@ -39,6 +39,9 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 		Unended: unended, EventsPublished: h.published(ctx), NodeExits: h.nats.exits(),
 		FaultCounts: map[string]int{},
 	}
+	d.mu.Lock()
+	res.RefusedPays = append([]string(nil), d.refusedPays...)
+	d.mu.Unlock()
 	h.mu.Lock()
 	res.Fired = maps.Clone(h.fired)
 	for _, v := range h.dups {
@@ -87,6 +90,9 @@ func (h *harness) judge(r Result) {
 	}
 	if r.Unended > 0 {
 		t.Errorf("%d orders' sagas had not ended after the bounded wait", r.Unended)
+	}
+	if n := len(r.RefusedPays); n > 0 {
+		t.Errorf("%d payments made the moment their order said WAIT_PAY were refused, e.g. %s", n, r.RefusedPays[0])
 	}
 	if n := len(r.SelfExits); n > 0 {
 		t.Errorf("%d shop processes exited on their own (by cause above; %s)", n, r.SelfExits[0].Cause())
@@ -289,6 +295,7 @@ func (h *harness) table(r Result) {
 	fmt.Fprintf(w, "NATS permissions violations logged by the shop\t%d\t0\t\n", r.PermissionViolations)
 	fmt.Fprintf(w, "invariant violations\t%d\t0\t\n", r.Violations)
 	fmt.Fprintf(w, "sagas not ended\t%d\t0\t\n", r.Unended)
+	fmt.Fprintf(w, "payments refused the moment their order said WAIT_PAY\t%d\t0\t\n", len(r.RefusedPays))
 	w.Flush()
 	fmt.Fprintf(out, "wall time %v\n", r.Elapsed.Round(time.Second))
 	for _, n := range r.DeadNotes {

@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/journey"
 )
 
@@ -171,10 +172,17 @@ func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
 	st, err := s.state(r.Context())
 	if err != nil {
 		s.cfg.Logger.Warn("dashboard state not read", "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		unavailable(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, st)
+}
+
+// unavailable answers 503 for a read the databases did not answer, with
+// Retry-After, as every 503 of the shop: the page asks again by itself.
+func unavailable(w http.ResponseWriter, err error) {
+	httpx.SetRetryAfter(w, 0)
+	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error() + "; the databases did not answer, ask again after Retry-After seconds"})
 }
 
 // handleJourney answers with the journey of order {id} (journey.Load): 400
@@ -193,7 +201,7 @@ func (s *Server) handleJourney(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no order " + id.String()})
 	case err != nil:
 		s.cfg.Logger.Warn("dashboard journey not read", "order_id", id, "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		unavailable(w, err)
 	default:
 		writeJSON(w, http.StatusOK, j)
 	}
@@ -248,15 +256,11 @@ func (s *Server) handleOrder(w http.ResponseWriter, r *http.Request) {
 	s.forward(w, r, s.cfg.OrderURL+"/orders", body, map[string]string{"Idempotency-Key": "dashboard-" + hex.EncodeToString(b[:])})
 }
 
-// payRetry bounds how long handlePay waits for the payment service to learn
-// of an order.
-const payRetry = 5 * time.Second
-
 // handlePay pays order {id} through the payment service's fake provider
-// (POST /payments/{id}/simulate, outcome succeeded). The order shows
-// WAIT_PAY a moment before payment has consumed OrderAwaitingPayment; in
-// that window payment answers 404 or 409, so the call is retried briefly
-// rather than making the operator click again.
+// (POST /payments/{id}/simulate, outcome succeeded), once: the dashboard
+// shows the Pay button when the order says WAIT_PAY, and from that instant
+// payment takes the money (the order waits for payment's PaymentOpened
+// before it says so).
 func (s *Server) handlePay(w http.ResponseWriter, r *http.Request) {
 	if !s.cfg.CanPay {
 		writeJSON(w, http.StatusConflict, map[string]string{"error": "the payment service's fake provider is off: " +
@@ -268,22 +272,7 @@ func (s *Server) handlePay(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "order id must be a UUID"})
 		return
 	}
-	url := s.cfg.PaymentURL + "/payments/" + id.String() + "/simulate"
-	deadline := time.Now().Add(payRetry)
-	for {
-		status, header, body, err := s.call(r.Context(), url, `{"outcome":"succeeded"}`, nil)
-		retry := (status == http.StatusNotFound || status == http.StatusConflict) && time.Now().Before(deadline)
-		if err == nil && retry {
-			select {
-			case <-r.Context().Done():
-				return
-			case <-time.After(200 * time.Millisecond):
-				continue
-			}
-		}
-		s.reply(w, url, status, header, body, err)
-		return
-	}
+	s.forward(w, r, s.cfg.PaymentURL+"/payments/"+id.String()+"/simulate", `{"outcome":"succeeded"}`, nil)
 }
 
 // forward POSTs body to url and copies the answer to w.

@@ -42,7 +42,7 @@ import (
 )
 
 const (
-	paymentTimeout = 3 * time.Second
+	paymentTimeout = 8 * time.Second
 	webhookSecret  = "e2e-secret"
 	operatorToken  = "e2e-operator-token"
 )
@@ -331,17 +331,6 @@ func orderStatus(t *testing.T, id string) string {
 func waitStatus(t *testing.T, id, want string) {
 	t.Helper()
 	eventually(t, 20*time.Second, "order "+id+" "+want, func() bool { return orderStatus(t, id) == want })
-}
-
-// waitPayable waits until the order is WAIT_PAY and payment knows it is
-// payable: payment learns it from OrderAwaitingPayment, a moment after the
-// order service changes state; a payment simulated in between gets 409.
-func waitPayable(t *testing.T, id string) {
-	t.Helper()
-	waitStatus(t, id, "WAIT_PAY")
-	eventually(t, 20*time.Second, "payment to know order "+id+" is payable", func() bool {
-		return do(t, "GET", shop.payment+"/payments/"+id, nil, nil).body["state"] == "PAYABLE"
-	})
 }
 
 func stock(t *testing.T, sku string) (onHand, reserved, sold int) {

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 )
@@ -42,7 +41,7 @@ func TestUnappliedPaymentsAreRefunded(t *testing.T) {
 	restock(t, s, 5, 1000)
 	r := placeOrder(t, "unapplied-"+randHex(), item(s, 1))
 	id := r.body["order_id"].(string)
-	waitPayable(t, id)
+	waitStatus(t, id, "WAIT_PAY")
 
 	short, stray := "psp-short-"+randHex(), "psp-stray-"+randHex()
 	unknown := uuid.NewString()
@@ -54,14 +53,6 @@ func TestUnappliedPaymentsAreRefunded(t *testing.T) {
 			t.Fatalf("payment for an unknown order: %d %s", w.status, w.raw)
 		}
 	}
-	for _, p := range []string{short, stray} {
-		eventually(t, 20*time.Second, "the refund of "+p, func() bool {
-			var n int
-			err := shop.pools.Payment.QueryRow(t.Context(), `SELECT count(*) FROM refunds f JOIN payments p USING (payment_id)
-				WHERE p.provider_payment_id = $1 AND p.status = 'rejected' AND f.state = 'DONE'`, p).Scan(&n)
-			return err == nil && n == 1
-		})
-	}
 	if got := orderStatus(t, id); got != "WAIT_PAY" {
 		t.Fatalf("after a rejected payment the order is %s, want WAIT_PAY", got)
 	}
@@ -69,5 +60,13 @@ func TestUnappliedPaymentsAreRefunded(t *testing.T) {
 		t.Fatalf("the right payment: %d %s", w.status, w.raw)
 	}
 	waitStatus(t, id, "COMPLETED")
-	checkInvariants(t) // includes: every rejected payment is refunded
+	checkInvariants(t) // waits until every rejected payment is refunded
+	for _, p := range []string{short, stray} {
+		var n int
+		err := shop.pools.Payment.QueryRow(t.Context(), `SELECT count(*) FROM refunds f JOIN payments p USING (payment_id)
+			WHERE p.provider_payment_id = $1 AND p.status = 'rejected' AND f.state = 'DONE'`, p).Scan(&n)
+		if err != nil || n != 1 {
+			t.Errorf("rejected payment %s: %d refunds done (%v), want 1", p, n, err)
+		}
+	}
 }

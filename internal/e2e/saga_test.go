@@ -22,7 +22,7 @@ func TestHappyPathToCompleted(t *testing.T) {
 		t.Fatalf("place order: %d %s", r.status, r.raw)
 	}
 	id := r.body["order_id"].(string)
-	waitPayable(t, id)
+	waitStatus(t, id, "WAIT_PAY")
 	if pay := do(t, "POST", shop.payment+"/payments/"+id+"/simulate", nil, map[string]string{"outcome": "succeeded"}); pay.status != http.StatusOK {
 		t.Fatalf("simulate payment: %d %s", pay.status, pay.raw)
 	}
@@ -60,7 +60,7 @@ func TestPaymentFailureClosesAndReleases(t *testing.T) {
 	s := sku("fail")
 	restock(t, s, 5, 700)
 	id := placeOrder(t, "fail-"+randHex(), item(s, 3)).body["order_id"].(string)
-	waitPayable(t, id)
+	waitStatus(t, id, "WAIT_PAY")
 	if _, reserved, _ := stock(t, s); reserved != 3 {
 		t.Fatalf("WAIT_PAY holds %d units, want 3", reserved)
 	}

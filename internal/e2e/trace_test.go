@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,32 +40,34 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 		t.Fatalf("place order: %d %s", r.status, r.raw)
 	}
 	id := r.body["order_id"].(string)
-	waitPayable(t, id)
+	waitStatus(t, id, "WAIT_PAY")
 	if pay := do(t, "POST", shop.payment+"/payments/"+id+"/simulate", nil, map[string]string{"outcome": "succeeded"}); pay.status != http.StatusOK {
 		t.Fatalf("simulate payment: %d %s", pay.status, pay.raw)
 	}
 	waitStatus(t, id, "COMPLETED")
 
 	// Each step, and the step that caused it: its span must descend from
-	// that one's, and start after it.
-	steps := []struct {
-		service, name string
-		cause         int
-	}{
-		{"order", "POST /orders", -1},
-		{"inventory", "process OrderCreated", 0},
-		{"order", "process InventoryReserved", 1},
-		{"order", "order PENDING → WAIT_PAY", 2},
-		{"payment", "process OrderAwaitingPayment", 3},
-		{"payment", "payment callback", 4},
-		{"order", "process PaymentSucceeded", 5},
-		{"order", "order WAIT_PAY → PAID", 6},
-		{"fulfillment", "process OrderPaid", 7},
-		{"order", "process FulfillmentStarted", 8},
-		{"order", "order PAID → FULFILLING", 9},
-		{"fulfillment", "deliver shipment", 8},
-		{"order", "process ShipmentDelivered", 11},
-		{"order", "order FULFILLING → COMPLETED", 12},
+	// that one's, and start after it. Inventory and payment answer
+	// OrderCreated in parallel; the saga moves to WAIT_PAY in the span of
+	// the second answer, whichever it is (a name of either join state, a
+	// cause of either answer). The provider's callback continues the trace
+	// kept with the intent, which payment opened on OrderCreated.
+	steps := []step{
+		{"order", "POST /orders", nil},
+		{"inventory", "process OrderCreated", []int{0}},
+		{"payment", "process OrderCreated", []int{0}},
+		{"order", "process InventoryReserved", []int{1}},
+		{"order", "process PaymentOpened", []int{2}},
+		{"order", "order STOCK_HELD → WAIT_PAY|order PAYMENT_OPEN → WAIT_PAY", []int{3, 4}},
+		{"payment", "payment callback", []int{2}},
+		{"order", "process PaymentSucceeded", []int{6}},
+		{"order", "order WAIT_PAY → PAID", []int{7}},
+		{"fulfillment", "process OrderPaid", []int{8}},
+		{"order", "process FulfillmentStarted", []int{9}},
+		{"order", "order PAID → FULFILLING", []int{10}},
+		{"fulfillment", "deliver shipment", []int{9}},
+		{"order", "process ShipmentDelivered", []int{12}},
+		{"order", "order FULFILLING → COMPLETED", []int{13}},
 	}
 	var (
 		spans   map[trace.SpanID]tracetest.SpanStub
@@ -89,15 +93,21 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 	for i, st := range steps {
 		got := found[i]
 		services[serviceOf(got)] = true
-		if st.cause < 0 {
+		if len(st.causes) == 0 {
 			continue
 		}
-		cause := found[st.cause]
-		if !descends(spans, got, cause.SpanContext.SpanID()) {
-			t.Errorf("%s/%s does not descend from %s/%s", st.service, st.name, steps[st.cause].service, steps[st.cause].name)
+		var cause *tracetest.SpanStub
+		for _, c := range st.causes {
+			if descends(spans, got, found[c].SpanContext.SpanID()) {
+				cause = &found[c]
+			}
+		}
+		if cause == nil {
+			t.Errorf("%s/%s does not descend from %s", st.service, st.name, steps[st.causes[0]].name)
+			continue
 		}
 		if got.StartTime.Before(cause.StartTime) {
-			t.Errorf("%s/%s started before its cause %s/%s", st.service, st.name, steps[st.cause].service, steps[st.cause].name)
+			t.Errorf("%s/%s started before its cause %s", st.service, st.name, cause.Name)
 		}
 	}
 	if len(services) != 4 {
@@ -122,15 +132,12 @@ func TestATimeoutContinuesItsOrdersTrace(t *testing.T) {
 	}
 	id := r.body["order_id"].(string)
 	waitStatus(t, id, "CLOSED") // nobody pays: the payment timeout closes it
-	steps := []struct {
-		service, name string
-		cause         int
-	}{
-		{"order", "POST /orders", -1},
-		{"order", "order PENDING → WAIT_PAY", 0},
-		{"order", "saga timeout payment", 1},
-		{"order", "order WAIT_PAY → CLOSED", 2},
-		{"inventory", "process OrderClosed", 3},
+	steps := []step{
+		{"order", "POST /orders", nil},
+		{"order", "order STOCK_HELD → WAIT_PAY|order PAYMENT_OPEN → WAIT_PAY", []int{0}},
+		{"order", "saga timeout payment", []int{1}},
+		{"order", "order WAIT_PAY → CLOSED", []int{2}},
+		{"inventory", "process OrderClosed", []int{3}},
 	}
 	var (
 		spans   map[trace.SpanID]tracetest.SpanStub
@@ -149,19 +156,23 @@ func TestATimeoutContinuesItsOrdersTrace(t *testing.T) {
 		t.Fatalf("no span %s in the order's trace (%d spans)", missing, len(spans))
 	}
 	for i, st := range steps[1:] {
-		if !descends(spans, found[i+1], found[st.cause].SpanContext.SpanID()) {
-			t.Errorf("%s/%s does not descend from %s/%s", st.service, st.name, steps[st.cause].service, steps[st.cause].name)
+		if c := st.causes[0]; !descends(spans, found[i+1], found[c].SpanContext.SpanID()) {
+			t.Errorf("%s/%s does not descend from %s/%s", st.service, st.name, steps[c].service, steps[c].name)
 		}
 	}
+}
+
+// step is a span an order's trace must hold: its service, its name (or
+// names, separated by "|") and the steps that may have caused it.
+type step struct {
+	service, name string
+	causes        []int
 }
 
 // orderTrace finds the trace of order id, the one its POST /orders span
 // started, and in it the span of each step; missing names the first step
 // without one.
-func orderTrace(id string, steps []struct {
-	service, name string
-	cause         int
-}) (spans map[trace.SpanID]tracetest.SpanStub, found []tracetest.SpanStub, missing string) {
+func orderTrace(id string, steps []step) (spans map[trace.SpanID]tracetest.SpanStub, found []tracetest.SpanStub, missing string) {
 	all := shop.spans.GetSpans()
 	var tid trace.TraceID
 	for _, s := range all {
@@ -178,7 +189,7 @@ func orderTrace(id string, steps []struct {
 	for _, st := range steps {
 		var first *tracetest.SpanStub
 		for _, s := range spans {
-			if s.Name != st.name || serviceOf(s) != "shop-"+st.service || attr(s, "shop.inbox.outcome") == "duplicate" {
+			if !slices.Contains(strings.Split(st.name, "|"), s.Name) || serviceOf(s) != "shop-"+st.service || attr(s, "shop.inbox.outcome") == "duplicate" {
 				continue
 			}
 			if first == nil || s.StartTime.Before(first.StartTime) {

@@ -145,9 +145,11 @@ func (g *generator) follow(ctx context.Context, i int, r *orderRun, sem chan str
 	}
 }
 
-// simulate asks the fake provider to pay. The payment service learns of the
-// order from an event, so a 404 or 409 just after WAIT_PAY means "not yet";
-// a 404 that is no problem+json (net/http's plain "404 page not found")
+// simulate asks the fake provider to pay, the moment the order said
+// WAIT_PAY. The shop promises to take that payment, so any refusal (404,
+// 409, a "rejected" payment) is counted, reported and not retried; only a
+// request that got no answer, or a 5xx, is sent again on the next round.
+// A 404 that is no problem+json (net/http's plain "404 page not found")
 // means the route is absent: the payment service's fake provider is off.
 func (g *generator) simulate(ctx context.Context, id string, sem chan struct{}) (bool, error) {
 	select {
@@ -157,18 +159,21 @@ func (g *generator) simulate(ctx context.Context, id string, sem chan struct{}) 
 	}
 	defer func() { <-sem }()
 	status, _, resp, err := g.do(ctx, http.MethodPost, g.cfg.paymentURL+"/payments/"+id+"/simulate", "", []byte(`{"outcome":"succeeded"}`))
+	var res struct {
+		Status string `json:"status"`
+	}
 	switch {
-	case err != nil:
+	case err != nil, status >= 500:
 		return false, nil // try again on the next round
-	case status == http.StatusOK || status == http.StatusAccepted:
+	case status == http.StatusOK && json.Unmarshal(resp, &res) == nil && res.Status == "succeeded":
+		g.payments.Add(1)
 		return true, nil
 	case status == http.StatusNotFound && bytes.HasPrefix(resp, []byte("404 page not found")):
 		return false, fmt.Errorf("POST /payments/%s/simulate: the payment service does not serve it: "+
 			"its fake provider is off (run it with PAYMENT_FAKE_PROVIDER=true, as shop all -demo does, or use -pay 0)", id)
-	case status == http.StatusNotFound || status == http.StatusConflict || status >= 500:
-		return false, nil
 	}
-	return false, fmt.Errorf("POST /payments/%s/simulate: %d %s", id, status, cli.OneLine(string(resp), 200))
+	g.refused.Add(1)
+	return false, fmt.Errorf("POST /payments/%s/simulate the moment the order said WAIT_PAY: %d %s", id, status, cli.OneLine(string(resp), 200))
 }
 
 // do sends one request and reads the whole answer.

@@ -92,8 +92,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 Drives orders through the public HTTP API of a local shop: each order is a
 POST /orders with its own Idempotency-Key (a timed-out request is retried with
-the same key); a fraction is paid through POST /payments/{id}/simulate once the
-order waits for payment (the payment service serves it only with its fake
+the same key); a fraction is paid through POST /payments/{id}/simulate the
+moment GET /orders/{id} says WAIT_PAY (a refused payment is counted and fails
+the run: the shop promises to take it) (the payment service serves it only with its fake
 provider on: shop all -demo, or PAYMENT_FAKE_PROVIDER=true). At the end it prints throughput and latency
 percentiles of order creation and of order-to-COMPLETED. Only local targets
 are allowed.

@@ -8,7 +8,9 @@
 // Retry-After or a capped backoff, so that a first attempt that did commit
 // is answered with its order instead of making a second one. With -follow
 // (the default) every order is polled until it settles and a fraction is
-// paid through the payment service's fake provider. Only local targets are
+// paid through the payment service's fake provider the moment the order
+// says WAIT_PAY; a refused payment fails the run, since the shop promises
+// to take it. Only local targets are
 // allowed: the URLs must name 127.0.0.1, localhost or ::1.
 package loadgen
 
@@ -46,6 +48,7 @@ type generator struct {
 	runID  string // in every Idempotency-Key: two runs never share a key
 
 	created, failed, retried, completed, settled atomic.Int64
+	payments, refused                            atomic.Int64 // payments taken, and refused, at WAIT_PAY
 	firstErr                                     atomic.Value // string
 }
 
@@ -164,6 +167,8 @@ func (g *generator) run(parent context.Context) error {
 		return fmt.Errorf("loadgen: stopped by -timeout %v before every order was done", g.cfg.timeout)
 	case g.failed.Load() > 0:
 		return fmt.Errorf("loadgen: %d of %d orders failed", g.failed.Load(), n)
+	case g.refused.Load() > 0:
+		return fmt.Errorf("loadgen: %d payments made the moment an order said WAIT_PAY were refused", g.refused.Load())
 	}
 	return nil
 }

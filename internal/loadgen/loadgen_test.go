@@ -16,6 +16,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services/payment"
 )
 
 // env is a process environment for Run.
@@ -40,6 +41,7 @@ func TestLoadgen(t *testing.T) {
 		regexp.MustCompile(`(?m)^orders created: +30 ok, 0 failed`),
 		regexp.MustCompile(`(?m)^creation: +30 in \S+ = [0-9.]+ orders/s`),
 		regexp.MustCompile(`(?m)^creation latency: +p50 \S+ +p90 \S+ +p99 \S+ +max \S+`),
+		regexp.MustCompile(`(?m)^payments: +30 taken, 0 refused`),
 		regexp.MustCompile(`(?m)^order→COMPLETED: +30 completed +p50 \S+ +p99 \S+ +max \S+`),
 		regexp.MustCompile(`(?m)^final status: +COMPLETED 30$`),
 	} {
@@ -357,5 +359,35 @@ func TestLoadgenHonoursRetryAfter(t *testing.T) {
 	defer mu.Unlock()
 	if len(times) != 2 || times[1].Sub(times[0]) < 900*time.Millisecond {
 		t.Errorf("attempts at %v, want two, a Retry-After second apart", times)
+	}
+}
+
+// What an order shows is what the shop honours, also while the shop is
+// busy: with loadgen paying its own orders the moment they say WAIT_PAY,
+// 40 more customers do the same, half through the provider's signed
+// webhook, half through simulate. Every payment is taken, every order
+// completes, nothing is refunded.
+func TestPayingTheInstantItSaysWaitPayUnderLoad(t *testing.T) {
+	t.Parallel()
+	s := shoptest.Start(t)
+	s.Restock(t, "SKU-BUSY", 10_000, 250)
+	s.Restock(t, "SKU-NOW", 40, 990)
+
+	var out strings.Builder
+	loaded := make(chan error, 1)
+	go func() {
+		loaded <- Run(context.Background(), []string{"--orders", "400", "--concurrency", "16", "--pay", "1",
+			"--sku", "SKU-BUSY", "--timeout", "3m"}, env(s.Env), &out, &out)
+	}()
+	time.Sleep(time.Second) // the load is under way
+	paid := shoptest.Customers{OrderURL: s.OrderURL, PaymentURL: s.URLs["payment"], WebhookSecret: payment.DefaultWebhookSecret}.
+		PayTheInstant(t, 40, "SKU-NOW")
+	shoptest.RequireAllCompleted(t, paid)
+	if err := <-loaded; err != nil {
+		t.Fatalf("loadgen: %v\n%s", err, out.String())
+	}
+	t.Logf("loadgen beside them:\n%s", out.String())
+	if !regexp.MustCompile(`(?m)^payments: +400 taken, 0 refused`).MatchString(out.String()) {
+		t.Errorf("loadgen's payments were not all taken:\n%s", out.String())
 	}
 }

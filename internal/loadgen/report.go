@@ -141,6 +141,7 @@ func (g *generator) report(runs []orderRun, start, creationEnd time.Time, total 
 	if !g.cfg.follow {
 		return
 	}
+	fmt.Fprintf(w, "payments:          %d taken, %d refused (each made the moment its order said WAIT_PAY)\n", g.payments.Load(), g.refused.Load())
 	if len(toDone) > 0 {
 		fmt.Fprintf(w, "order→COMPLETED:   %d completed  p50 %s  p99 %s  max %s\n",
 			len(toDone), fmtDur(percentile(toDone, .5)), fmtDur(percentile(toDone, .99)), fmtDur(toDone[len(toDone)-1]))

@@ -39,17 +39,25 @@ func TestTrace(t *testing.T) {
 	if res.StatusCode != http.StatusCreated || err != nil {
 		t.Fatalf("place an order: %s %v", res.Status, err)
 	}
-	// Payment learns of the order from OrderAwaitingPayment; until then
-	// the fake provider answers 404 or 409.
-	payURL := "http://" + sh.Env["PAYMENT_ADDR"] + "/payments/" + order.OrderID + "/simulate"
-	shoptest.WaitFor(t, "the payment accepted", 15*time.Second, func() bool {
-		res, err := http.Post(payURL, "application/json", strings.NewReader(`{"outcome":"succeeded"}`))
+	// Paid the moment the order says WAIT_PAY, as a customer would.
+	shoptest.WaitFor(t, "the order WAIT_PAY", 15*time.Second, func() bool {
+		res, err := http.Get(sh.OrderURL + "/orders/" + order.OrderID)
 		if err != nil {
 			return false
 		}
-		res.Body.Close()
-		return res.StatusCode/100 == 2
+		defer res.Body.Close()
+		var o struct{ Status string }
+		return json.NewDecoder(res.Body).Decode(&o) == nil && o.Status == "WAIT_PAY"
 	})
+	payURL := "http://" + sh.Env["PAYMENT_ADDR"] + "/payments/" + order.OrderID + "/simulate"
+	res, err = http.Post(payURL, "application/json", strings.NewReader(`{"outcome":"succeeded"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("pay the order the moment it said WAIT_PAY: %s", res.Status)
+	}
 
 	// Every hop, as kind/event type/consumer or state. The consumers' rows
 	// may come a moment after the order reaches COMPLETED.
@@ -58,6 +66,7 @@ func TestTrace(t *testing.T) {
 		"committed/OrderCreated/", "published/OrderCreated/",
 		"processed/OrderCreated/inventory-orders", "processed/OrderCreated/payment-orders",
 		"committed/InventoryReserved/", "published/InventoryReserved/", "processed/InventoryReserved/order-inventory",
+		"committed/PaymentOpened/", "published/PaymentOpened/", "processed/PaymentOpened/order-payment",
 		"state//WAIT_PAY",
 		"committed/OrderAwaitingPayment/", "processed/OrderAwaitingPayment/payment-orders",
 		"committed/PaymentSucceeded/", "processed/PaymentSucceeded/order-payment",
@@ -129,7 +138,8 @@ func TestTrace(t *testing.T) {
 		"OrderCreated processed by payment-orders (",
 		"InventoryReserved committed (seq 1)",
 		"InventoryReserved processed by order-inventory (",
-		"state PENDING → WAIT_PAY (inventory_reserved)",
+		"PaymentOpened processed by order-payment (",
+		"state PENDING → WAIT_PAY (payable)",
 		"PaymentSucceeded processed by order-payment (",
 		"OrderPaid processed by fulfillment-orders (",
 		"state FULFILLING → COMPLETED (shipment_delivered)",

@@ -206,7 +206,7 @@ func (s *Shop) Restock(t testing.TB, sku string, onHand, price int) {
 }
 
 // Complete orders quantity of sku for customer, pays for it through the fake
-// provider once payment knows the order, and waits until the saga has
+// provider the moment the order says WAIT_PAY, and waits until the saga has
 // completed it; it returns the order's id and total.
 func (s *Shop) Complete(t testing.TB, customer, sku string, quantity int) (id string, total int64) {
 	t.Helper()
@@ -222,10 +222,9 @@ func (s *Shop) Complete(t testing.TB, customer, sku string, quantity int) (id st
 	if status := s.doJSON(t, req, &o); status != http.StatusCreated {
 		t.Fatalf("POST /orders: %d", status)
 	}
-	WaitFor(t, "payment to know order "+o.OrderID+" is payable", 20*time.Second, func() bool {
-		var p struct{ State string }
-		req, _ := http.NewRequest(http.MethodGet, s.URLs["payment"]+"/payments/"+o.OrderID, nil)
-		return s.doJSON(t, req, &p) == http.StatusOK && p.State == "PAYABLE"
+	WaitFor(t, "order "+o.OrderID+" WAIT_PAY", 20*time.Second, func() bool {
+		req, _ := http.NewRequest(http.MethodGet, s.OrderURL+"/orders/"+o.OrderID, nil)
+		return s.doJSON(t, req, &o) == http.StatusOK && o.Status == "WAIT_PAY"
 	})
 	req, _ = http.NewRequest(http.MethodPost, s.URLs["payment"]+"/payments/"+o.OrderID+"/simulate", strings.NewReader(`{"outcome":"succeeded"}`))
 	req.Header.Set("Content-Type", "application/json")

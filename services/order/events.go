@@ -31,7 +31,7 @@ func event(id uuid.UUID, typ string, payload any) outbox.Event {
 // committed notices) only advance the sequence cursor.
 var (
 	inventoryOutcomes   = []string{"InventoryReserved", "InventoryRejected"}
-	paymentOutcomes     = []string{"PaymentSucceeded", "PaymentFailed", "PaymentRefunded"}
+	paymentOutcomes     = []string{"PaymentOpened", "PaymentSucceeded", "PaymentFailed", "PaymentRefunded"}
 	fulfillmentOutcomes = []string{"FulfillmentStarted", "ShipmentDelivered"}
 )
 

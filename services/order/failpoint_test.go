@@ -89,7 +89,7 @@ func TestFailpointFuncReachesConsumersAndScanner(t *testing.T) {
 		t.Fatalf("%d %s", res.status, res.body)
 	}
 	o := decode[Order](t, res.body)
-	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{}})
+	e.payable(t, o.ID, false)
 	eventually(t, "every failpoint of the service to be passed", func() bool {
 		mu.Lock()
 		defer mu.Unlock()

@@ -237,9 +237,29 @@ func TestCancel(t *testing.T) {
 			t.Fatalf("OrderClosed %v", p)
 		}
 	})
+	// While one of the two answers to OrderCreated is in, the order shows
+	// PENDING, and a cancel closes it as it would any PENDING order.
+	for _, answer := range []struct{ prefix, typ string }{{"inventory", "InventoryReserved"}, {"payment", "PaymentOpened"}} {
+		t.Run("pending after "+answer.typ, func(t *testing.T) {
+			o := e.create(t, "SKU-1", 1)
+			e.publish(t, answer.prefix, o.ID, answer.typ, map[string]any{"order_id": o.ID, "intent_id": uuid.New(), "items": []any{}})
+			eventually(t, "the saga to take "+answer.typ, func() bool {
+				return e.count(t, `SELECT count(*) FROM saga_instances WHERE id = $1 AND state <> 'PENDING'`, o.ID.String()) == 1
+			})
+			if res := cancel(t, o.ID); res.status != http.StatusAccepted {
+				t.Fatalf("cancel: %d %s", res.status, res.body)
+			}
+			if got := e.get(t, o.ID); got.Status != Closed || statuses(got) != "PENDING CLOSED" {
+				t.Fatalf("after cancel: %s %s", got.Status, statuses(got))
+			}
+			if got := e.timeouts(t, o.ID); got != "" {
+				t.Fatalf("timeouts after the cancel: %q, want none", got)
+			}
+		})
+	}
 	t.Run("waiting for payment", func(t *testing.T) {
 		o := e.create(t, "SKU-1", 1)
-		e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{}})
+		e.payable(t, o.ID, true)
 		e.waitStatus(t, o.ID, WaitPay)
 		if res := cancel(t, o.ID); res.status != http.StatusAccepted {
 			t.Fatalf("cancel: %d %s", res.status, res.body)
@@ -254,7 +274,7 @@ func TestCancel(t *testing.T) {
 	})
 	t.Run("paid is 409", func(t *testing.T) {
 		o := e.create(t, "SKU-1", 1)
-		e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+		e.payable(t, o.ID, false)
 		e.waitStatus(t, o.ID, WaitPay)
 		e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-1", "amount": 100})
 		e.waitStatus(t, o.ID, Paid)

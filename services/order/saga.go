@@ -31,11 +31,33 @@ const (
 	reasonPaymentFailed      = "payment_failed"
 )
 
-// sagaData is what the order saga remembers beyond its state: the payment
-// that paid the order, and the payments it asked to refund, so a refund is
-// requested once per payment however often (and under whatever event id)
-// its PaymentSucceeded arrives.
+// The saga's two join states. Inventory and payment both answer
+// OrderCreated, in parallel: inventory by holding the stock, payment by
+// opening the order's payment intent. The order moves to WAIT_PAY only when
+// it holds both answers, so a client told to pay pays an intent that is
+// open. While one answer is in, the saga is in one of these states and the
+// order still shows PENDING (its status, and its history, name only the
+// contract's states).
+const (
+	stockHeld   = "STOCK_HELD"   // InventoryReserved in, PaymentOpened not yet
+	paymentOpen = "PAYMENT_OPEN" // PaymentOpened in, InventoryReserved not yet
+)
+
+// shown is the status an order in saga state st shows its clients: the
+// contract's states only, so the join states show as PENDING.
+func shown(st string) string {
+	if st == stockHeld || st == paymentOpen {
+		return Pending
+	}
+	return st
+}
+
+// sagaData is what the order saga remembers beyond its state: the intent
+// payment opened, the payment that paid the order, and the payments it
+// asked to refund, so a refund is requested once per payment however often
+// (and under whatever event id) its PaymentSucceeded arrives.
 type sagaData struct {
+	IntentID  string   `json:"intent_id,omitempty"`
 	PaymentID string   `json:"payment_id,omitempty"`
 	Refunded  []string `json:"refunded,omitempty"`
 }
@@ -70,15 +92,15 @@ func withOrderID(f saga.TransitionFunc) saga.TransitionFunc {
 // transitions are the order saga's transitions (see newSaga).
 func (s *Service) transitions() []saga.Transition {
 	ts := []saga.Transition{
-		{From: Pending, Event: "InventoryReserved", To: WaitPay, Func: s.awaitPayment},
-		{From: Pending, Event: "InventoryRejected", To: Rejected, Func: s.reject},
-		{From: Pending, Event: evCancel, To: Closed, Func: s.closeFunc(reasonCustomerCancel)},
-		// Inventory never answered. OrderClosed follows OrderCreated in
-		// ORDERS, and inventory reads both in sequence: a reservation it
-		// makes later is released when it reads the close (or it leaves a
-		// tombstone and never reserves), so the stock comes back and the
-		// late InventoryReserved is recorded as unexpected here.
-		{From: Pending, Event: saga.TimeoutEvent(reservationTimeout), To: Closed, Func: s.closeFunc(reasonReservationTimeout)},
+		// The join: both answers to OrderCreated, in either order, then
+		// WAIT_PAY. Payment's PaymentOpened commits with the intent it
+		// announces, so an order shows WAIT_PAY only when payment will take
+		// the money (docs/architecture.md, "Paying the moment the order
+		// says so").
+		{From: Pending, Event: "InventoryReserved", To: stockHeld},
+		{From: Pending, Event: "PaymentOpened", To: paymentOpen, Func: s.noteIntent},
+		{From: stockHeld, Event: "PaymentOpened", To: WaitPay, Func: s.awaitPayment},
+		{From: paymentOpen, Event: "InventoryReserved", To: WaitPay, Func: s.awaitPayment},
 		{From: WaitPay, Event: "PaymentSucceeded", To: Paid, Func: s.paid},
 		{From: WaitPay, Event: "PaymentFailed", To: Closed, Func: s.closeFunc(reasonPaymentFailed)},
 		{From: WaitPay, Event: saga.TimeoutEvent(paymentTimeout), To: Closed, Func: s.closeFunc(reasonPaymentTimeout)},
@@ -86,7 +108,23 @@ func (s *Service) transitions() []saga.Transition {
 		{From: Paid, Event: "FulfillmentStarted", To: Fulfilling, Func: s.moveFunc("fulfillment_started", "")},
 		{From: Fulfilling, Event: "ShipmentDelivered", To: Completed, Func: s.moveFunc("shipment_delivered", "OrderCompleted")},
 	}
-	all := []string{Pending, WaitPay, Paid, Fulfilling, Completed, Rejected, Closed}
+	// What the order shows as PENDING: the saga's first state and its two
+	// join states.
+	for _, st := range []string{Pending, stockHeld, paymentOpen} {
+		ts = append(ts,
+			saga.Transition{From: st, Event: evCancel, To: Closed, Func: s.closeFunc(reasonCustomerCancel)},
+			// Inventory or payment never answered. OrderClosed follows
+			// OrderCreated in ORDERS, and inventory and payment read both in
+			// sequence: a reservation inventory makes later is released when
+			// it reads the close (or it leaves a tombstone and never
+			// reserves), so the stock comes back, the intent is closed, and
+			// a late answer is recorded as unexpected here.
+			saga.Transition{From: st, Event: saga.TimeoutEvent(reservationTimeout), To: Closed, Func: s.closeFunc(reasonReservationTimeout)})
+		if st != stockHeld { // stock held is never rejected after
+			ts = append(ts, saga.Transition{From: st, Event: "InventoryRejected", To: Rejected, Func: s.reject})
+		}
+	}
+	all := []string{Pending, stockHeld, paymentOpen, WaitPay, Paid, Fulfilling, Completed, Rejected, Closed}
 	for _, st := range all {
 		// Money taken in any state but WAIT_PAY goes back.
 		if st != WaitPay {
@@ -132,13 +170,52 @@ func stepOrder(st *saga.Step) (uuid.UUID, error) {
 	return id, nil
 }
 
-// awaitPayment: PENDING → WAIT_PAY. The pay-by time is both the payload's
-// promise and the durable timeout, so they agree. The reservation timeout
-// goes in the same transaction: a reservation and its timeout can never
-// both take effect.
+// intentOpened is the payload of payment's PaymentOpened.
+type intentOpened struct {
+	IntentID string `json:"intent_id"`
+}
+
+// noteIntent: PENDING → PAYMENT_OPEN. The intent is remembered until the
+// stock is held too.
+func (s *Service) noteIntent(_ context.Context, _ pgx.Tx, st *saga.Step) error {
+	p, err := payload[intentOpened](st)
+	if err != nil {
+		return err
+	}
+	d, err := data(st)
+	if err != nil {
+		return err
+	}
+	d.IntentID = p.IntentID
+	return setData(st, d)
+}
+
+// awaitPayment: STOCK_HELD or PAYMENT_OPEN → WAIT_PAY, on the second of the
+// two answers. The pay-by time is both the payload's promise and the
+// durable timeout, so they agree. The reservation timeout goes in the same
+// transaction: a reservation and its timeout can never both take effect.
+// The order now shows what a client pays (the intent and the pay-by time).
 func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
 	if err != nil {
+		return err
+	}
+	d, err := data(st)
+	if err != nil {
+		return err
+	}
+	if st.Event.Type == "PaymentOpened" {
+		p, err := payload[intentOpened](st)
+		if err != nil {
+			return err
+		}
+		d.IntentID = p.IntentID
+	}
+	intent, err := uuid.Parse(d.IntentID)
+	if err != nil {
+		return inbox.Poison(fmt.Errorf("order %s: PaymentOpened names no intent (%q): %w", id, d.IntentID, err))
+	}
+	if err := setData(st, d); err != nil {
 		return err
 	}
 	var total int64
@@ -148,13 +225,14 @@ func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) er
 	payBy := now().Add(s.cfg.PaymentTimeout)
 	st.CancelTimeout(reservationTimeout)
 	st.SetTimeout(paymentTimeout, payBy)
-	queueStatus(st.Batch(), id, st.To, "inventory_reserved")
+	queuePaymentDue(st.Batch(), id, intent, payBy)
+	queueStatus(st.Batch(), id, st.To, "payable") // stock held, intent open
 	return s.outbox.Queue(ctx, st.Batch(), event(id, "OrderAwaitingPayment", map[string]any{
-		"order_id": id, "total": total, "pay_by": payBy.Format(time.RFC3339Nano),
+		"order_id": id, "total": total, "pay_by": payBy.Format(time.RFC3339Nano), "intent_id": intent,
 	}))
 }
 
-// reject: PENDING → REJECTED; inventory holds nothing, but OrderRejected
+// reject: PENDING (or PAYMENT_OPEN) → REJECTED; inventory holds nothing, but OrderRejected
 // tells it (and payment) the saga has ended.
 func (s *Service) reject(ctx context.Context, _ pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
@@ -176,7 +254,7 @@ func (s *Service) reject(ctx context.Context, _ pgx.Tx, st *saga.Step) error {
 	return s.outbox.Queue(ctx, st.Batch(), event(id, "OrderRejected", map[string]any{"order_id": id, "reason": reason}))
 }
 
-// closeFunc: PENDING or WAIT_PAY → CLOSED. OrderClosed makes inventory
+// closeFunc: PENDING (or a join state) or WAIT_PAY → CLOSED. OrderClosed makes inventory
 // release the stock (or not reserve it, if its reservation is still to come).
 // Whichever timeout the state had goes with it.
 func (s *Service) closeFunc(reason string) saga.TransitionFunc {
@@ -274,14 +352,16 @@ func (s *Service) refund(ctx context.Context, _ pgx.Tx, st *saga.Step) error {
 		return err
 	}
 	reason := map[string]string{
-		Closed:   "order_closed",
-		Rejected: "order_rejected",
-		Pending:  "order_not_awaiting_payment",
+		Closed:      "order_closed",
+		Rejected:    "order_rejected",
+		Pending:     "order_not_awaiting_payment",
+		stockHeld:   "order_not_awaiting_payment",
+		paymentOpen: "order_not_awaiting_payment",
 	}[st.Instance.State]
 	if reason == "" {
 		reason = "order_already_paid"
 	}
-	queueStatus(st.Batch(), id, st.To, "refund_requested")
+	queueStatus(st.Batch(), id, shown(st.To), "refund_requested")
 	return s.outbox.Queue(ctx, st.Batch(), event(id, "RefundRequested", map[string]any{
 		"order_id": id, "payment_id": p.PaymentID, "amount": p.Amount, "reason": reason,
 	}))
@@ -294,6 +374,6 @@ func (s *Service) refunded(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 	if err != nil {
 		return err
 	}
-	queueStatus(st.Batch(), id, st.To, "payment_refunded")
+	queueStatus(st.Batch(), id, shown(st.To), "payment_refunded")
 	return nil
 }

@@ -26,15 +26,29 @@ func TestSagaHappyPath(t *testing.T) {
 		t.Fatalf("timeouts of a new order: %q, want the reservation deadline", got)
 	}
 
+	// The stock alone does not make the order payable: it shows PENDING,
+	// with nothing to pay yet, until payment has opened its intent.
 	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 4}}})
-	e.waitStatus(t, o.ID, WaitPay)
+	eventually(t, "the saga to hold the stock", func() bool {
+		return e.count(t, `SELECT count(*) FROM saga_instances WHERE id = $1 AND state = $2`, o.ID.String(), stockHeld) == 1
+	})
+	if got := e.get(t, o.ID); got.Status != Pending || got.Payment != nil || statuses(got) != "PENDING" {
+		t.Fatalf("stock held, no intent yet: %s %s, payment %+v", got.Status, statuses(got), got.Payment)
+	}
+	intent := uuid.New()
+	e.publish(t, "payment", o.ID, "PaymentOpened", map[string]any{"order_id": o.ID, "intent_id": intent, "amount": 1000})
+	waiting := e.waitStatus(t, o.ID, WaitPay)
 	if got := e.timeouts(t, o.ID); got != paymentTimeout {
 		t.Fatalf("timeouts in WAIT_PAY: %q, want the payment deadline only", got)
 	}
 	p := e.payload(t, o.ID, "OrderAwaitingPayment")
 	payBy, err := time.Parse(time.RFC3339, p["pay_by"].(string))
-	if err != nil || p["total"] != float64(1000) || time.Until(payBy) < 14*time.Minute {
+	if err != nil || p["total"] != float64(1000) || p["intent_id"] != intent.String() || time.Until(payBy) < 14*time.Minute {
 		t.Fatalf("OrderAwaitingPayment %v (%v)", p, err)
+	}
+	// What a client pays, from the instant it says WAIT_PAY.
+	if d := waiting.Payment; d == nil || d.IntentID != intent || d.Amount != 1000 || !d.PayBy.Equal(payBy) {
+		t.Fatalf("WAIT_PAY shows payment %+v, want intent %s, 1000, due %s", d, intent, payBy)
 	}
 	if n := e.count(t, `SELECT count(*) FROM saga_timeouts WHERE saga_id = $1 AND name = 'payment'`, o.ID.String()); n != 1 {
 		t.Fatal("no payment timeout in WAIT_PAY")
@@ -93,7 +107,7 @@ func TestSagaPaymentFailed(t *testing.T) {
 	e := setup(t, Config{})
 	e.stock(t, "SKU-1", 100)
 	o := e.create(t, "SKU-1", 1)
-	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.payable(t, o.ID, false)
 	e.waitStatus(t, o.ID, WaitPay)
 	e.publish(t, "payment", o.ID, "PaymentFailed", map[string]any{"order_id": o.ID, "payment_id": "p-1", "amount": 100, "reason": "card_declined"})
 	e.waitStatus(t, o.ID, Closed)
@@ -108,7 +122,7 @@ func TestSagaPaymentTimeout(t *testing.T) {
 	e := setup(t, Config{PaymentTimeout: 200 * time.Millisecond})
 	e.stock(t, "SKU-1", 100)
 	o := e.create(t, "SKU-1", 1)
-	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.payable(t, o.ID, false)
 	e.waitStatus(t, o.ID, WaitPay)
 	got := e.waitStatus(t, o.ID, Closed)
 	if got.History[len(got.History)-1].Reason != reasonPaymentTimeout {
@@ -149,6 +163,47 @@ func TestSagaReservationTimeout(t *testing.T) {
 		t.Fatalf("after the late reservation: %s %s", got.Status, statuses(got))
 	}
 	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderClosed")
+
+	// Inventory answered, payment never opened the intent: the order never
+	// showed WAIT_PAY, and the same deadline closes it.
+	held := e.create(t, "SKU-1", 1)
+	e.publish(t, "inventory", held.ID, "InventoryReserved", map[string]any{"order_id": held.ID, "items": []any{}})
+	got = e.waitStatus(t, held.ID, Closed)
+	if statuses(got) != "PENDING CLOSED" || got.History[1].Reason != reasonReservationTimeout || got.Payment != nil {
+		t.Fatalf("stock held, no intent: history %+v, payment %+v", got.History, got.Payment)
+	}
+	wantEvents(t, e.events(t, held.ID), "OrderCreated", "OrderClosed")
+}
+
+// The two answers may come in either order; the order is payable once it
+// holds both, and a payment that comes before (no client was told to pay
+// yet) is refunded.
+func TestSagaWaitsForBothAnswers(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	intent := uuid.New()
+	e.publish(t, "payment", o.ID, "PaymentOpened", map[string]any{"order_id": o.ID, "intent_id": intent, "amount": 100})
+	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "early", "amount": 100})
+	eventually(t, "the early payment's refund", func() bool {
+		return e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'RefundRequested'`, o.ID.String()) == 1
+	})
+	if p := e.payload(t, o.ID, "RefundRequested"); p["payment_id"] != "early" || p["reason"] != "order_not_awaiting_payment" {
+		t.Fatalf("RefundRequested %v", p)
+	}
+	if got := e.get(t, o.ID); got.Status != Pending || got.Payment != nil {
+		t.Fatalf("intent open, stock not held: %s, payment %+v", got.Status, got.Payment)
+	}
+	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{}})
+	got := e.waitStatus(t, o.ID, WaitPay)
+	if got.Payment == nil || got.Payment.IntentID != intent || got.Payment.Amount != 100 {
+		t.Fatalf("WAIT_PAY shows payment %+v, want intent %s", got.Payment, intent)
+	}
+	if statuses(got) != "PENDING PENDING WAIT_PAY" || got.History[2].Reason != "payable" {
+		t.Fatalf("history %+v", got.History)
+	}
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "RefundRequested", "OrderAwaitingPayment")
 }
 
 // Every way out of PENDING takes the reservation deadline with it, so it
@@ -171,7 +226,7 @@ func TestLatePaymentRefundedOnce(t *testing.T) {
 	e := setup(t, Config{})
 	e.stock(t, "SKU-1", 100)
 	o := e.create(t, "SKU-1", 1)
-	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.payable(t, o.ID, false)
 	e.waitStatus(t, o.ID, WaitPay)
 	if res := e.do(t, http.MethodPost, "/orders/"+o.ID.String()+"/cancel", "", "", nil); res.status != http.StatusAccepted {
 		t.Fatalf("cancel: %d", res.status)
@@ -210,7 +265,7 @@ func TestSecondPaymentOfPaidOrderRefunded(t *testing.T) {
 	e := setup(t, Config{})
 	e.stock(t, "SKU-1", 100)
 	o := e.create(t, "SKU-1", 1)
-	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
+	e.payable(t, o.ID, false)
 	e.waitStatus(t, o.ID, WaitPay)
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-1", "amount": 100})
 	e.waitStatus(t, o.ID, Paid)
@@ -225,7 +280,7 @@ func TestSecondPaymentOfPaidOrderRefunded(t *testing.T) {
 		t.Fatalf("RefundRequested %v", p)
 	}
 	eventually(t, "every payment event processed", func() bool {
-		return e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = 'order-payment'`) == 3
+		return e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = 'order-payment'`) == 4 // with PaymentOpened
 	})
 	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "RefundRequested")
 }
@@ -323,15 +378,16 @@ func TestBatchHandlerAppliesTheBatchInOrder(t *testing.T) {
 		msg("SKU-1", 99, "ProductUpdated", map[string]any{"sku": "SKU-1", "price": 300}),
 		reserved(b),
 		msg(c.ID.String(), 1, "InventoryRejected", map[string]any{"order_id": c.ID, "reason": "insufficient_stock"}),
-		reserved(a), // a is in WAIT_PAY by now: unexpected
+		reserved(a), // a holds its stock by now: unexpected
 	}
 	handle := e.svc.batchHandler(inventoryOutcomes, e.svc.handleInventory)
 	if err := pgx.BeginFunc(t.Context(), e.pool, func(tx pgx.Tx) error { return handle(t.Context(), tx, batch) }); err != nil {
 		t.Fatal(err)
 	}
-	for o, want := range map[uuid.UUID]string{a.ID: WaitPay, b.ID: WaitPay, c.ID: Rejected} {
-		if got := e.get(t, o).Status; got != want {
-			t.Errorf("order %s: %s, want %s", o, got, want)
+	for o, want := range map[uuid.UUID]string{a.ID: stockHeld, b.ID: stockHeld, c.ID: Rejected} {
+		var got string
+		if err := e.pool.QueryRow(t.Context(), `SELECT state FROM saga_instances WHERE id = $1`, o.String()).Scan(&got); err != nil || got != want {
+			t.Errorf("order %s: saga in %s (%v), want %s", o, got, err, want)
 		}
 	}
 	if n := e.count(t, `SELECT price FROM catalogue WHERE sku = 'SKU-1'`); n != 300 {

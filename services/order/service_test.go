@@ -123,6 +123,28 @@ func (e *env) publish(t *testing.T, prefix string, id uuid.UUID, typ string, pay
 	return m
 }
 
+// payable publishes both answers to order id's OrderCreated, in the order
+// given: inventory's reservation and payment's open intent, which together
+// move the order to WAIT_PAY. It returns the intent's id.
+func (e *env) payable(t *testing.T, id uuid.UUID, intentFirst bool) uuid.UUID {
+	t.Helper()
+	intent := uuid.New()
+	reserve := func() {
+		e.publish(t, "inventory", id, "InventoryReserved", map[string]any{"order_id": id, "items": []any{}})
+	}
+	open := func() {
+		e.publish(t, "payment", id, "PaymentOpened", map[string]any{"order_id": id, "intent_id": intent, "amount": 0})
+	}
+	if intentFirst {
+		open()
+		reserve()
+	} else {
+		reserve()
+		open()
+	}
+	return intent
+}
+
 // stock publishes ProductUpdated and waits until the catalogue has it.
 func (e *env) stock(t *testing.T, sku string, price int64) {
 	t.Helper()

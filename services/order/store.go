@@ -33,6 +33,18 @@ type Order struct {
 	CreatedAt  time.Time `json:"created_at"`
 	UpdatedAt  time.Time `json:"updated_at"`
 	History    []Entry   `json:"history"`
+	// Payment is what a client needs to pay the order, from WAIT_PAY on
+	// (absent before): a payment made as soon as it appears is applied.
+	Payment *PaymentDue `json:"payment,omitempty"`
+}
+
+// PaymentDue is the payment an order waits for (or waited for): payment's
+// intent, opened for the order, its amount (the order's total) and the time
+// the payment timeout closes an unpaid order.
+type PaymentDue struct {
+	IntentID uuid.UUID `json:"intent_id"`
+	Amount   int64     `json:"amount"`
+	PayBy    time.Time `json:"pay_by"`
 }
 
 // Item is one order line. UnitPrice is in cents, from the catalogue.
@@ -94,20 +106,31 @@ func queueStatus(b *pgx.Batch, id uuid.UUID, status, reason string) {
 	b.Queue(`INSERT INTO order_history (order_id, status, at, reason) VALUES ($1, $2, $3, NULLIF($4, ''))`, param(id), status, at, reason)
 }
 
+// queuePaymentDue queues the record of the payment the order now waits for
+// (Order.Payment).
+func queuePaymentDue(b *pgx.Batch, id, intent uuid.UUID, payBy time.Time) {
+	b.Queue(`UPDATE orders SET payment_intent_id = $2, pay_by = $3 WHERE order_id = $1`, param(id), param(intent), payBy)
+}
+
 // getOrder reads an order with its items and history, oldest entry first,
 // in one round trip.
 func getOrder(ctx context.Context, db db, id uuid.UUID) (Order, error) {
 	o := Order{ID: id, Items: []Item{}, History: []Entry{}}
 	found := false
 	b := &pgx.Batch{}
-	b.Queue(`SELECT customer_id, status, total, created_at, updated_at FROM orders WHERE order_id = $1`, id).
+	b.Queue(`SELECT customer_id, status, total, created_at, updated_at, payment_intent_id, pay_by FROM orders WHERE order_id = $1`, id).
 		QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&o.CustomerID, &o.Status, &o.Total, &o.CreatedAt, &o.UpdatedAt)
+			var intent *uuid.UUID
+			var payBy *time.Time
+			err := row.Scan(&o.CustomerID, &o.Status, &o.Total, &o.CreatedAt, &o.UpdatedAt, &intent, &payBy)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
 			if err != nil {
 				return fmt.Errorf("read order %s: %w", id, err)
+			}
+			if intent != nil && payBy != nil {
+				o.Payment = &PaymentDue{IntentID: *intent, Amount: o.Total, PayBy: payBy.UTC()}
 			}
 			found = true
 			return nil

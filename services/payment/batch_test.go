@@ -46,7 +46,7 @@ func TestBatchMovesIntentsAsOneAtATime(t *testing.T) {
 		if a != b {
 			t.Errorf("one at a time and in batches differ:\n--- one at a time\n%s\n--- in batches\n%s", a, b)
 		}
-		for _, want := range []string{"PENDING", "PAYABLE", "PAID", "CLOSED", "REQUESTED", "traceparent"} {
+		for _, want := range []string{"PAYABLE", "PAID", "CLOSED", "REQUESTED", "traceparent", "announced true"} {
 			if !strings.Contains(a, want) {
 				t.Errorf("the history never reached %s", want)
 			}
@@ -110,12 +110,15 @@ func orderCtx(orderID string) context.Context {
 	}))
 }
 
-// paymentSnapshot is the intents and refunds as text (refund ids are new
-// on each side; their idempotency keys, the event ids, are not).
+// paymentSnapshot is the intents, their announcements and the refunds as
+// text (intent and refund ids are new on each side; the refunds'
+// idempotency keys, the event ids, are not).
 func (e *env) paymentSnapshot(t *testing.T) string {
 	t.Helper()
 	return e.db.Dump(t,
 		`SELECT order_id, state, amount, trace_headers FROM intents ORDER BY order_id`,
+		`SELECT i.order_id, o.aggregate_seq, o.payload->>'amount', 'announced ' || (o.payload->>'intent_id' = i.intent_id::text)
+		 FROM intents i JOIN outbox o ON o.aggregate_id = i.order_id AND o.event_type = 'PaymentOpened' ORDER BY 1`,
 		`SELECT order_id, payment_id, idempotency_key, amount, state FROM refunds ORDER BY order_id, idempotency_key`)
 }
 

@@ -17,11 +17,20 @@ import (
 
 // Event types payment publishes to the PAYMENT stream (docs/events.md).
 const (
+	EventPaymentOpened    = "PaymentOpened"
 	EventPaymentSucceeded = "PaymentSucceeded"
 	EventPaymentFailed    = "PaymentFailed"
 	EventPaymentRefunded  = "PaymentRefunded"
 	EventPaymentRejected  = "PaymentRejected"
 )
+
+// PaymentOpened is the payload of a PaymentOpened event: payment has opened
+// the order's intent and takes a payment of Amount for it from now on.
+type PaymentOpened struct {
+	OrderID  string    `json:"order_id"`
+	IntentID uuid.UUID `json:"intent_id"`
+	Amount   int64     `json:"amount"`
+}
 
 // PaymentSucceeded is the payload of a PaymentSucceeded event.
 type PaymentSucceeded struct {
@@ -66,33 +75,21 @@ const ConsumerName = "payment-orders"
 // payloads carry more, which a tolerant reader ignores.
 type orderEvent struct {
 	OrderID   string `json:"order_id"`
-	Total     *int64 `json:"total"`  // OrderCreated, OrderAwaitingPayment
+	Total     *int64 `json:"total"`  // OrderCreated
 	Amount    *int64 `json:"amount"` // OrderPaid, RefundRequested
 	PaymentID string `json:"payment_id"`
 	Reason    string `json:"reason"`
 }
 
 // handledTypes are the ORDERS events payment acts on (inbox
-// Config.Handles); the others only advance the aggregate's cursor.
-var handledTypes = []string{"OrderCreated", "OrderAwaitingPayment", "OrderPaid", "OrderClosed", "OrderRejected", "RefundRequested"}
+// Config.Handles); the others (OrderAwaitingPayment, OrderCompleted) only
+// advance the aggregate's cursor: the intent is open from OrderCreated on.
+var handledTypes = []string{"OrderCreated", "OrderPaid", "OrderClosed", "OrderRejected", "RefundRequested"}
 
-// handle applies one ORDERS event inside its inbox transaction.
+// handle applies one ORDERS event inside its inbox transaction: a batch
+// of one (handleBatch).
 func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	if !slices.Contains(handledTypes, m.Type) {
-		return nil // never reached through the consumer, which records other types without calling handle (Config.Handles)
-	}
-	ev, err := readOrderEvent(m)
-	if err != nil {
-		return err
-	}
-	if m.Type == typeRefundRequested {
-		return s.requestRefund(ctx, tx, m.EventID, ev, *ev.Amount)
-	}
-	sql, args := intentStatement(ctx, m.Type, ev)
-	if _, err := tx.Exec(ctx, sql, args...); err != nil {
-		return fmt.Errorf("%s: write intent of %s: %w", m.Type, ev.OrderID, err)
-	}
-	return nil
+	return s.handleBatch(ctx, tx, []inbox.Batched{{Ctx: ctx, Message: m}})
 }
 
 // typeRefundRequested is the one event whose handling reads before it
@@ -120,7 +117,7 @@ func readOrderEvent(m inbox.Message) (orderEvent, error) {
 		return nil
 	}
 	switch m.Type {
-	case "OrderCreated", "OrderAwaitingPayment":
+	case "OrderCreated":
 		return ev, need("total", ev.Total)
 	case "OrderPaid", typeRefundRequested:
 		return ev, need("amount", ev.Amount)
@@ -128,29 +125,36 @@ func readOrderEvent(m inbox.Message) (orderEvent, error) {
 	return ev, nil
 }
 
-// intentStatement is the one statement by which an ORDERS event other than
-// RefundRequested moves its order's payment intent. None of them reads
-// first, so a batch of them can go in one round trip (handleBatch).
-func intentStatement(ctx context.Context, typ string, ev orderEvent) (string, []any) {
+// queueIntent queues on b the writes by which an ORDERS event other than
+// RefundRequested moves its order's payment intent: one statement, and for
+// OrderCreated the PaymentOpened that announces the intent it opens. None
+// of them reads first, so a batch of them goes in one round trip.
+func (s *Service) queueIntent(ctx context.Context, b *pgx.Batch, typ string, ev orderEvent) error {
 	switch typ {
 	case "OrderCreated":
-		return createIntentSQL, []any{ev.OrderID, *ev.Total}
-	case "OrderAwaitingPayment":
-		return markPayableSQL, []any{ev.OrderID, *ev.Total, traceHeaders(ctx)}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("new intent id: %w", err)
+		}
+		b.Queue(openIntentSQL, ev.OrderID, id, *ev.Total, traceHeaders(ctx))
+		return s.outbox.Queue(ctx, b, orderEventOf(ev.OrderID, EventPaymentOpened, s.cfg.Now(), PaymentOpened{
+			OrderID: ev.OrderID, IntentID: id, Amount: *ev.Total,
+		}))
 	case "OrderPaid":
-		return markPaidSQL, []any{ev.OrderID, *ev.Amount}
+		b.Queue(markPaidSQL, ev.OrderID, *ev.Amount)
 	default: // OrderClosed, OrderRejected
-		return markClosedSQL, []any{ev.OrderID}
+		b.Queue(markClosedSQL, ev.OrderID)
 	}
+	return nil
 }
 
-// handleBatch is the consumer's inbox Config.BatchHandler: the intent
-// statements of a batch's events go out in one round trip instead of one
-// each. A RefundRequested reads its payment before it writes, so what is
-// queued before it is sent first: every statement runs in stream order
-// and sees what the events before it wrote, as with handle one event at a
-// time (TestBatchMovesIntentsAsOneAtATime). Any error fails the batch, and
-// the inbox applies it again one event at a time.
+// handleBatch is the consumer's handler, inbox Config.BatchHandler (handle
+// is a batch of one): the intent writes of a batch's events go out in one
+// round trip instead of one each. A RefundRequested reads its payment
+// before it writes, so what is queued before it is sent first: every
+// statement runs in stream order and sees what the events before it
+// wrote. Any error fails the batch, and the inbox applies it again one
+// event at a time.
 func (s *Service) handleBatch(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) error {
 	b := &pgx.Batch{}
 	flush := func() error {
@@ -165,6 +169,9 @@ func (s *Service) handleBatch(ctx context.Context, tx pgx.Tx, batch []inbox.Batc
 		return nil
 	}
 	for _, e := range batch {
+		if !slices.Contains(handledTypes, e.Type) {
+			continue // never reached through the consumer, which records other types without calling a handler (Config.Handles)
+		}
 		ev, err := readOrderEvent(e.Message)
 		if err != nil {
 			return err
@@ -178,8 +185,9 @@ func (s *Service) handleBatch(ctx context.Context, tx pgx.Tx, batch []inbox.Batc
 			}
 			continue
 		}
-		sql, args := intentStatement(e.Ctx, e.Type, ev)
-		b.Queue(sql, args...)
+		if err := s.queueIntent(e.Ctx, b, e.Type, ev); err != nil {
+			return err
+		}
 	}
 	return flush()
 }

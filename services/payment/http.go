@@ -128,9 +128,6 @@ func (s *Service) handleSimulate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in, err := getIntent(r.Context(), s.pool, chi.URLParam(r, "order_id"))
-	if err == nil && in.State == StatePending {
-		err = ErrNotPayable
-	}
 	if err != nil {
 		httpx.WriteProblem(w, r, s.log, problemOf(err))
 		return
@@ -174,9 +171,6 @@ func problemOf(err error) error {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return httpx.NewProblem(http.StatusNotFound, "order-not-found", "payment knows no order with this id")
-	case errors.Is(err, ErrNotPayable):
-		return httpx.NewProblem(http.StatusConflict, "order-not-payable",
-			"the order's stock is not held yet; pay once it is awaiting payment")
 	case errors.Is(err, ErrAmountMismatch):
 		return httpx.NewProblem(http.StatusUnprocessableEntity, "amount-mismatch", "amount differs from the order total")
 	case errors.Is(err, ErrPaymentConflict):

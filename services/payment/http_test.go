@@ -76,7 +76,6 @@ func TestWebhookRefusals(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	payable := e.intent(t, StatePayable, 500)
-	pending := e.intent(t, StatePending, 500)
 
 	cases := []struct {
 		name   string
@@ -89,7 +88,6 @@ func TestWebhookRefusals(t *testing.T) {
 		// and writes nothing (a success is recorded and refunded, see
 		// TestRejectedPaymentsAreRecordedAndRefunded).
 		{"failure for an unknown order", `{"order_id":"` + uuid.NewString() + `","provider_payment_id":"p1","status":"failed","amount":500}`, "", http.StatusNotFound, "order-not-found"},
-		{"failure for a pending order: stock not held yet", `{"order_id":"` + pending + `","provider_payment_id":"p2","status":"failed","amount":500}`, "", http.StatusConflict, "order-not-payable"},
 		{"failure of another amount", `{"order_id":"` + payable + `","provider_payment_id":"p3","status":"failed","amount":499}`, "", http.StatusUnprocessableEntity, "amount-mismatch"},
 		{"order id that is no subject token", `{"order_id":"o.1","provider_payment_id":"p10","status":"succeeded","amount":500}`, "", http.StatusUnprocessableEntity, "invalid-request"},
 		{"order id with a space", `{"order_id":"o 1","provider_payment_id":"p11","status":"succeeded","amount":500}`, "", http.StatusUnprocessableEntity, "invalid-request"},
@@ -302,8 +300,6 @@ func TestSimulate(t *testing.T) {
 		t.Fatalf("GET: %s (%v)", rec.Body, err)
 	}
 
-	pending := e.intent(t, StatePending, 10)
-	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+pending+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusConflict, "order-not-payable")
 	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+uuid.NewString()+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusNotFound, "order-not-found")
 	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"maybe"}`), hdr), http.StatusUnprocessableEntity, "invalid-request")
 	wantProblem(t, e.do(t, http.MethodGet, "/payments/"+uuid.NewString(), nil, nil), http.StatusNotFound, "order-not-found")
@@ -349,7 +345,7 @@ func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t) // nothing running: the test's requests are the pool's only users
 	payable := e.intent(t, StatePayable, 300)
-	pending := e.intent(t, StatePending, 300)
+	closed := e.intent(t, StateClosed, 300)
 	ok := Callback{OrderID: payable, ProviderPaymentID: "pay_conn", Status: StatusSucceeded, Amount: 300}
 	conflict := ok
 	conflict.Status = StatusFailed
@@ -367,7 +363,7 @@ func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
 		{"replayed", ok, http.StatusOK},
 		{"conflict", conflict, http.StatusConflict},
 		{"amount mismatch: rejected", mismatch, http.StatusOK},
-		{"not payable: rejected", Callback{OrderID: pending, ProviderPaymentID: "pay_p", Status: StatusSucceeded, Amount: 300}, http.StatusOK},
+		{"closed order: applied (the saga refunds it)", Callback{OrderID: closed, ProviderPaymentID: "pay_p", Status: StatusSucceeded, Amount: 300}, http.StatusOK},
 		{"unknown order: rejected", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusOK},
 		{"same provider id for another order: conflict", Callback{OrderID: uuid.NewString(), ProviderPaymentID: "pay_u", Status: StatusSucceeded, Amount: 300}, http.StatusConflict},
 		{"failure of another amount: refused", failedMismatch, http.StatusUnprocessableEntity},
@@ -379,6 +375,6 @@ func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
 		eventually(t, tc.name+": the connection released", func() bool { return e.db.Pool.Stat().AcquiredConns() == 0 })
 	}
 	if n := e.count(t, `SELECT count(*) FROM payments`); n != 4 {
-		t.Fatalf("%d payments, want 4 (one applied, three rejected)", n)
+		t.Fatalf("%d payments, want 4 (two applied, two rejected)", n)
 	}
 }

@@ -17,7 +17,6 @@ func (e *env) closedAndPaid(t *testing.T, amount int64) (string, string) {
 	t.Helper()
 	order := uuid.NewString()
 	e.publish(t, order, "OrderCreated", map[string]any{"order_id": order, "total": amount})
-	e.publish(t, order, "OrderAwaitingPayment", map[string]any{"order_id": order, "total": amount})
 	e.publish(t, order, "OrderClosed", map[string]any{"order_id": order, "reason": "payment_timeout"})
 	eventually(t, "the intent is CLOSED", func() bool { return e.intentState(t, order) == StateClosed })
 	rec := e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_late", Status: StatusSucceeded, Amount: amount})

@@ -13,6 +13,8 @@ var Registration = registry.Entry{
 	Consumers: []registry.Consumer{ordersConsumer},
 	Configure: configure,
 	Facts: []registry.Fact{
+		{What: "opened intent", SQL: `SELECT order_id AS key, 1 AS n FROM intents WHERE opened_at > $1`,
+			EventType: "PaymentOpened", EventKey: "aggregate_id"},
 		payments("succeeded", "PaymentSucceeded"),
 		payments("failed", "PaymentFailed"),
 		payments("rejected", "PaymentRejected"),
@@ -32,8 +34,8 @@ var Registration = registry.Entry{
 			      WHERE p.status = 'succeeded' AND p.order_id::text = ANY($1)
 			      GROUP BY p.order_id, p.payment_id HAVING count(r.refund_id) <> 1`},
 		// A payment the service could not apply (status 'rejected': a success
-		// of another amount than the order's total, for an order whose stock
-		// was not held yet, or for an order it did not know) has its
+		// of another amount than the order's total, or for an order it did
+		// not know) has its
 		// PaymentRejected (Facts), and one that took money has been given
 		// back: money the provider took is applied once or refunded once,
 		// never kept. A refund the provider has not completed yet (it is

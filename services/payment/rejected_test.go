@@ -29,8 +29,8 @@ func (e *env) refundOf(t *testing.T, paymentID string) (state string, attempts i
 	return state, attempts, key
 }
 
-// A success the order cannot take (another amount, stock not held yet, an
-// order payment does not know) is money the provider holds: it is recorded
+// A success the order cannot take (another amount, an order payment does
+// not know) is money the provider holds: it is recorded
 // as a rejected payment with its PaymentRejected event, answered 200 (so
 // the provider stops sending it), and refunded through the provider, keyed
 // by the payment id. A replay, before or after the refund, is answered the
@@ -39,7 +39,6 @@ func TestRejectedPaymentsAreRecordedAndRefunded(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	payable := e.intent(t, StatePayable, 1000)
-	pending := e.intent(t, StatePending, 500)
 	unknown := uuid.NewString()
 
 	for _, tc := range []struct {
@@ -48,7 +47,6 @@ func TestRejectedPaymentsAreRecordedAndRefunded(t *testing.T) {
 		reason string
 	}{
 		{"amount mismatch", Callback{OrderID: payable, ProviderPaymentID: "pay_short", Status: StatusSucceeded, Amount: 999}, RejectAmountMismatch},
-		{"not payable", Callback{OrderID: pending, ProviderPaymentID: "pay_early", Status: StatusSucceeded, Amount: 500}, RejectNotPayable},
 		{"unknown order", Callback{OrderID: unknown, ProviderPaymentID: "pay_stray", Status: StatusSucceeded, Amount: 700}, RejectUnknownOrder},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,9 +122,9 @@ func TestRejectedPaymentsAreRecordedAndRefunded(t *testing.T) {
 				t.Fatalf("PaymentRefunded %+v", refunded)
 			}
 
-			// The order moves on (the not-payable one becomes payable): the
-			// callback recorded once is still answered as it was.
-			if _, err := e.db.Pool.Exec(context.Background(), `UPDATE intents SET state = 'PAYABLE' WHERE order_id = $1`, tc.cb.OrderID); err != nil {
+			// The order moves on (it is paid): the callback recorded once is
+			// still answered as it was.
+			if _, err := e.db.Pool.Exec(context.Background(), `UPDATE intents SET state = 'PAID' WHERE order_id = $1`, tc.cb.OrderID); err != nil {
 				t.Fatal(err)
 			}
 			replay("after the refund")
@@ -204,7 +202,7 @@ func TestRejectedPaymentRefundWaitsForTheProvider(t *testing.T) {
 	e.svc.refundPoll, e.svc.refundBackoff, e.svc.refundBackoffMx = 20*time.Millisecond, 20*time.Millisecond, 50*time.Millisecond
 	e.provider.SetDown(true)
 	e.start(t)
-	rec := e.signed(t, Callback{OrderID: e.intent(t, StatePending, 800), ProviderPaymentID: "pay_down", Status: StatusSucceeded, Amount: 800})
+	rec := e.signed(t, Callback{OrderID: e.intent(t, StatePayable, 801), ProviderPaymentID: "pay_down", Status: StatusSucceeded, Amount: 800})
 	wantStatus(t, rec, http.StatusOK)
 	paymentID, _ := decodeResult(t, rec.Body.Bytes())
 

@@ -1,10 +1,15 @@
-// Package payment is the payment service: it learns payment intents from the
-// order events, accepts the provider's signed callbacks, emits
-// PaymentSucceeded / PaymentFailed, and refunds through the provider when the
-// order saga asks, exactly once even when the provider's answer is lost. A
-// success it cannot apply to its order (another amount, stock not held yet,
-// an order it does not know) is recorded as rejected (PaymentRejected) and
+// Package payment is the payment service: it opens an order's payment
+// intent when it reads OrderCreated and announces it (PaymentOpened), follows
+// the intent through the order events, accepts the provider's signed
+// callbacks, emits PaymentSucceeded / PaymentFailed, and refunds through the
+// provider when the order saga asks, exactly once even when the provider's
+// answer is lost. A success it cannot apply to its order (another amount, an
+// order it does not know) is recorded as rejected (PaymentRejected) and
 // refunded the same way, without the saga.
+//
+// The order saga shows an order as WAIT_PAY only after it has heard
+// PaymentOpened, so an intent is open here whenever a client is told to
+// pay: a payment made at that instant is applied, never refused.
 package payment
 
 import (
@@ -31,7 +36,6 @@ import (
 // Errors of the payment domain; http.go maps them to problems.
 var (
 	ErrNotFound        = errors.New("payment: order not known")
-	ErrNotPayable      = errors.New("payment: order is not payable yet (stock not held)")
 	ErrAmountMismatch  = errors.New("payment: amount differs from the order total")
 	ErrPaymentConflict = errors.New("payment: provider payment id already recorded with other details")
 )
@@ -156,15 +160,15 @@ func (s *Service) recordCallback(ctx context.Context, cb Callback) (p Payment, r
 }
 
 // unapplicable says why cb cannot be applied to in (nil: an order payment
-// does not know), or "" when it can. Any state but PENDING takes a payment
-// of the right amount: a success for a CLOSED or already PAID order means
-// money was taken, and the order saga turns its event into a refund request.
+// does not know), or "" when it can. Every state takes a payment of the
+// right amount: the intent is open from the order's creation, and the order
+// saga decides. It applies a success while the order waits for payment and
+// turns one for an order that does not (not yet, or no longer) into a
+// refund request.
 func unapplicable(in *Intent, cb Callback) string {
 	switch {
 	case in == nil:
 		return RejectUnknownOrder
-	case in.State == StatePending:
-		return RejectNotPayable
 	case cb.Amount != in.Amount:
 		return RejectAmountMismatch
 	}
@@ -174,7 +178,6 @@ func unapplicable(in *Intent, cb Callback) string {
 // refusals are the errors of a failed callback that cannot be applied.
 var refusals = map[string]error{
 	RejectUnknownOrder:   ErrNotFound,
-	RejectNotPayable:     ErrNotPayable,
 	RejectAmountMismatch: ErrAmountMismatch,
 }
 
@@ -205,8 +208,7 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, b
 	if reason != "" && cb.Status != StatusSucceeded {
 		// No money moved, so there is nothing to keep or give back: the
 		// callback is refused and writes nothing, and the provider may send
-		// it again once it applies (payment learns the order, its stock is
-		// held).
+		// it again once it applies.
 		return Payment{}, false, refusals[reason]
 	}
 	id, err := uuid.NewV7()

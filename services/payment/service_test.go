@@ -256,16 +256,27 @@ func TestIntentsFollowOrderEvents(t *testing.T) {
 	paid := uuid.NewString()
 	e.publish(t, paid, "OrderCreated", map[string]any{"order_id": paid, "customer_id": "c-1", "total": 3998,
 		"items": []map[string]any{{"sku": "SKU-1", "quantity": 2, "unit_price": 1999}}})
-	eventually(t, "the intent is PENDING", func() bool { return e.intentState(t, paid) == StatePending })
-	e.publish(t, paid, "OrderAwaitingPayment", map[string]any{"order_id": paid, "total": 3998, "pay_by": time.Now()})
+	// OrderCreated opens the intent, and the same transaction announces it:
+	// the order shows WAIT_PAY only once it has heard PaymentOpened.
 	eventually(t, "the intent is PAYABLE", func() bool { return e.intentState(t, paid) == StatePayable })
+	var intentID string
+	if err := e.db.Pool.QueryRow(context.Background(), `SELECT intent_id::text FROM intents WHERE order_id = $1`, paid).Scan(&intentID); err != nil {
+		t.Fatal(err)
+	}
+	opened := e.outboxRows(t, EventPaymentOpened)
+	if len(opened) != 1 || opened[0].Subject != "payment."+paid+".PaymentOpened" || opened[0].AggregateID != paid ||
+		opened[0].Payload["intent_id"] != intentID || opened[0].Payload["amount"] != float64(3998) {
+		t.Fatalf("PaymentOpened %+v, want intent %s of 3998", opened, intentID)
+	}
+	// OrderAwaitingPayment changes nothing here (the consumer records it
+	// without calling the handler).
+	e.publish(t, paid, "OrderAwaitingPayment", map[string]any{"order_id": paid, "total": 3998, "pay_by": time.Now(), "intent_id": intentID})
 	e.publish(t, paid, "OrderPaid", map[string]any{"order_id": paid, "payment_id": uuid.NewString(), "amount": 3998})
 	e.publish(t, paid, "OrderCompleted", map[string]any{"order_id": paid}) // not ours: passes by
 	eventually(t, "the intent is PAID", func() bool { return e.intentState(t, paid) == StatePaid })
 
 	closed := uuid.NewString()
 	e.publish(t, closed, "OrderCreated", map[string]any{"order_id": closed, "total": 100})
-	e.publish(t, closed, "OrderAwaitingPayment", map[string]any{"order_id": closed, "total": 100})
 	e.publish(t, closed, "OrderClosed", map[string]any{"order_id": closed, "reason": "payment_timeout"})
 	rejected := uuid.NewString()
 	e.publish(t, rejected, "OrderCreated", map[string]any{"order_id": rejected, "total": 100})

@@ -20,10 +20,10 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Intent states, as learned from the ORDERS events.
+// Intent states. An intent is opened PAYABLE when payment reads the
+// order's OrderCreated (openIntentSQL) and follows the order from there.
 const (
-	StatePending = "PENDING" // order created, stock not held yet: not payable
-	StatePayable = "PAYABLE" // order in WAIT_PAY: stock held
+	StatePayable = "PAYABLE" // open: takes a payment of its amount
 	StatePaid    = "PAID"
 	StateClosed  = "CLOSED" // closed or rejected
 )
@@ -38,10 +38,12 @@ const (
 	StatusRejected = "rejected"
 )
 
-// Why a captured payment is rejected.
+// Why a captured payment is rejected. (Versions before intents were opened
+// on OrderCreated also rejected "not_payable": stock not held yet. Such
+// payments stay in the table; a payment for an order that is not waiting
+// for payment is now applied, and the saga refunds it.)
 const (
 	RejectAmountMismatch = "amount_mismatch" // the amount differs from the order total
-	RejectNotPayable     = "not_payable"     // the order's stock is not held yet
 	RejectUnknownOrder   = "unknown_order"   // payment has not heard of the order
 )
 
@@ -54,6 +56,7 @@ const (
 // Intent is what payment knows of an order.
 type Intent struct {
 	OrderID   string    `json:"order_id"`
+	IntentID  uuid.UUID `json:"intent_id"` // announced in PaymentOpened, shown by the order
 	State     string    `json:"state"`
 	Amount    int64     `json:"amount"`
 	UpdatedAt time.Time `json:"updated_at"`
@@ -95,13 +98,13 @@ type Refund struct {
 	LastError        *string   `json:"last_error"`
 }
 
-const intentColumns = `order_id, state, amount, updated_at`
+const intentColumns = `order_id, intent_id, state, amount, updated_at`
 
 // getIntent reads orderID's intent, or returns ErrNotFound.
 func getIntent(ctx context.Context, db DB, orderID string) (Intent, error) {
 	var in Intent
 	err := db.QueryRow(ctx, `SELECT `+intentColumns+` FROM intents WHERE order_id = $1`, orderID).
-		Scan(&in.OrderID, &in.State, &in.Amount, &in.UpdatedAt)
+		Scan(&in.OrderID, &in.IntentID, &in.State, &in.Amount, &in.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return in, ErrNotFound
 	}
@@ -154,7 +157,7 @@ func beginCallback(ctx context.Context, pool *pgxpool.Pool, cb Callback) (tx pgx
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(`SELECT `+intentColumns+` FROM intents WHERE order_id = $1 FOR UPDATE`, cb.OrderID).
 		Query(collectInto(&intents))
-	// The order's trace, kept by markPayable: the callback continues it.
+	// The order's trace, kept when the intent opened: the callback continues it.
 	b.Queue(`SELECT trace_headers FROM intents WHERE order_id = $1`, cb.OrderID).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			if err := rows.Scan(&trace); err != nil {
@@ -224,22 +227,21 @@ func queueInsertPayment(b *pgx.Batch, p Payment) {
 // state never moves back.
 
 // The statements that move a payment intent, one per ORDERS event
-// (intentStatement).
+// (queueIntent).
 const (
-	createIntentSQL = `
-		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PENDING', $2)
-		ON CONFLICT (order_id) DO NOTHING`
-	// An upsert: OrderAwaitingPayment carries the total, so the intent can
-	// be made from it alone.
-	markPayableSQL = `
-		INSERT INTO intents (order_id, state, amount, trace_headers) VALUES ($1, 'PAYABLE', $2, $3)
-		ON CONFLICT (order_id) DO UPDATE SET state = 'PAYABLE', amount = EXCLUDED.amount, updated_at = now(),
-			trace_headers = EXCLUDED.trace_headers
-		WHERE intents.state = 'PENDING'`
+	// OrderCreated opens the intent, and the same transaction announces it
+	// (PaymentOpened): the order waits for that announcement, besides
+	// inventory's reservation, before it shows WAIT_PAY. OrderCreated is
+	// its order's first event, so the intent is new; were it not, the
+	// stored id is made the announced one.
+	openIntentSQL = `
+		INSERT INTO intents (order_id, intent_id, state, amount, trace_headers, opened_at)
+		VALUES ($1, $2, 'PAYABLE', $3, $4, now())
+		ON CONFLICT (order_id) DO UPDATE SET intent_id = EXCLUDED.intent_id, opened_at = EXCLUDED.opened_at`
 	markPaidSQL = `
 		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PAID', $2)
 		ON CONFLICT (order_id) DO UPDATE SET state = 'PAID', updated_at = now()
-		WHERE intents.state IN ('PENDING', 'PAYABLE')`
+		WHERE intents.state NOT IN ('PAID', 'CLOSED')`
 	// No amount in OrderClosed/OrderRejected: an order never seen stays
 	// unknown, and its callbacks get 404.
 	markClosedSQL = `
