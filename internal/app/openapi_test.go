@@ -134,6 +134,7 @@ func TestOpenAPI(t *testing.T) {
 					t.Errorf("api/openapi.yaml: %s documents no responses", where)
 				}
 				checkPathParams(t, doc.raw, where, path, item, op)
+				checkRetryable(t, doc.raw, where, op)
 			}
 		}
 	})
@@ -273,6 +274,29 @@ func checkProblemCodes(t *testing.T, root any) {
 	for _, c := range slices.Sorted(maps.Keys(documented)) {
 		if !emitted[c] {
 			t.Errorf("api/openapi.yaml: Problem.code's enum lists %q, which no httpx.NewProblem call emits", c)
+		}
+	}
+}
+
+// checkRetryable holds op's 409 and 503 responses to the contract's rule:
+// each says whether a client should send the request again (x-retryable),
+// and exactly the retryable ones carry Retry-After, which every 503 is.
+func checkRetryable(t *testing.T, root any, where string, op map[string]any) {
+	t.Helper()
+	for code, v := range asMap(op["responses"]) {
+		if code != "409" && code != "503" {
+			continue
+		}
+		res := asMap(resolveRef(root, v))
+		retryable, ok := res["x-retryable"].(bool)
+		_, retryAfter := asMap(res["headers"])["Retry-After"]
+		switch {
+		case !ok:
+			t.Errorf("api/openapi.yaml: %s %s does not say whether it is retryable (x-retryable)", where, code)
+		case retryable != retryAfter:
+			t.Errorf("api/openapi.yaml: %s %s has x-retryable %v but Retry-After %v: a retryable answer carries it, a final one does not", where, code, retryable, retryAfter)
+		case code == "503" && !retryable:
+			t.Errorf("api/openapi.yaml: %s 503 is not retryable: every 503 is", where)
 		}
 	}
 }

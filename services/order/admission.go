@@ -124,5 +124,5 @@ func (a *admission) shed() (overloaded, bool) {
 // backlog is read five times in that second).
 func writeOverloaded(w http.ResponseWriter, r *http.Request, log *slog.Logger, e overloaded) {
 	httpx.WriteProblem(w, r, log, httpx.NewProblem(http.StatusServiceUnavailable, "overloaded",
-		e.Error()+"; retry with the same Idempotency-Key").WithRetryAfter(time.Second))
+		e.Error()+": wait Retry-After seconds for the consumers to work them off, then send the same request again with the same Idempotency-Key").WithRetryAfter(time.Second))
 }

@@ -22,7 +22,7 @@ import (
 var (
 	// errInFlight says when to retry: the twin's transaction is a few
 	// round trips long, so a second is plenty.
-	errInFlight    = httpx.NewProblem(http.StatusConflict, "request-in-flight", "a request with this Idempotency-Key is still being processed; retry shortly").WithRetryAfter(time.Second)
+	errInFlight    = httpx.NewProblem(http.StatusConflict, "request-in-flight", "a request with this Idempotency-Key is still being processed: wait Retry-After seconds for it to finish, then send this request again with the same key to get its answer").WithRetryAfter(time.Second)
 	errKeyReused   = httpx.NewProblem(http.StatusUnprocessableEntity, "idempotency-key-reused", "this Idempotency-Key was used with a different request")
 	errOrderTooBig = httpx.Invalid("the order total is too large")
 )
