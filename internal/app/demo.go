@@ -53,10 +53,11 @@ The demo shop is up, with SKU-1 (19.99), SKU-2 (12.99) and SKU-3 (4.99) in stock
 Try, in another terminal:
 
   # 1. place an order (the Idempotency-Key makes a retry safe)
-  ORDER=$(curl -s -X POST %[1]s/orders -H 'Content-Type: application/json' -H "Idempotency-Key: demo-$RANDOM" \
+  ORDER=$(curl -s -X POST %[1]s/orders -H 'Content-Type: application/json' -H "Idempotency-Key: demo-$(date +%%s)-$$" \
     -d '{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":2}]}' | sed -n 's/.*"order_id":"\([^"]*\)".*/\1/p'); echo $ORDER
 
-  # 2. pay it through the built-in fake provider (it calls the signed webhook)
+  # 2. the moment it says WAIT_PAY, pay it through the built-in fake provider (it calls the signed webhook)
+  until curl -s %[1]s/orders/$ORDER | grep -q '"status":"WAIT_PAY"'; do sleep 0.2; done
   curl -s -X POST %[2]s/payments/$ORDER/simulate -H 'Content-Type: application/json' -d '{"outcome":"succeeded"}'
 
   # 3. watch it go PENDING → WAIT_PAY → PAID → FULFILLING → COMPLETED

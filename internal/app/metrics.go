@@ -220,7 +220,7 @@ var (
 		"Seconds since JetStream last delivered a message to the consumer (since the process started, before the first).", []string{"consumer"}, nil)
 
 	descSagas = prometheus.NewDesc("shop_saga_instances",
-		"Saga instances by current state.", []string{"state"}, nil)
+		"Saga instances by current state (the order saga's join states STOCK_HELD and PAYMENT_OPEN are orders that show PENDING).", []string{"state"}, nil)
 	descTimeouts = prometheus.NewDesc("shop_saga_timeouts_fired_total",
 		"Saga timeouts this process's scanner fired.", nil, nil)
 )

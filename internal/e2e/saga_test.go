@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The tests run one after the other: each ends by waiting until the whole
@@ -39,6 +42,28 @@ func TestHappyPathToCompleted(t *testing.T) {
 	checkInvariants(t)
 	if onHand, reserved, sold := stock(t, s); onHand != 8 || reserved != 0 || sold != 2 {
 		t.Fatalf("stock after sale: on_hand %d reserved %d sold %d, want 8 0 2", onHand, reserved, sold)
+	}
+	// docs/architecture.md ("Backpressure") counts the deliveries an order
+	// starts: every consumer's processed row of every event about it.
+	var ids []string
+	for _, pool := range []*pgxpool.Pool{shop.pools.Order, shop.pools.Inventory, shop.pools.Payment, shop.pools.Fulfillment} {
+		rows, _ := pool.Query(t.Context(), `SELECT event_id::text FROM outbox WHERE aggregate_id = $1`, id)
+		more, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, more...)
+	}
+	deliveries := 0
+	for _, pool := range []*pgxpool.Pool{shop.pools.Order, shop.pools.Inventory, shop.pools.Payment, shop.pools.Fulfillment} {
+		var n int
+		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM processed_events WHERE event_id::text = ANY($1)`, ids).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		deliveries += n
+	}
+	if len(ids) != 10 || deliveries != 15 {
+		t.Errorf("a completed order made %d events and %d deliveries; docs/architecture.md says 10 and 15", len(ids), deliveries)
 	}
 }
 

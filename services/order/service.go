@@ -46,8 +46,9 @@ type Config struct {
 	// WAIT_PAY; default DefaultPaymentTimeout.
 	PaymentTimeout time.Duration
 	// ReservationTimeout (ORDER_RESERVATION_TIMEOUT) is how long an order
-	// may stay PENDING, waiting for inventory to answer, before the saga
-	// closes it; default DefaultReservationTimeout.
+	// may stay PENDING, waiting for inventory to reserve it and payment to
+	// open its intent, before the saga closes it; default
+	// DefaultReservationTimeout.
 	ReservationTimeout time.Duration
 	// KeyTTL (IDEMPOTENCY_KEY_TTL) is how long an Idempotency-Key is
 	// remembered; default DefaultKeyTTL.
@@ -81,8 +82,8 @@ const DefaultPaymentTimeout = 15 * time.Minute
 const DefaultKeyTTL = 24 * time.Hour
 
 // DefaultReservationTimeout is Config.ReservationTimeout's default.
-// Inventory answers an OrderCreated in milliseconds; minutes without an
-// answer mean it, its consumer or the broker is down. Five minutes rides
+// Inventory and payment answer an OrderCreated in milliseconds; minutes
+// without an answer mean one of them, its consumer or the broker is down. Five minutes rides
 // out a restart, a NATS failover or a short outage (the outbox and the
 // stream keep the events) without closing orders that would have been
 // reserved, and does not leave a customer waiting indefinitely: after it,
