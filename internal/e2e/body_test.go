@@ -1,19 +1,16 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/rawhttp"
 )
 
 // Every endpoint that takes a body answers an oversized one with the 413
@@ -77,62 +74,26 @@ func TestOversizedBodiesAreAlways413(t *testing.T) {
 
 // The request after a refused body, on the same kept-alive connection, gets
 // its own answer from the order service: an order with the wrong content
-// type its 415 problem, never a 431 made of the refused body's rest. Raw
-// TCP, so that no client retries on a fresh connection behind the test's
-// back; the 100-continue case is a client that sends the body after the 413
-// anyway, as curl does when no 100 comes.
+// type its 415 problem, never a 431 made of the refused body's rest. The
+// 100-continue case is a client that sends the body after the 413 anyway,
+// as curl does when no 100 comes.
 func TestTheRequestAfterA413GetsItsOwnAnswer(t *testing.T) {
-	addr := strings.TrimPrefix(shop.order, "http://")
 	huge := `{"customer_id":"` + strings.Repeat("x", 2<<20) + `"}`
 	next := "POST /orders HTTP/1.1\r\nHost: shop\r\nIdempotency-Key: after-413-" + randHex() +
 		"\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}"
 	head := "POST /orders HTTP/1.1\r\nHost: shop\r\nContent-Type: application/json\r\nIdempotency-Key: huge-" + randHex() + "\r\n"
+	length := fmt.Sprintf("Content-Length: %d\r\n", len(huge))
 	for _, tc := range []struct {
-		name, header, body string
-		expect             bool
+		name string
+		req  rawhttp.Request
 	}{
-		{"length known", fmt.Sprintf("Content-Length: %d\r\n", len(huge)), huge, false},
-		{"chunked", "Transfer-Encoding: chunked\r\n", fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(huge), huge), false},
-		{"100-continue, then the body anyway", fmt.Sprintf("Expect: 100-continue\r\nContent-Length: %d\r\n", len(huge)), huge, true},
+		{"length known", rawhttp.Request{Head: head + length, Body: huge}},
+		{"chunked", rawhttp.Request{Head: head + "Transfer-Encoding: chunked\r\n", Body: rawhttp.Chunked(huge)}},
+		{"100-continue, then the body anyway", rawhttp.Request{Head: head + "Expect: 100-continue\r\n" + length, Body: huge, ExpectContinue: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			first := head + tc.header + "\r\n"
-			if tc.expect {
-				_, _ = io.WriteString(conn, first)
-			} else {
-				go func() { _, _ = io.WriteString(conn, first+tc.body+next) }()
-			}
-			rd := bufio.NewReader(conn)
-			res, err := http.ReadResponse(rd, nil)
-			if err != nil {
-				t.Fatalf("the 413: %v", err)
-			}
-			_, _ = io.Copy(io.Discard, res.Body)
-			if res.StatusCode != http.StatusRequestEntityTooLarge {
-				t.Fatalf("first answer %d, want 413", res.StatusCode)
-			}
-			if tc.expect {
-				go func() { _, _ = io.WriteString(conn, tc.body+next) }()
-			}
-			second, err := http.ReadResponse(rd, nil)
-			switch {
-			case err == nil:
-				body, _ := io.ReadAll(second.Body)
-				var p httpx.Problem
-				if second.StatusCode != http.StatusUnsupportedMediaType || json.Unmarshal(body, &p) != nil || p.Code != "unsupported-media-type" {
-					t.Fatalf("the next request on the connection got %d %.100s, want its own 415 problem", second.StatusCode, body)
-				}
-			case res.Close && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)):
-				// Answered with "Connection: close", and closed: a client
-				// sends its next request on a new connection.
-			default:
-				t.Fatalf("the next request on the connection: %v (the 413 said close: %v)", err, res.Close)
-			}
+			rawhttp.AfterRefusal(t, strings.TrimPrefix(shop.order, "http://"), tc.req, next,
+				http.StatusUnsupportedMediaType, http.StatusRequestEntityTooLarge)
 		})
 	}
 }

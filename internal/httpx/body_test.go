@@ -1,22 +1,19 @@
 package httpx_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/rawhttp"
 )
 
 // echoJSON reads the body as the services do and answers 200 or its problem.
@@ -127,72 +124,33 @@ func writeFile(t *testing.T, name, s string) {
 // The request after a refused body, on the same connection, gets its own
 // answer: whatever the server did with the rest of the refused body (read
 // it all, or closed the connection saying so), it never reads that rest as
-// the next request. Raw TCP, so no client hides a closed connection by
-// retrying on a new one. The client that sent "Expect: 100-continue" and
-// then the body anyway (as curl does when no 100 comes within a second) was
+// the next request. The client that sent "Expect: 100-continue" and then
+// the body anyway (as curl does when no 100 comes within a second) was
 // answered 431: the rest of its body read as the next request's header.
 func TestTheRequestAfterARefusedBodyGetsItsOwnAnswer(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(httpx.Bodies(http.HandlerFunc(echoJSON)))
 	defer srv.Close()
 	huge := `{"customer_id":"` + strings.Repeat("x", 2<<20) + `"}`
-	chunked := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(huge), huge)
+	length := fmt.Sprintf("Content-Length: %d", len(huge))
 	next := "POST / HTTP/1.1\r\nHost: shop\r\nContent-Type: text/plain\r\nContent-Length: 7\r\n\r\n{\"a\":1}"
+	head := "POST / HTTP/1.1\r\nHost: shop\r\n"
 	for _, tc := range []struct {
-		name, header, body string
-		expect             bool // the header asks for 100-continue; the body follows the answer
+		name string
+		req  rawhttp.Request
 	}{
-		{"length known", "Content-Type: application/json\r\n" + fmt.Sprintf("Content-Length: %d\r\n", len(huge)), huge, false},
-		{"chunked", "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n", chunked, false},
-		{"chunked, wrong type", "Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n", chunked, false},
-		{"100-continue, then the body anyway", "Content-Type: application/json\r\nExpect: 100-continue\r\n" +
-			fmt.Sprintf("Content-Length: %d\r\n", len(huge)), huge, true},
-		{"100-continue, wrong type, then the body anyway", "Content-Type: text/plain\r\nExpect: 100-continue\r\n" +
-			fmt.Sprintf("Content-Length: %d\r\n", len(huge)), huge, true},
+		{"length known", rawhttp.Request{Head: head + "Content-Type: application/json\r\n" + length + "\r\n", Body: huge}},
+		{"chunked", rawhttp.Request{Head: head + "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n", Body: rawhttp.Chunked(huge)}},
+		{"chunked, wrong type", rawhttp.Request{Head: head + "Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n", Body: rawhttp.Chunked(huge)}},
+		{"100-continue, then the body anyway", rawhttp.Request{Head: head + "Content-Type: application/json\r\nExpect: 100-continue\r\n" + length + "\r\n",
+			Body: huge, ExpectContinue: true}},
+		{"100-continue, wrong type, then the body anyway", rawhttp.Request{Head: head + "Content-Type: text/plain\r\nExpect: 100-continue\r\n" + length + "\r\n",
+			Body: huge, ExpectContinue: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for i := range 5 {
-				conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-				if err != nil {
-					t.Fatal(err)
-				}
-				head := "POST / HTTP/1.1\r\nHost: shop\r\n" + tc.header + "\r\n"
-				if tc.expect {
-					_, _ = io.WriteString(conn, head)
-				} else {
-					// Both requests at once, as a pipelining client sends
-					// them: the server must tell where the first one ends.
-					go func() { _, _ = io.WriteString(conn, head+tc.body+next) }()
-				}
-				rd := bufio.NewReader(conn)
-				first, err := http.ReadResponse(rd, nil)
-				if err != nil {
-					t.Fatalf("attempt %d: the first answer: %v", i+1, err)
-				}
-				_, _ = io.Copy(io.Discard, first.Body)
-				first.Body.Close()
-				if first.StatusCode != http.StatusRequestEntityTooLarge && first.StatusCode != http.StatusUnsupportedMediaType {
-					t.Fatalf("attempt %d: first answer %d, want 413 or 415", i+1, first.StatusCode)
-				}
-				if tc.expect {
-					go func() { _, _ = io.WriteString(conn, tc.body+next) }()
-				}
-				second, err := http.ReadResponse(rd, nil)
-				switch {
-				case err == nil:
-					body, _ := io.ReadAll(second.Body)
-					second.Body.Close()
-					if second.StatusCode != http.StatusUnsupportedMediaType || second.Header.Get("Content-Type") != "application/problem+json" {
-						t.Fatalf("attempt %d: the next request on the connection got %d %q %.100s, want its own 415 problem (first answer said close: %v)",
-							i+1, second.StatusCode, second.Header.Get("Content-Type"), body, first.Close)
-					}
-				case first.Close && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)):
-					// The server said "Connection: close" and closed: the
-					// client sends the next request on a new connection.
-				default:
-					t.Fatalf("attempt %d: the next request on the connection: %v (first answer said close: %v)", i+1, err, first.Close)
-				}
-				conn.Close()
+			for range 5 {
+				rawhttp.AfterRefusal(t, srv.Listener.Addr().String(), tc.req, next, http.StatusUnsupportedMediaType,
+					http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType)
 			}
 		})
 	}
