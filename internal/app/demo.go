@@ -57,7 +57,7 @@ Try, in another terminal:
     -d '{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":2}]}' | sed -n 's/.*"order_id":"\([^"]*\)".*/\1/p'); echo $ORDER
 
   # 2. the moment it says WAIT_PAY, pay it through the built-in fake provider (it calls the signed webhook)
-  until curl -s %[1]s/orders/$ORDER | grep -q '"status":"WAIT_PAY"'; do sleep 0.2; done
+  for i in $(seq 50); do curl -s %[1]s/orders/$ORDER | grep -q '"status":"WAIT_PAY"' && break; sleep 0.2; done
   curl -s -X POST %[2]s/payments/$ORDER/simulate -H 'Content-Type: application/json' -d '{"outcome":"succeeded"}'
 
   # 3. watch it go PENDING → WAIT_PAY → PAID → FULFILLING → COMPLETED
