@@ -50,15 +50,22 @@ func TestSpanContinuesTheProducersTrace(t *testing.T) {
 			c := e.consumer(t, e.pool, e.js, cfg)
 			run(t, c)
 			eventually(t, "every event is applied", func() bool { return e.count(t, `SELECT count(*) FROM effects`) == 20 })
-
-			spans := map[uuid.UUID]tracetest.SpanStub{}
-			for _, s := range exp.GetSpans() {
-				for _, a := range s.Attributes {
-					if a.Key == "messaging.message.id" {
-						spans[uuid.MustParse(a.Value.AsString())] = s
+			// A delivery's span ends after its commit (it records the
+			// outcome): wait for what the checks read, every event's span.
+			var spans map[uuid.UUID]tracetest.SpanStub
+			eventually(t, "every event's span", func() bool {
+				spans = map[uuid.UUID]tracetest.SpanStub{}
+				for _, s := range exp.GetSpans() {
+					for _, a := range s.Attributes {
+						if a.Key == "messaging.message.id" {
+							spans[uuid.MustParse(a.Value.AsString())] = s
+						}
 					}
 				}
-			}
+				return len(spans) >= len(producers)
+			})
+			mu.Lock()
+			defer mu.Unlock()
 			for id, producer := range producers {
 				s, ok := spans[id]
 				switch {
