@@ -146,9 +146,9 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { s.watch.run(ctx); return nil })
 	g.Go(func() error {
-		// To the relay, a subject that no stream captures is a deterministic
-		// error that makes the event dead; so it starts once the streams
-		// exist. (The consumers wait for their streams by themselves.)
+		// The relay starts once the streams exist: before, every event
+		// would wait out a missing stream as an outage. (The consumers wait
+		// for their streams by themselves.)
 		configs, err := s.ensureStreams(ctx, js)
 		if err != nil || ctx.Err() != nil {
 			return err
@@ -311,9 +311,9 @@ func (s *Service) ensureStream(ctx context.Context, js jetstream.JetStream, name
 }
 
 // keepStreams ensures the service's streams again every every, so that a
-// stream an operator deleted (or a cluster that lost it) is back within
-// seconds: until it is, every event for it would be dead ("no stream for the
-// subject"), and the consumers of it wait. Failures are the outages the
+// stream an operator deleted (or a cluster that came back empty) is back
+// within seconds: until it is, the relay's events for it wait ("no stream
+// for the subject", an outage to the relay), and its consumers wait. Failures are the outages the
 // relay and the consumers already report; they are not logged again.
 func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every time.Duration) {
 	t := time.NewTicker(every)

@@ -53,8 +53,8 @@
 //   - Mark the acked events published with an UPDATE fenced by the claim
 //     token. Failures are recorded the same way: transient ones bump attempts
 //     and wait out an exponential, fully jittered, capped backoff; permanent
-//     ones (no stream for the subject, message too large, invalid headers)
-//     and events past MaxAttempts become dead: kept, counted by [ReadStats],
+//     ones (message too large, invalid headers) and events past MaxAttempts
+//     become dead: kept, counted by [ReadStats],
 //     listed by [ListDead], and put back by [Requeue]. They are never deleted
 //     and never retried forever.
 //
@@ -79,7 +79,12 @@
 //     the relay pauses (at most OutageBackoffMax) and claims nothing until
 //     JetStream answers an API call, then one event, then whole batches.
 //     However long the outage, no event dies of it, and a relay cut off
-//     alone leaves the events to the relays that can publish them. The one extra call the relay makes (which stream takes a
+//     alone leaves the events to the relays that can publish them.
+//   - No stream takes an event's subject (a cluster that came back empty,
+//     a deleted stream): the broker's loss, not the event's. The event is
+//     handed back uncounted, as in an outage, and published once the
+//     stream's owner has created it again; the relay warns, with the
+//     subject, at most every 30 s meanwhile. The one extra call the relay makes (which stream takes a
 //     subject, to tell "no stream" from "JetStream away") is bounded at 2s,
 //     so a leader election cannot hold a batch for its whole deadline.
 //   - Crash after the PubAck, before marking: the lease expires and the event

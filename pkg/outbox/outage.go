@@ -47,8 +47,9 @@ const lookupTimeout = 2 * time.Second
 
 // classifier classifies the publish failures of one batch. It asks
 // JetStream at most once per batch whether "no responders" means "no
-// stream for this subject" (the event's failure) or "JetStream is away"
-// (the broker's), per subject only while the answers say "no stream".
+// stream for this subject" or "JetStream is away", per subject only while
+// the answers say "no stream". Neither is the event's failure; the answer
+// decides what the relay reports.
 type classifier struct {
 	r        *Relay
 	away     bool            // JetStream did not answer the lookup: every later no-responder is an outage too
@@ -63,11 +64,16 @@ func (cl *classifier) classify(ctx context.Context, ev row, err error) result {
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
 		return result{err: err, permanent: true}
 	case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders):
-		// No responder: either no stream takes this subject (a
-		// configuration error: the event's) or JetStream is away (the
-		// broker's). Ask, briefly.
+		// No responder: either no stream takes this subject or JetStream
+		// is away. Ask, briefly. Both are the broker's condition, not the
+		// event's: a stream the relay publishes to exists until the broker
+		// loses it (a cluster that came back empty, an operator's delete),
+		// and its owner creates it again. So a missing stream is waited
+		// out, uncounted, never a reason to make an event dead: that once
+		// killed every event a relay claimed in the seconds an empty
+		// cluster had no streams, and each needed a hand-run requeue.
 		if cl.notFound[ev.subject] {
-			return result{err: fmt.Errorf("no stream for subject %q: %w", ev.subject, err), permanent: true}
+			return cl.noStream(ev, err)
 		}
 		if cl.away {
 			return result{err: err, outage: true}
@@ -77,7 +83,7 @@ func (cl *classifier) classify(ctx context.Context, ev row, err error) result {
 		cancel()
 		if errors.Is(lookupErr, jetstream.ErrStreamNotFound) {
 			cl.notFound[ev.subject] = true
-			return result{err: fmt.Errorf("no stream for subject %q: %w", ev.subject, err), permanent: true}
+			return cl.noStream(ev, err)
 		}
 		cl.away = true
 		return result{err: err, outage: true}
@@ -86,6 +92,23 @@ func (cl *classifier) classify(ctx context.Context, ev row, err error) result {
 	}
 	return result{err: err}
 }
+
+// noStream is the result of an event no stream takes: handed back
+// uncounted, as in an outage. It is logged at most once per
+// noStreamLogEvery, with the subject, so that an operator who deleted a
+// stream, or a deployment that never created one, sees why events wait.
+func (cl *classifier) noStream(ev row, err error) result {
+	err = fmt.Errorf("no stream for subject %q (the event waits for it): %w", ev.subject, err)
+	now := time.Now().UnixNano()
+	if last := cl.r.stats.noStreamLogged.Load(); now-last > int64(noStreamLogEvery) && cl.r.stats.noStreamLogged.CompareAndSwap(last, now) {
+		cl.r.log.Warn("outbox relay: no stream takes the subject; its events wait, uncounted, until the stream exists again",
+			"subject", ev.subject, "event_id", ev.id)
+	}
+	return result{err: err, outage: true}
+}
+
+// noStreamLogEvery spaces the relay's warnings about a missing stream.
+const noStreamLogEvery = 30 * time.Second
 
 // unavailable reports whether err is the broker's own condition rather than
 // anything about the event: no connection, JetStream off or without

@@ -479,9 +479,15 @@ func TestBrokerOutage(t *testing.T) {
 
 func TestFailingHeadBlocksOnlyItsAggregate(t *testing.T) {
 	e := setup(t)
+	ctx := context.Background()
+	small, err := e.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var w Writer
 	broken := event("o-1", "OrderCreated")
-	broken.Subject = "nostream.o-1.OrderCreated" // no stream takes it: a deterministic error
+	broken.Subject = "small.o-1.OrderCreated" // too large for its stream: a deterministic error
+	broken.Payload = map[string]string{"blob": strings.Repeat("x", 2048)}
 	add(t, e.db.Pool, &w, broken)
 	add(t, e.db.Pool, &w, event("o-1", "OrderPaid"))
 	add(t, e.db.Pool, &w, event("o-2", "OrderCreated"), event("o-2", "OrderPaid"))
@@ -496,29 +502,92 @@ func TestFailingHeadBlocksOnlyItsAggregate(t *testing.T) {
 	if n := count(t, e.db.Pool, "aggregate_id = 'o-1' AND aggregate_seq = 2 AND published_at IS NULL"); n != 1 {
 		t.Fatal("o-1 seq 2 was published before its dead seq 1")
 	}
-	dead, err := ListDead(context.Background(), e.db.Pool, 10)
-	if err != nil || len(dead) != 1 || dead[0].LastError == nil || !strings.Contains(*dead[0].LastError, "no stream") {
-		t.Fatalf("dead list = %+v, %v", dead, err)
+	dead, err := ListDead(ctx, e.db.Pool, 10)
+	if err != nil || len(dead) != 1 || dead[0].LastError == nil || dead[0].Subject != broken.Subject {
+		t.Fatalf("dead list: %d events (%v), want o-1's head", len(dead), err)
 	}
+	t.Logf("o-1's head died of: %s", *dead[0].LastError)
 
-	// The operator adds the missing stream and requeues: the aggregate
+	// The operator raises the stream's limit and requeues: the aggregate
 	// continues, in order.
-	e.nats.Stream(t, e.js, "NOSTREAM", "nostream.>")
-	if err := Requeue(context.Background(), e.db.Pool, dead[0].EventID); err != nil {
+	cfg := small.CachedInfo().Config
+	cfg.MaxMsgSize = 1 << 20
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := Requeue(ctx, e.db.Pool, dead[0].EventID); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "o-1 published after requeue", func() (bool, error) {
 		return count(t, e.db.Pool, "aggregate_id = 'o-1' AND published_at IS NOT NULL") == 2, nil
 	})
-	first, _ := Get(context.Background(), e.db.Pool, dead[0].EventID)
+	first, _ := Get(ctx, e.db.Pool, dead[0].EventID)
 	var secondAt time.Time
-	if err := e.db.Pool.QueryRow(context.Background(),
+	if err := e.db.Pool.QueryRow(ctx,
 		`SELECT published_at FROM outbox WHERE aggregate_id = 'o-1' AND aggregate_seq = 2`).Scan(&secondAt); err != nil {
 		t.Fatal(err)
 	}
 	if first.PublishedAt == nil || secondAt.Before(*first.PublishedAt) {
 		t.Fatalf("o-1 seq 2 published at %v, before seq 1 at %v", secondAt, first.PublishedAt)
 	}
+}
+
+// A stream the relay publishes to that the broker lost (a cluster that
+// came back with empty stores, an operator's delete) is the broker's
+// condition, not the events': they wait, no attempt counted, and go out in
+// order once the stream is back. Once, the relay marked every event it
+// claimed meanwhile dead ("no stream for subject"), and each needed a
+// hand-run requeue.
+func TestMissingStreamIsWaitedOut(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	var w Writer
+	r := e.relay(t, Config{PollInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond, OutageBackoffMax: 20 * time.Millisecond})
+	start(t, r)
+
+	// Beside a stream that works: only the missing one's events wait.
+	lost := event("o-1", "OrderCreated")
+	lost.Subject = "nostream.o-1.OrderCreated"
+	add(t, e.db.Pool, &w, lost)
+	add(t, e.db.Pool, &w, event("o-2", "OrderCreated"))
+	eventually(t, 10*time.Second, "o-2 published, o-1 handed back", func() (bool, error) {
+		return count(t, e.db.Pool, "aggregate_id = 'o-2' AND published_at IS NOT NULL") == 1 && r.Counters().Deferred >= 3, nil
+	})
+	if n := count(t, e.db.Pool, "aggregate_id = 'o-1' AND dead_at IS NULL AND attempts = 0 AND published_at IS NULL"); n != 1 {
+		t.Fatalf("the event of the missing stream: %d rows waiting, alive and uncounted; want 1", n)
+	}
+
+	// The relay's own stream lost: everything it has waits, and it reports
+	// the broker as taking nothing.
+	if err := e.js.DeleteStream(ctx, "EV"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		add(t, e.db.Pool, &w, event(fmt.Sprintf("o-%d", 3+i%4), "During"))
+	}
+	eventually(t, 10*time.Second, "the relay to report the outage", func() (bool, error) {
+		return !r.State().UnavailableSince.IsZero(), nil
+	})
+	time.Sleep(300 * time.Millisecond) // many relay rounds
+	if n := count(t, e.db.Pool, "dead_at IS NOT NULL OR attempts > 0"); n != 0 {
+		t.Fatalf("%d events dead or counted while their stream was missing", n)
+	}
+
+	// The owners create the streams again: every event goes out, in order.
+	e.stream = e.nats.Stream(t, e.js, "EV", "ev.>")
+	e.nats.Stream(t, e.js, "NOSTREAM", "nostream.>")
+	eventually(t, 10*time.Second, "every event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0, nil
+	})
+	if n := count(t, e.db.Pool, "dead_at IS NOT NULL OR attempts > 0"); n != 0 {
+		t.Fatalf("%d events dead or counted", n)
+	}
+	if got := streamMsgs(t, e.stream); got != 20 {
+		t.Fatalf("the recreated stream holds %d messages, want the 20 written while it was missing", got)
+	}
+	eventually(t, 10*time.Second, "the relay reports the broker back", func() (bool, error) {
+		return r.State().UnavailableSince.IsZero(), nil
+	})
 }
 
 func TestDeterministicErrorsMakeEventsDead(t *testing.T) {

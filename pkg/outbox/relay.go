@@ -35,6 +35,7 @@ type Relay struct {
 type counters struct {
 	published, duplicates, retried, dead, lostLeases, takenOver, outages, deferred atomic.Int64
 	lastPublish, downSince                                                         atomic.Int64 // unix nanoseconds; 0: never, not down
+	noStreamLogged                                                                 atomic.Int64 // unix nanoseconds of the last "no stream" warning
 }
 
 // Counters are running totals of one relay, for metrics and tests.
@@ -103,8 +104,10 @@ func unixNano(n int64) time.Time {
 // connection is down, JetStream answers "unavailable" or not at all, every
 // publish of a batch timed out — the batch is handed back without counting
 // an attempt, and the relay pauses (backoff up to OutageBackoffMax),
-// however long the outage lasts. Only an event's own failure (no stream for its
-// subject, too large, invalid headers: dead at once; any other error:
+// however long the outage lasts. A subject no stream takes is waited out
+// the same way: the stream was lost (a cluster that came back empty, an
+// operator's delete) and its owner creates it again. Only an event's own
+// failure (too large, invalid headers: dead at once; any other error:
 // counted towards MaxAttempts) can make it dead. While it is paused, the
 // relay claims nothing until JetStream answers an API call, so that a relay
 // cut off alone leaves the events to relays that can publish them.

@@ -167,7 +167,17 @@ func TestShardOwnersKeepEachAggregatesOrderAcrossARebalance(t *testing.T) {
 		c.BatchSize = 7 // many small batches, so that the rebalance falls in the middle
 		return c
 	}
-	first := e.relay(t, cfg("first"))
+	// The first relay takes its time over each batch (25 ms): alone on an
+	// idle machine it published the whole backlog before the second had
+	// its share of the shards, and the test waited for the second in vain.
+	slow := cfg("first")
+	slow.Hooks.FailpointFunc = func(name string) error {
+		if name == FailpointAfterClaim {
+			time.Sleep(25 * time.Millisecond)
+		}
+		return nil
+	}
+	first := e.relay(t, slow)
 	ctx, stopFirst := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- first.Run(ctx) }()
