@@ -73,8 +73,8 @@ func ReconcileConfig(cfg Config) reconcile.Config {
 // and how many lost events it republished. The order service's registry
 // carries it, as the saga's owner.
 type reconcileCollector struct {
-	job                     *reconcile.Job
-	found, republished, run *prometheus.Desc
+	job                               *reconcile.Job
+	found, republished, requeued, run *prometheus.Desc
 }
 
 func newReconcileCollector(job *reconcile.Job) *reconcileCollector {
@@ -85,6 +85,8 @@ func newReconcileCollector(job *reconcile.Job) *reconcileCollector {
 			[]string{"kind"}, nil),
 		republished: prometheus.NewDesc("shop_reconcile_republished_events",
 			"Lost events the last reconcile run republished from their producer's outbox.", nil, nil),
+		requeued: prometheus.NewDesc("shop_reconcile_requeued_events",
+			"Dead events the last reconcile run put back into their outbox: they had died of a missing stream.", nil, nil),
 		run: prometheus.NewDesc("shop_reconcile_runs_total", "Completed reconcile runs.", nil, nil),
 	}
 }
@@ -92,6 +94,7 @@ func newReconcileCollector(job *reconcile.Job) *reconcileCollector {
 func (c *reconcileCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.found
 	ch <- c.republished
+	ch <- c.requeued
 	ch <- c.run
 }
 
@@ -101,5 +104,6 @@ func (c *reconcileCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.found, prometheus.GaugeValue, float64(counts.Of(k)), string(k))
 	}
 	ch <- prometheus.MustNewConstMetric(c.republished, prometheus.GaugeValue, float64(counts.Republished))
+	ch <- prometheus.MustNewConstMetric(c.requeued, prometheus.GaugeValue, float64(counts.Requeued))
 	ch <- prometheus.MustNewConstMetric(c.run, prometheus.CounterValue, float64(runs))
 }

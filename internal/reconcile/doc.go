@@ -28,6 +28,12 @@
 // sequences, in order per aggregate; a consumer that had applied the event
 // absorbs the copy, one that had not applies it.
 //
+// With Repair it also puts back (outbox.Requeue) every dead event that a
+// relay made dead because its stream was missing — an empty cluster, before
+// relays waited a missing stream out: the broker's loss, not the event's,
+// and until it goes out its aggregate's later events wait behind it. Dead
+// events of any other cause stay dead for an operator.
+//
 // Everything else is reported only, as log lines and counts (Counts), for a
 // person to look at: an order whose events were all processed and that is
 // still stuck has a bug or a stopped component (the saga timeout scanner,

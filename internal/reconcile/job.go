@@ -58,6 +58,10 @@ func (j *Job) Once(ctx context.Context) (Report, error) {
 	for _, f := range rep.Findings {
 		log.Warn("reconcile: "+string(f.Kind), "order_id", f.OrderID, "detail", f.Detail, "republished", f.Republished)
 	}
+	for _, q := range rep.Requeued {
+		log.Warn("reconcile: requeued a dead event; it had died of a missing stream", "service", q.Service,
+			"event_id", q.EventID, "event_type", q.Type, "aggregate_id", q.AggregateID)
+	}
 	for _, a := range rep.Audits {
 		if a.Err != nil {
 			log.Warn("reconcile: stream not audited", "service", a.Service, "stream", a.Stream, "err", a.Err)

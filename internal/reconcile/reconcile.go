@@ -48,7 +48,12 @@ func Run(ctx context.Context, shop verify.Shop, cfg Config) (Report, error) {
 		}
 	}
 	if cfg.Repair {
-		// The streams' losses first: the per-order repair below then skips
+		// What an outage killed goes back to its outbox first, so that
+		// the relays publish it and its aggregates move on.
+		if err := r.requeueOutageDeaths(); err != nil {
+			return r.report(), err
+		}
+		// The streams' losses next: the per-order repair below then skips
 		// the events they republished (no longer marked published).
 		if err := r.repairLost(); err != nil {
 			return r.report(), err
@@ -70,10 +75,11 @@ type run struct {
 	audits                    []verify.StreamAudit
 	repaired                  map[string]int // order id → events republished
 	total                     int
+	requeued                  []Requeued // dead events put back (requeue.go)
 }
 
 func (r *run) report() Report {
-	rep := Report{Findings: r.findings, Audits: r.audits}
+	rep := Report{Findings: r.findings, Audits: r.audits, Requeued: r.requeued}
 	for i := range rep.Findings {
 		f := &rep.Findings[i]
 		switch f.Kind {
@@ -101,6 +107,7 @@ func (r *run) report() Report {
 		}
 	}
 	rep.Counts.Republished = r.total
+	rep.Counts.Requeued = len(r.requeued)
 	return rep
 }
 

@@ -303,3 +303,45 @@ func TestJobKeepsCounts(t *testing.T) {
 		t.Fatalf("after a run: %+v, %d", c, runs)
 	}
 }
+
+// Events that a relay made dead because their stream was missing (an
+// empty cluster, before relays waited such a stream out) are put back by
+// the repair, with no command typed; dead events of other causes stay for
+// an operator, and a run that only reports changes nothing.
+func TestRepairRequeuesEventsAMissingStreamKilled(t *testing.T) {
+	s := newShop(t)
+	ctx := context.Background()
+	killed := s.event(s.pools.Payment, uuid.NewString(), 1, "PaymentSucceeded", "1 minute")
+	poison := s.event(s.pools.Inventory, uuid.NewString(), 1, "InventoryReserved", "1 minute")
+	s.exec(s.pools.Payment, `UPDATE outbox SET published_at = NULL, dead_at = now(), attempts = 1,
+		last_error = 'no stream for subject "payment.x.PaymentSucceeded": nats: no response from stream' WHERE event_id = $1`, killed)
+	s.exec(s.pools.Inventory, `UPDATE outbox SET published_at = NULL, dead_at = now(), attempts = 1,
+		last_error = 'message size exceeds maximum allowed' WHERE event_id = $1`, poison)
+	dead := func(pool *pgxpool.Pool, ev uuid.UUID) bool {
+		var d bool
+		if err := pool.QueryRow(ctx, `SELECT dead_at IS NOT NULL FROM outbox WHERE event_id = $1`, ev).Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+
+	rep, err := reconcile.Run(ctx, s.shop, reconcile.Config{})
+	if err != nil || len(rep.Requeued) != 0 || !dead(s.pools.Payment, killed) {
+		t.Fatalf("a report-only run requeued %v (%v)", rep.Requeued, err)
+	}
+	rep, err = reconcile.Run(ctx, s.shop, reconcile.Config{Repair: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Requeued) != 1 || rep.Requeued[0].EventID != killed.String() || rep.Requeued[0].Service != "payment" || rep.Counts.Requeued != 1 {
+		t.Fatalf("requeued %+v, want payment's %s", rep.Requeued, killed)
+	}
+	if dead(s.pools.Payment, killed) || !dead(s.pools.Inventory, poison) {
+		t.Fatal("the missing stream's victim is still dead, or the poison was requeued")
+	}
+	var b strings.Builder
+	rep.Write(&b)
+	if !strings.Contains(b.String(), "RECONCILE requeued payment event "+killed.String()) {
+		t.Errorf("the report does not name the requeued event:\n%s", b.String())
+	}
+}

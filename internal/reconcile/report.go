@@ -69,6 +69,7 @@ type Counts struct {
 	HeldReservations   int
 	LostEvents         int // published events their stream no longer holds
 	Republished        int // events republished by the run, lost ones included
+	Requeued           int // dead events put back: they had died of a missing stream
 }
 
 // Of returns the count of one kind.
@@ -94,6 +95,9 @@ type Report struct {
 	// stream whose audit has an Err was not checked, and lost events in
 	// it were neither found nor repaired.
 	Audits []verify.StreamAudit
+	// Requeued are the dead events the run put back (with Config.Repair):
+	// they had died of a missing stream, the broker's loss.
+	Requeued []Requeued
 }
 
 // Write prints the report, one line per finding and per stream that could
@@ -101,6 +105,9 @@ type Report struct {
 func (r Report) Write(w io.Writer) {
 	for _, f := range r.Findings {
 		fmt.Fprintf(w, "RECONCILE %s\n", f)
+	}
+	for _, q := range r.Requeued {
+		fmt.Fprintf(w, "RECONCILE requeued %s event %s (%s of %s): it had died of a missing stream\n", q.Service, q.EventID, q.Type, q.AggregateID)
 	}
 	for _, a := range r.Audits {
 		if a.Err != nil {
@@ -111,6 +118,6 @@ func (r Report) Write(w io.Writer) {
 				a.Stream, a.Service, a.Published, a.Older)
 		}
 	}
-	fmt.Fprintf(w, "reconcile: %d stuck orders, %d unrefunded payments, %d held reservations, %d lost events; %d events republished\n",
-		r.Counts.StuckOrders, r.Counts.UnrefundedPayments, r.Counts.HeldReservations, r.Counts.LostEvents, r.Counts.Republished)
+	fmt.Fprintf(w, "reconcile: %d stuck orders, %d unrefunded payments, %d held reservations, %d lost events; %d events republished, %d dead events requeued\n",
+		r.Counts.StuckOrders, r.Counts.UnrefundedPayments, r.Counts.HeldReservations, r.Counts.LostEvents, r.Counts.Republished, r.Counts.Requeued)
 }
