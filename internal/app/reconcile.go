@@ -55,7 +55,8 @@ const reconcileGrace = 5 * time.Minute
 // ReconcileConfig is the reconciler's configuration for the shop cfg
 // configures, repairs on: an order is stuck only once the saga's own
 // deadline for its state (ORDER_RESERVATION_TIMEOUT for PENDING,
-// PAYMENT_TIMEOUT for WAIT_PAY) is past by the grace, since until then the
+// PAYMENT_TIMEOUT for WAIT_PAY, ORDER_FULFILLMENT_TIMEOUT for PAID and
+// FULFILLING) is past by the grace, since until then the
 // saga's timeouts are the ones to end it.
 func ReconcileConfig(cfg Config) reconcile.Config {
 	return reconcile.Config{
@@ -63,6 +64,7 @@ func ReconcileConfig(cfg Config) reconcile.Config {
 		// for a shop without them.
 		Pending:        setting[time.Duration](cfg, "ORDER_RESERVATION_TIMEOUT") + reconcileGrace,
 		PaymentTimeout: setting[time.Duration](cfg, "PAYMENT_TIMEOUT"),
+		Paid:           setting[time.Duration](cfg, "ORDER_FULFILLMENT_TIMEOUT") + reconcileGrace,
 		Grace:          reconcileGrace,
 		Repair:         true,
 		Retention:      OutboxRetention, // the window of the stream audit, when JetStream is set

@@ -36,6 +36,7 @@ func configure(env *registry.Env) registry.NewFunc {
 	var cfg Config
 	env.Duration(&cfg.PaymentTimeout, "PAYMENT_TIMEOUT", DefaultPaymentTimeout, "how long an order may wait for payment")
 	env.Duration(&cfg.ReservationTimeout, "ORDER_RESERVATION_TIMEOUT", DefaultReservationTimeout, "how long an order may wait for inventory to reserve it and payment to open its intent")
+	env.Duration(&cfg.FulfillmentTimeout, "ORDER_FULFILLMENT_TIMEOUT", DefaultFulfillmentTimeout, "how long a paid order may wait for its delivery before it is closed and refunded")
 	env.Duration(&cfg.KeyTTL, "IDEMPOTENCY_KEY_TTL", DefaultKeyTTL, "how long Idempotency-Keys are remembered")
 	env.Count(&cfg.MaxBacklog, "ORDER_MAX_BACKLOG", DefaultMaxBacklog, "saga events waiting for consumers above which POST /orders is 503; 0: never")
 	return func(d registry.Deps) (registry.Domain, error) {

@@ -21,6 +21,7 @@ const (
 	evCancel           = "CustomerCancel" // POST /orders/{id}/cancel
 	reservationTimeout = "reservation"    // the timeout armed with the order (PENDING)
 	paymentTimeout     = "payment"        // the timeout set on entering WAIT_PAY
+	fulfillmentTimeout = "fulfillment"    // the timeout set on entering PAID, kept through FULFILLING
 )
 
 // Reasons recorded in order_history and sent in OrderClosed.
@@ -29,6 +30,7 @@ const (
 	reasonPaymentTimeout     = "payment_timeout"
 	reasonCustomerCancel     = "customer_cancel"
 	reasonPaymentFailed      = "payment_failed"
+	reasonFulfillmentTimeout = "fulfillment_timeout"
 )
 
 // The saga's two join states. Inventory and payment both answer
@@ -106,7 +108,11 @@ func (s *Service) transitions() []saga.Transition {
 		{From: WaitPay, Event: saga.TimeoutEvent(paymentTimeout), To: Closed, Func: s.closeFunc(reasonPaymentTimeout)},
 		{From: WaitPay, Event: evCancel, To: Closed, Func: s.closeFunc(reasonCustomerCancel)},
 		{From: Paid, Event: "FulfillmentStarted", To: Fulfilling, Func: s.moveFunc("fulfillment_started", "")},
-		{From: Fulfilling, Event: "ShipmentDelivered", To: Completed, Func: s.moveFunc("shipment_delivered", "OrderCompleted")},
+		{From: Fulfilling, Event: "ShipmentDelivered", To: Completed, Func: s.complete},
+		// Fulfillment never delivered: the order ends, and its money goes
+		// back (every non-final state has a durable deadline).
+		{From: Paid, Event: saga.TimeoutEvent(fulfillmentTimeout), To: Closed, Func: s.closeUndelivered},
+		{From: Fulfilling, Event: saga.TimeoutEvent(fulfillmentTimeout), To: Closed, Func: s.closeUndelivered},
 	}
 	// What the order shows as PENDING: the saga's first state and its two
 	// join states.
@@ -296,6 +302,10 @@ func (s *Service) paid(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 		return err
 	}
 	st.CancelTimeout(paymentTimeout)
+	// Failure window: fulfillment never answers (down, its consumer
+	// stopped, an event lost for good). The order would stay PAID or
+	// FULFILLING for ever; the deadline closes it and refunds.
+	st.SetTimeout(fulfillmentTimeout, now().Add(s.cfg.FulfillmentTimeout))
 	type line struct {
 		SKU      string `json:"sku"`
 		Quantity int    `json:"quantity"`
@@ -325,6 +335,49 @@ func (s *Service) moveFunc(reason, emit string) saga.TransitionFunc {
 		}
 		return s.outbox.Queue(ctx, st.Batch(), event(id, emit, map[string]any{"order_id": id}))
 	}
+}
+
+// complete: FULFILLING → COMPLETED, with OrderCompleted; the fulfillment
+// deadline goes in the same transaction, so a delivery and its deadline
+// can never both take effect.
+func (s *Service) complete(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	st.CancelTimeout(fulfillmentTimeout)
+	return s.moveFunc("shipment_delivered", "OrderCompleted")(ctx, tx, st)
+}
+
+// closeUndelivered: PAID or FULFILLING → CLOSED when the fulfillment
+// deadline falls due: OrderClosed (reason fulfillment_timeout) and a
+// RefundRequested for the payment that paid the order, once. The sold
+// units stay sold: a shipment that started may be on its way, and what
+// never left is an operator's to restock. A delivery that comes after is
+// recorded as unexpected.
+func (s *Service) closeUndelivered(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	id, err := stepOrder(st)
+	if err != nil {
+		return err
+	}
+	d, err := data(st)
+	if err != nil {
+		return err
+	}
+	var total int64
+	if err := tx.QueryRow(ctx, `SELECT total FROM orders WHERE order_id = $1`, id).Scan(&total); err != nil {
+		return fmt.Errorf("read order %s: %w", id, err)
+	}
+	queueStatus(st.Batch(), id, st.To, reasonFulfillmentTimeout)
+	if err := s.outbox.Queue(ctx, st.Batch(), event(id, "OrderClosed", map[string]any{"order_id": id, "reason": reasonFulfillmentTimeout})); err != nil {
+		return err
+	}
+	if d.PaymentID == "" || slices.Contains(d.Refunded, d.PaymentID) {
+		return nil
+	}
+	d.Refunded = append(d.Refunded, d.PaymentID)
+	if err := setData(st, d); err != nil {
+		return err
+	}
+	return s.outbox.Queue(ctx, st.Batch(), event(id, "RefundRequested", map[string]any{
+		"order_id": id, "payment_id": d.PaymentID, "amount": total, "reason": reasonFulfillmentTimeout,
+	}))
 }
 
 // refund: a PaymentSucceeded for an order that is not waiting for payment.

@@ -60,14 +60,17 @@ func TestSagaHappyPath(t *testing.T) {
 	if p["payment_id"] != "pay-1" || p["amount"] != float64(1000) || len(p["items"].([]any)) != 1 {
 		t.Fatalf("OrderPaid %v", p)
 	}
-	if n := e.count(t, `SELECT count(*) FROM saga_timeouts`); n != 0 {
-		t.Fatal("the payment timeout outlived the payment")
+	if got := e.timeouts(t, o.ID); got != fulfillmentTimeout {
+		t.Fatalf("timeouts in PAID: %q, want the fulfillment deadline only (the payment timeout goes with the payment)", got)
 	}
 
 	e.publish(t, "fulfillment", o.ID, "FulfillmentStarted", map[string]any{"order_id": o.ID, "shipment_id": "s-1"})
 	e.waitStatus(t, o.ID, Fulfilling)
 	e.publish(t, "fulfillment", o.ID, "ShipmentDelivered", map[string]any{"order_id": o.ID, "shipment_id": "s-1", "delivered_at": time.Now()})
 	got := e.waitStatus(t, o.ID, Completed)
+	if left := e.timeouts(t, o.ID); left != "" {
+		t.Fatalf("timeouts of a completed order: %q, want none", left)
+	}
 
 	if statuses(got) != "PENDING WAIT_PAY PAID FULFILLING COMPLETED" {
 		t.Fatalf("history %s", statuses(got))
@@ -173,6 +176,61 @@ func TestSagaReservationTimeout(t *testing.T) {
 		t.Fatalf("stock held, no intent: history %+v, payment %+v", got.History, got.Payment)
 	}
 	wantEvents(t, e.events(t, held.ID), "OrderCreated", "OrderClosed")
+}
+
+// Fulfillment never answers, or never delivers: the fulfillment deadline
+// closes the paid order and refunds its payment once; a delivery that
+// comes after is recorded as unexpected.
+func TestSagaFulfillmentTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	paid := func() Order {
+		o := e.create(t, "SKU-1", 2)
+		e.payable(t, o.ID, false)
+		e.waitStatus(t, o.ID, WaitPay)
+		e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "pay-" + o.ID.String(), "amount": 200})
+		e.waitStatus(t, o.ID, Paid)
+		return o
+	}
+	never := paid() // fulfillment never starts
+	started := paid()
+	e.publish(t, "fulfillment", started.ID, "FulfillmentStarted", map[string]any{"order_id": started.ID, "shipment_id": "s-1"})
+	e.waitStatus(t, started.ID, Fulfilling)
+	for _, o := range []uuid.UUID{never.ID, started.ID} {
+		if got := e.timeouts(t, o); got != fulfillmentTimeout {
+			t.Fatalf("order %s: timeouts %q, want the fulfillment deadline", o, got)
+		}
+		// The deadline falls due now, not in a day.
+		if n := e.count(t, `WITH d AS (UPDATE saga_timeouts SET due_at = now() WHERE saga_id = $1 RETURNING 1) SELECT count(*) FROM d`, o.String()); n != 1 {
+			t.Fatalf("order %s: %d deadlines brought forward", o, n)
+		}
+	}
+	for o, want := range map[uuid.UUID]string{never.ID: "PENDING WAIT_PAY PAID CLOSED", started.ID: "PENDING WAIT_PAY PAID FULFILLING CLOSED"} {
+		got := e.waitStatus(t, o, Closed)
+		if statuses(got) != want || got.History[len(got.History)-1].Reason != reasonFulfillmentTimeout {
+			t.Fatalf("order %s: history %+v, want %s ending fulfillment_timeout", o, got.History, want)
+		}
+		wantEvents(t, e.events(t, o), "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "OrderClosed", "RefundRequested")
+		if p := e.payload(t, o, "RefundRequested"); p["payment_id"] != "pay-"+o.String() || p["amount"] != float64(200) || p["reason"] != reasonFulfillmentTimeout {
+			t.Fatalf("RefundRequested %v", p)
+		}
+		if left := e.timeouts(t, o); left != "" {
+			t.Fatalf("timeouts of the closed order: %q", left)
+		}
+	}
+	// The shipment arrives after all, and the paying payment's event again:
+	// recorded, nothing more refunded, the order stays CLOSED.
+	e.publish(t, "fulfillment", started.ID, "ShipmentDelivered", map[string]any{"order_id": started.ID, "shipment_id": "s-1", "delivered_at": time.Now()})
+	e.publish(t, "payment", started.ID, "PaymentSucceeded", map[string]any{"order_id": started.ID, "payment_id": "pay-" + started.ID.String(), "amount": 200})
+	eventually(t, "the late delivery recorded", func() bool {
+		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'ShipmentDelivered'`, started.ID.String()) == 1 &&
+			e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = 'order-payment'`) == 5
+	})
+	if got := e.get(t, started.ID); got.Status != Closed {
+		t.Fatalf("after the late delivery: %s", got.Status)
+	}
+	wantEvents(t, e.events(t, started.ID), "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "OrderClosed", "RefundRequested")
 }
 
 // The two answers may come in either order; the order is payable once it

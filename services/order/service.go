@@ -50,6 +50,11 @@ type Config struct {
 	// open its intent, before the saga closes it; default
 	// DefaultReservationTimeout.
 	ReservationTimeout time.Duration
+	// FulfillmentTimeout (ORDER_FULFILLMENT_TIMEOUT) is how long a paid
+	// order may wait for its shipment to be delivered (PAID and
+	// FULFILLING) before the saga closes it and refunds its payment;
+	// default DefaultFulfillmentTimeout.
+	FulfillmentTimeout time.Duration
 	// KeyTTL (IDEMPOTENCY_KEY_TTL) is how long an Idempotency-Key is
 	// remembered; default DefaultKeyTTL.
 	KeyTTL time.Duration
@@ -62,20 +67,28 @@ type Config struct {
 func (c *Config) setDefaults() {
 	c.PaymentTimeout = cmp.Or(c.PaymentTimeout, DefaultPaymentTimeout)
 	c.ReservationTimeout = cmp.Or(c.ReservationTimeout, DefaultReservationTimeout)
+	c.FulfillmentTimeout = cmp.Or(c.FulfillmentTimeout, DefaultFulfillmentTimeout)
 	c.KeyTTL = cmp.Or(c.KeyTTL, DefaultKeyTTL)
 	c.MaxBacklog = cmp.Or(c.MaxBacklog, DefaultMaxBacklog)
 }
 
 func (c *Config) validate() error {
-	if c.PaymentTimeout < 0 || c.ReservationTimeout < 0 || c.KeyTTL < 0 {
-		return fmt.Errorf("order: PaymentTimeout (%s), ReservationTimeout (%s) and KeyTTL (%s) must not be negative",
-			c.PaymentTimeout, c.ReservationTimeout, c.KeyTTL)
+	if c.PaymentTimeout < 0 || c.ReservationTimeout < 0 || c.FulfillmentTimeout < 0 || c.KeyTTL < 0 {
+		return fmt.Errorf("order: PaymentTimeout (%s), ReservationTimeout (%s), FulfillmentTimeout (%s) and KeyTTL (%s) must not be negative",
+			c.PaymentTimeout, c.ReservationTimeout, c.FulfillmentTimeout, c.KeyTTL)
 	}
 	return nil
 }
 
 // DefaultPaymentTimeout is the contract's PAYMENT_TIMEOUT default.
 const DefaultPaymentTimeout = 15 * time.Minute
+
+// DefaultFulfillmentTimeout is Config.FulfillmentTimeout's default. The
+// demo's carrier delivers FULFILLMENT_DELAY (2s) after the shipment
+// starts; a day without a delivery means fulfillment, its consumer or the
+// broker has been gone for long, and the customer gets the money back
+// rather than an order that never ends.
+const DefaultFulfillmentTimeout = 24 * time.Hour
 
 // DefaultKeyTTL is IDEMPOTENCY_KEY_TTL's default: a day covers any
 // client's retries.
@@ -142,7 +155,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		// NOTIFY takes a database-wide lock at commit; one wake-up per 5ms
 		// is plenty for the relay, polling covers the rest.
 		outbox:       outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
-		scanEvery:    cmp.Or(min(cfg.PaymentTimeout/4, cfg.ReservationTimeout/4, time.Second), time.Millisecond),
+		scanEvery:    cmp.Or(min(cfg.PaymentTimeout/4, cfg.ReservationTimeout/4, cfg.FulfillmentTimeout/4, time.Second), time.Millisecond),
 		cleanupEvery: max(min(cfg.KeyTTL/2, time.Hour), time.Second),
 	}
 	s.admission = &admission{js: s.js, limit: cfg.MaxBacklog, every: 200 * time.Millisecond, log: s.log,
