@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -266,5 +267,80 @@ func TestCheckLimits(t *testing.T) {
 	short := map[string]jetstream.StreamConfig{"ORDERS": {MaxAge: 4 * 24 * time.Hour}} // above the outbox's 72h, under the 7-day replay window
 	if err := checkLimits(short, consumersOnly{c}); err == nil || !strings.Contains(err.Error(), "replay window") {
 		t.Fatalf("a max age under a consumer's replay window: %v", err)
+	}
+}
+
+// A silent partition (the network drops everything, nothing is reset) is
+// noticed by the connection's pings within seconds, and the connection is
+// replaced when the server answers again: the shop stalled about 30 s on
+// one with pings every 10 s.
+func TestSilentPartitionIsNoticedInSeconds(t *testing.T) {
+	t.Parallel()
+	if d := time.Duration(MaxPingsOut+1) * PingInterval; d > 5*time.Second {
+		t.Fatalf("a silent partition would go unnoticed for up to %v; want at most 5s", d)
+	}
+	ns := natstest.New(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var silent atomic.Bool
+	go silenceable(ln, strings.TrimPrefix(ns.URL(), "nats://"), &silent)
+	nc, err := connectNATS("nats://"+ln.Addr().String(), "order", "unused", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	waitFor(t, "connected", func() bool { return nc.IsConnected() })
+
+	silent.Store(true)
+	start := time.Now()
+	// Bounded generously for a loaded machine; the figure is logged.
+	deadline := start.Add(15 * time.Second)
+	for nc.IsConnected() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the connection still looks fine %v into a silent partition", time.Since(start).Round(time.Millisecond))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("silent partition noticed after %v", time.Since(start).Round(time.Millisecond))
+	silent.Store(false)
+	waitFor(t, "reconnected once the network answers", func() bool { return nc.IsConnected() })
+}
+
+// silenceable forwards every connection accepted on ln to target; while
+// silent is set it forwards nothing and closes nothing, as a partition
+// that drops packets does.
+func silenceable(ln net.Listener, target string, silent *atomic.Bool) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				return
+			}
+			defer up.Close()
+			pipe := func(dst, src net.Conn) {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					if err != nil {
+						return
+					}
+					if !silent.Load() {
+						if _, err := dst.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+				}
+			}
+			go pipe(up, c)
+			pipe(c, up)
+		}()
 	}
 }
