@@ -93,12 +93,13 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
 }
 
 // dueSQL selects the outbox rows o a relay may publish now: due, not
-// leased by a live claim, and the oldest unpublished event of their
+// leased by a live claim (one whose lease has not ended and whose relay is
+// not known to be gone, alive.go), and the oldest unpublished event of their
 // aggregate, so that k+1 is never published before k. Per-row claims and
 // shard owners (readShardsSQL) both read through it, so the two modes
 // cannot disagree on the ordering rule.
 const dueSQL = `o.available_at <= now()
-	  AND (o.claim_until IS NULL OR o.claim_until < now())
+	  AND (o.claim_until IS NULL OR o.claim_until < now() OR ` + claimantGoneSQL + `)
 	  AND NOT EXISTS (
 	      SELECT 1 FROM outbox earlier
 	      WHERE earlier.aggregate_type = o.aggregate_type

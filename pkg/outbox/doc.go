@@ -67,8 +67,11 @@
 //   - Crash after the business commit, before publishing: the event is a
 //     committed row; a relay publishes it whenever one runs.
 //   - Rollback: the event rolls back with the change; nothing is published.
-//   - Relay crash after claiming: the lease expires and any relay claims the
-//     rows again (expired leases need no sweeper: they are claimable).
+//   - Relay crash after claiming: the dead relay stops saying it is alive
+//     (outbox_relays, renewed every second for three), and any relay claims
+//     its rows within seconds; a claim whose relay never said so waits for
+//     its lease to expire (expired leases need no sweeper: they are
+//     claimable).
 //   - Broker timeout or lost connection: the result is unknown, so the event
 //     is retried with the same id; the stream's duplicate window drops a copy
 //     that was stored.

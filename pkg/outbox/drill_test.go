@@ -70,7 +70,8 @@ func TestBacklogDrill(t *testing.T) {
 			t.Errorf("%s: claim query does not use index outbox_pending: %s", mode, plan)
 		}
 		for _, s := range scans {
-			if strings.HasPrefix(s, "Seq Scan on outbox") {
+			// outbox_relays, a row per live relay, may be read whole.
+			if strings.HasPrefix(s, "Seq Scan on outbox") && !strings.HasPrefix(s, "Seq Scan on outbox_relays") {
 				t.Errorf("%s: claim query scans the whole outbox (%s): %s", mode, s, plan)
 			}
 		}

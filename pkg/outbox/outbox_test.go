@@ -368,6 +368,69 @@ func TestRelayCrashAfterClaim(t *testing.T) {
 	}
 }
 
+// A relay that dies holding claims frees them when it stops saying it is
+// alive (alive.go), not a lease later: with a ten-minute lease, the events
+// a dead relay claimed go out within seconds. The claims of a relay that
+// is alive are left alone, whatever the lease.
+func TestDeadRelaysClaimsAreTakenOverBeforeTheirLease(t *testing.T) {
+	// Per-row claims in either run of the suite: shard owners write none
+	// (TestDeadRelaysShardsAreTakenOver is this test for them).
+	e := setup(t)
+	ctx := context.Background()
+	var w Writer
+	add(t, e.db.Pool, &w, event("dead-1", "OrderCreated"), event("dead-2", "OrderCreated"))
+	long := Config{LeaseDuration: 10 * time.Minute, PollInterval: 50 * time.Millisecond}
+
+	dead := e.rowRelay(t, withName(long, "dead"))
+	if _, err := e.db.Pool.Exec(ctx, heartbeatSQL, dead.cfg.Name, aliveFor.Microseconds()); err != nil {
+		t.Fatal(err) // it said it was alive, once
+	}
+	if claimed, err := dead.claim(ctx, uuid.New()); err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d rows, %v", len(claimed), err)
+	}
+	// A live relay holds claims too, and keeps saying it is alive.
+	add(t, e.db.Pool, &w, event("live-1", "OrderCreated"))
+	live := e.rowRelay(t, withName(long, "live"))
+	liveCtx, stopLive := context.WithCancel(ctx)
+	defer stopLive()
+	go live.stayAlive(liveCtx)
+	if claimed, err := live.claim(ctx, uuid.New()); err != nil || len(claimed) != 1 {
+		t.Fatalf("live claim: %d rows, %v", len(claimed), err)
+	}
+
+	survivor := e.rowRelay(t, withName(long, "survivor"))
+	start(t, survivor)
+	eventually(t, 30*time.Second, "the dead relay's events published, its lease not over", func() (bool, error) {
+		return count(t, e.db.Pool, "aggregate_id LIKE 'dead-%' AND published_at IS NOT NULL") == 2, nil
+	})
+	if got := survivor.Counters().TakenOver; got != 2 {
+		t.Errorf("the survivor took over %d claims, want 2", got)
+	}
+	if n := count(t, e.db.Pool, "aggregate_id = 'live-1' AND published_at IS NULL AND claimed_by = 'live'"); n != 1 {
+		t.Fatal("the live relay's claim was taken")
+	}
+	// A clean stop says it is gone: the relay's row is deleted.
+	stopLive()
+	eventually(t, 10*time.Second, "the live relay's row gone", func() (bool, error) {
+		var n int
+		err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relays WHERE name = 'live'`).Scan(&n)
+		return n == 0, err
+	})
+}
+
+func withName(c Config, name string) Config { c.Name = name; return c }
+
+// rowRelay is a relay with per-row claims, whichever mode the suite runs in.
+func (e *env) rowRelay(t testing.TB, cfg Config) *Relay {
+	t.Helper()
+	cfg.Logger = cmpLogger(cfg.Logger)
+	r, err := NewRelay(e.db.Pool, e.js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
 	e := setup(t)
 	var w Writer

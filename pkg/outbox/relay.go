@@ -137,6 +137,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		g.Go(func() error { r.listen(ctx); return nil })
 	}
 	g.Go(func() error { r.retain(ctx); return nil })
+	if !r.cfg.ShardOwnership {
+		g.Go(func() error { r.stayAlive(ctx); return nil })
+	}
 	for w := range r.cfg.Workers {
 		var m *member
 		if r.cfg.ShardOwnership {
