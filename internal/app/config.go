@@ -64,6 +64,9 @@ type Config struct {
 	// NATS_STREAM_MAX_BYTES (default 0: no bound; a full stream refuses new
 	// messages and the relays wait).
 	StreamLimits broker.Limits
+	// ReconcileInterval is how often the reconciler runs where the order
+	// service does (RECONCILE_INTERVAL, default ReconcileInterval).
+	ReconcileInterval time.Duration
 	// DashboardAddr is where `shop all` serves the live dashboard
 	// (DASHBOARD_ADDR, default :8080).
 	DashboardAddr string
@@ -129,6 +132,14 @@ func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, e
 			return Config{}, fmt.Errorf("NATS_STREAM_MAX_AGE=%q: want a duration such as 192h, 0 to keep messages for ever", v)
 		}
 		cfg.StreamLimits.MaxAge = d
+	}
+	cfg.ReconcileInterval = ReconcileInterval
+	if v := getenv("RECONCILE_INTERVAL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return Config{}, fmt.Errorf("RECONCILE_INTERVAL=%q: want a positive duration such as 1m", v)
+		}
+		cfg.ReconcileInterval = d
 	}
 	if v := getenv("NATS_STREAM_MAX_BYTES"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)

@@ -1,8 +1,10 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"time"
 
@@ -13,40 +15,69 @@ import (
 	"github.com/shop-ref/shop/internal/reconcile"
 )
 
-// ReconcileInterval is how often `shop all` runs the reconciler.
+// ReconcileInterval is RECONCILE_INTERVAL's default: how often the
+// reconciler runs.
 const ReconcileInterval = time.Minute
 
 // The reconciler compares every service's schema (orders, payments and
 // reservations side by side). Each of its queries runs on the owning
 // service's pool, with that service's database URL (and role, when each
-// service has its own), and a republish writes only the producer's own
-// outbox. So it runs where every service's database URL is: in `shop all`,
-// like the dashboard, and on demand in `shop verify -repair`. A single
-// service process (`shop order`) is given only its own credentials in a
-// least-privilege deployment, so it does not run the job.
+// service has its own), and a republish or requeue writes only the
+// producer's own outbox. Repair must not wait for a person, so it runs
+// wherever the saga does: in every process that runs the order service
+// (`shop all`, or `shop order` and its copies), one at a time across them
+// (an advisory lock in the order service's database, leader.go), and on
+// demand in `shop verify -repair`. It needs every service's database URL;
+// a process given only its own (a least-privilege deployment) logs each
+// run that fails, and the schemas it cannot read are the operator's to
+// grant.
 
-// newReconcileJob returns the periodic reconcile job of cfg's databases and
-// of the streams on nc (each stream audited against its outbox, what it
-// lost republished). Its pools connect lazily, so runs simply fail (and are
-// logged) until the services have migrated their schemas. close releases
-// the pools.
+// newReconcileJob returns the periodic reconcile job of cfg's databases
+// and, with nc (the audit user's connection), of the streams (each stream
+// audited against its outbox, what it lost republished); without nc the
+// job checks and repairs the databases only. Its pools connect lazily, so
+// runs simply fail (and are logged) until the services have migrated their
+// schemas. Copies run it one at a time (the lock in leader.go). close
+// releases the pools and the lock.
 func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (job *reconcile.Job, close func(), err error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: %w", err)
-	}
-	shop, close, err := OpenShop(ctx, cfg, 2)
+	shop, closeShop, err := OpenShop(ctx, cfg, 2)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
 	rcfg := ReconcileConfig(cfg)
-	rcfg.JetStream = js
+	if nc != nil {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			closeShop()
+			return nil, nil, fmt.Errorf("reconcile: %w", err)
+		}
+		rcfg.JetStream = js
+	}
+	log = log.With("service", "reconcile")
+	lock := &leader{url: cfg.DatabaseURLOf("order"), key: reconcileLockKey(cfg), log: log}
 	return &reconcile.Job{
-		Shop:     shop,
-		Config:   rcfg,
-		Interval: ReconcileInterval,
-		Logger:   log.With("service", "reconcile"),
-	}, close, nil
+			Shop:     shop,
+			Config:   rcfg,
+			Interval: cmp.Or(cfg.ReconcileInterval, ReconcileInterval),
+			Logger:   log,
+			Leader:   lock.hold,
+		}, func() {
+			lock.release()
+			closeShop()
+		}, nil
+}
+
+// reconcileLockKey is the advisory lock the reconciler's copies share: one
+// per shop, named by the order service's database and schema, so that two
+// shops in one database (tests, say) do not stand each other by.
+func reconcileLockKey(cfg Config) int64 {
+	h := fnv.New64a()
+	schema := ""
+	if e, err := cfg.Registry.Get("order"); err == nil {
+		schema = e.Schema
+	}
+	h.Write([]byte("shop reconcile\x00" + cfg.DatabaseURLOf("order") + "\x00" + schema))
+	return int64(h.Sum64())
 }
 
 // reconcileGrace is the reconciler's slack past the saga's own deadlines.
@@ -75,8 +106,8 @@ func ReconcileConfig(cfg Config) reconcile.Config {
 // and how many lost events it republished. The order service's registry
 // carries it, as the saga's owner.
 type reconcileCollector struct {
-	job                               *reconcile.Job
-	found, republished, requeued, run *prometheus.Desc
+	job                                       *reconcile.Job
+	found, republished, requeued, run, leader *prometheus.Desc
 }
 
 func newReconcileCollector(job *reconcile.Job) *reconcileCollector {
@@ -90,6 +121,8 @@ func newReconcileCollector(job *reconcile.Job) *reconcileCollector {
 		requeued: prometheus.NewDesc("shop_reconcile_requeued_events",
 			"Dead events the last reconcile run put back into their outbox: they had died of a missing stream.", nil, nil),
 		run: prometheus.NewDesc("shop_reconcile_runs_total", "Completed reconcile runs.", nil, nil),
+		leader: prometheus.NewDesc("shop_reconcile_leader",
+			"1 while this process is the copy that runs the reconciler (copies take turns by an advisory lock), 0 while it stands by.", nil, nil),
 	}
 }
 
@@ -98,6 +131,7 @@ func (c *reconcileCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.republished
 	ch <- c.requeued
 	ch <- c.run
+	ch <- c.leader
 }
 
 func (c *reconcileCollector) Collect(ch chan<- prometheus.Metric) {
@@ -108,4 +142,9 @@ func (c *reconcileCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.republished, prometheus.GaugeValue, float64(counts.Republished))
 	ch <- prometheus.MustNewConstMetric(c.requeued, prometheus.GaugeValue, float64(counts.Requeued))
 	ch <- prometheus.MustNewConstMetric(c.run, prometheus.CounterValue, float64(runs))
+	leading := 0.0
+	if c.job.Leading() {
+		leading = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, leading)
 }

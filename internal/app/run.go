@@ -92,8 +92,12 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		}
 	}()
 	users := slices.Clone(names)
-	if runsAll(cfg, names) {
-		users = append(users, broker.AuditUser) // the reconciler's: it reads the streams
+	reconciles := slices.Contains(names, "order") // the reconciler runs beside the saga (reconcile.go)
+	// The reconciler's stream audit reads as the audit user: in `shop
+	// all`, and wherever its password is given.
+	audits := reconciles && (runsAll(cfg, names) || cfg.AuditNATSPassword != "")
+	if audits {
+		users = append(users, broker.AuditUser)
 	}
 	for _, name := range users {
 		nc, err := connectNATS(url, name, auth[name], log)
@@ -137,9 +141,12 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		urls["dashboard"] = listenerURL(dashboardLn)
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	if runsAll(cfg, names) {
-		// The reconciler reads every schema (see reconcile.go), so only
-		// `shop all` runs it; its counts are served by the order service.
+	if reconciles {
+		// Wherever the saga runs, one copy at a time (reconcile.go); its
+		// counts are served by the order service.
+		if !audits {
+			log.Info("the reconciler runs without its stream audit: set AUDIT_NATS_PASSWORD for it to read the streams")
+		}
 		job, closeJob, err := newReconcileJob(ctx, cfg, conns[broker.AuditUser], log)
 		if err != nil {
 			return err

@@ -16,10 +16,19 @@ type Job struct {
 	Config   Config
 	Interval time.Duration // default 1m
 	Logger   *slog.Logger  // default slog.Default()
+	// Leader, when set, is asked before each run whether this process is
+	// the one that runs the job now (several copies of a service run it,
+	// one at a time); nil: always.
+	Leader func(ctx context.Context) bool
 
-	last atomic.Pointer[Counts]
-	runs atomic.Int64
+	last    atomic.Pointer[Counts]
+	runs    atomic.Int64
+	leading atomic.Bool
 }
+
+// Leading reports whether this process ran the job at its last tick (with
+// Leader: whether it was the leader then).
+func (j *Job) Leading() bool { return j.leading.Load() }
 
 // Last returns the counts of the last completed run (zero before the first)
 // and how many runs completed.
@@ -42,6 +51,11 @@ func (j *Job) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
+		if j.Leader != nil && !j.Leader(ctx) {
+			j.leading.Store(false)
+			continue
+		}
+		j.leading.Store(true)
 		if _, err := j.Once(ctx); err != nil && ctx.Err() == nil {
 			log.Warn("reconcile failed", "err", err)
 		}
