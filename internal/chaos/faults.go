@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -20,6 +22,7 @@ const (
 	KindJetStreamOff   = "JetStream disabled" // one node's JetStream off (config reload) for jetStreamOff
 	KindConsumerDelete = "consumer deleted"   // an operator deletes a durable consumer
 	KindClusterRestart = "cluster restart"    // every node stopped for clusterDown (the single node's outage)
+	KindEmptyRestart   = "empty cluster"      // every node killed, its store deleted, started again: streams and consumers gone
 	KindConnReset      = "connections reset"  // one shop process's connections to NATS reset (RST)
 )
 
@@ -35,6 +38,8 @@ const (
 	clusterDown  = 4 * time.Second
 	faultGap     = 4 * time.Second  // between two faults of the broker lane
 	healthyIn    = 60 * time.Second // how long a healed cluster may take to be healthy again
+	// reconcileEvery is the shop processes' RECONCILE_INTERVAL in the run.
+	reconcileEvery = 5 * time.Second
 )
 
 // Fault is one broker fault as it was injected: from Start until Heal (the
@@ -165,13 +170,14 @@ func (h *harness) brokerLane(ctx context.Context) {
 	}
 	steps := []step{
 		{leaderDown + 5*time.Second, h.leaderKill},
+		{clusterDown + 15*time.Second, h.emptyRestart},
 		{quorumDown + 5*time.Second, h.quorumLoss},
 		{jetStreamOff + 5*time.Second, h.jetStreamOff},
 		{2 * time.Second, h.deleteConsumer},
 		{clusterDown + 5*time.Second, h.clusterRestart},
 	}
 	if len(h.nats.nodes) == 1 { // no leader to lose but the one node, no quorum
-		steps = []step{steps[4], steps[2], steps[3]}
+		steps = []step{steps[5], steps[1], steps[3], steps[4]}
 	}
 	end, _ := ctx.Deadline()
 	// Chaos begins by restarting every process that has a failpoint queued
@@ -325,6 +331,35 @@ func (h *harness) clusterRestart(ctx context.Context, _ int) {
 		}
 	}
 	h.healed(f, "restarted; "+h.healthy(heal))
+}
+
+// emptyRestart kills every node, deletes its store and starts it again:
+// a cluster that comes back empty, every stream and durable consumer gone
+// with every message in them. Nothing may need a person after it: the
+// relays wait for their streams (no event dies of "no stream"), the owners
+// create the streams again, the consumers their durables, and the
+// reconciler (RECONCILE_INTERVAL here, in the order processes, with the
+// audit user) republishes what the streams lost.
+func (h *harness) emptyRestart(ctx context.Context, _ int) {
+	f := h.begin(KindEmptyRestart, fmt.Sprintf("all %d nodes (SIGKILL, stores deleted)", len(h.nats.nodes)))
+	var wg sync.WaitGroup
+	for _, nd := range h.nats.nodes {
+		wg.Go(func() { nd.stop(syscall.SIGKILL) })
+	}
+	wg.Wait()
+	for _, nd := range h.nats.nodes {
+		if err := os.RemoveAll(filepath.Join(nd.dir, "store")); err != nil {
+			h.t.Errorf("empty the store of nats %s: %v", nd.name, err)
+		}
+	}
+	sleepCtx(ctx, clusterDown)
+	heal := context.WithoutCancel(ctx)
+	for _, nd := range h.nats.nodes {
+		if err := nd.start(); err != nil {
+			h.t.Errorf("restart nats %s: %v", nd.name, err)
+		}
+	}
+	h.healed(f, "restarted empty; "+h.healthy(heal))
 }
 
 // partitionLane cuts one shop process off every node (all its proxies

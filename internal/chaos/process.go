@@ -81,6 +81,11 @@ func (h *harness) env(dbURL, natsURL string) []string {
 		"OPERATOR_TOKEN=" + operatorToken,
 		"FULFILLMENT_DELAY=300ms",
 		"DASHBOARD_ADDR=127.0.0.1:0",
+		// The order processes' reconciler audits the streams and repairs
+		// often, so that what an empty cluster lost is republished within
+		// the run, by the shop itself.
+		"RECONCILE_INTERVAL=" + reconcileEvery.String(),
+		broker.PasswordVar(broker.AuditUser) + "=" + h.nats.passwords[broker.AuditUser],
 	}
 	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
 		if v, ok := os.LookupEnv(k); ok {

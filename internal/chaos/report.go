@@ -113,7 +113,7 @@ func (h *harness) judge(r Result) {
 		t.Errorf("%d acked events still missing from their streams after the repair: %v", r.StreamLoss.After, r.StreamLoss.Notes)
 	}
 	if r.Nodes > 1 {
-		for _, k := range []string{KindLeaderKill, KindQuorumLoss} {
+		for _, k := range []string{KindLeaderKill, KindEmptyRestart, KindQuorumLoss} {
 			if r.FaultCounts[k] == 0 {
 				t.Errorf("the run injected no %s (chaos too short?)", k)
 			}
@@ -259,7 +259,7 @@ func (h *harness) table(r Result) {
 	}
 	w.Flush()
 
-	kinds := []string{KindLeaderKill, KindQuorumLoss, KindPartition, KindJetStreamOff, KindConsumerDelete, KindClusterRestart, KindConnReset}
+	kinds := []string{KindLeaderKill, KindEmptyRestart, KindQuorumLoss, KindPartition, KindJetStreamOff, KindConsumerDelete, KindClusterRestart, KindConnReset}
 	parts := make([]string, 0, len(kinds))
 	for _, k := range kinds {
 		parts = append(parts, fmt.Sprintf("%s×%d", k, r.FaultCounts[k]))
