@@ -220,24 +220,7 @@ func TestStartsBeforeThePostgresAnswers(t *testing.T) {
 }
 
 // forward copies every connection accepted on ln to and from target.
-func forward(ln net.Listener, target string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			go func() { _, _ = io.Copy(up, c) }()
-			_, _ = io.Copy(c, up)
-		}()
-	}
-}
+func forward(ln net.Listener, target string) { silenceable(ln, target, new(atomic.Bool)) }
 
 // The streams must keep a message as long as anything may still look for
 // it: the stream audit (the outbox's retention) and a consumer's replay.

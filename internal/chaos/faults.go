@@ -315,22 +315,9 @@ func (h *harness) deleteConsumer(ctx context.Context, round int) {
 }
 
 // clusterRestart stops every node (SIGTERM) for clusterDown and starts
-// them again: the whole broker is away, as the single node's outage was.
+// them again, their stores as they were.
 func (h *harness) clusterRestart(ctx context.Context, _ int) {
-	f := h.begin(KindClusterRestart, fmt.Sprintf("all %d nodes (SIGTERM)", len(h.nats.nodes)))
-	var wg sync.WaitGroup
-	for _, nd := range h.nats.nodes {
-		wg.Go(func() { nd.stop(syscall.SIGTERM) })
-	}
-	wg.Wait()
-	sleepCtx(ctx, clusterDown)
-	heal := context.WithoutCancel(ctx)
-	for _, nd := range h.nats.nodes {
-		if err := nd.start(); err != nil {
-			h.t.Errorf("restart nats %s: %v", nd.name, err)
-		}
-	}
-	h.healed(f, "restarted; "+h.healthy(heal))
+	h.restartAll(ctx, h.begin(KindClusterRestart, fmt.Sprintf("all %d nodes (SIGTERM)", len(h.nats.nodes))), syscall.SIGTERM, false)
 }
 
 // emptyRestart kills every node, deletes its store and starts it again:
@@ -341,15 +328,22 @@ func (h *harness) clusterRestart(ctx context.Context, _ int) {
 // reconciler (RECONCILE_INTERVAL here, in the order processes, with the
 // audit user) republishes what the streams lost.
 func (h *harness) emptyRestart(ctx context.Context, _ int) {
-	f := h.begin(KindEmptyRestart, fmt.Sprintf("all %d nodes (SIGKILL, stores deleted)", len(h.nats.nodes)))
+	h.restartAll(ctx, h.begin(KindEmptyRestart, fmt.Sprintf("all %d nodes (SIGKILL, stores deleted)", len(h.nats.nodes))), syscall.SIGKILL, true)
+}
+
+// restartAll stops every node with sig, deletes its store when empty is
+// set, waits clusterDown and starts them again.
+func (h *harness) restartAll(ctx context.Context, f *Fault, sig syscall.Signal, empty bool) {
 	var wg sync.WaitGroup
 	for _, nd := range h.nats.nodes {
-		wg.Go(func() { nd.stop(syscall.SIGKILL) })
+		wg.Go(func() { nd.stop(sig) })
 	}
 	wg.Wait()
-	for _, nd := range h.nats.nodes {
-		if err := os.RemoveAll(filepath.Join(nd.dir, "store")); err != nil {
-			h.t.Errorf("empty the store of nats %s: %v", nd.name, err)
+	if empty {
+		for _, nd := range h.nats.nodes {
+			if err := os.RemoveAll(filepath.Join(nd.dir, "store")); err != nil {
+				h.t.Errorf("empty the store of nats %s: %v", nd.name, err)
+			}
 		}
 	}
 	sleepCtx(ctx, clusterDown)
@@ -359,7 +353,11 @@ func (h *harness) emptyRestart(ctx context.Context, _ int) {
 			h.t.Errorf("restart nats %s: %v", nd.name, err)
 		}
 	}
-	h.healed(f, "restarted empty; "+h.healthy(heal))
+	note := "restarted; "
+	if empty {
+		note = "restarted empty; "
+	}
+	h.healed(f, note+h.healthy(heal))
 }
 
 // partitionLane cuts one shop process off every node (all its proxies

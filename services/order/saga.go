@@ -141,6 +141,15 @@ func (s *Service) transitions() []saga.Transition {
 	return ts
 }
 
+// orderTotal reads what order id costs, for the events that carry it.
+func orderTotal(ctx context.Context, tx pgx.Tx, id uuid.UUID) (int64, error) {
+	var total int64
+	if err := tx.QueryRow(ctx, `SELECT total FROM orders WHERE order_id = $1`, id).Scan(&total); err != nil {
+		return 0, fmt.Errorf("read order %s: %w", id, err)
+	}
+	return total, nil
+}
+
 // payload decodes an event's data; a payload that does not decode never
 // will, so it is poison.
 func payload[T any](st *saga.Step) (T, error) {
@@ -224,9 +233,9 @@ func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) er
 	if err := setData(st, d); err != nil {
 		return err
 	}
-	var total int64
-	if err := tx.QueryRow(ctx, `SELECT total FROM orders WHERE order_id = $1`, id).Scan(&total); err != nil {
-		return fmt.Errorf("read order %s: %w", id, err)
+	total, err := orderTotal(ctx, tx, id)
+	if err != nil {
+		return err
 	}
 	payBy := now().Add(s.cfg.PaymentTimeout)
 	st.CancelTimeout(reservationTimeout)
@@ -360,9 +369,9 @@ func (s *Service) closeUndelivered(ctx context.Context, tx pgx.Tx, st *saga.Step
 	if err != nil {
 		return err
 	}
-	var total int64
-	if err := tx.QueryRow(ctx, `SELECT total FROM orders WHERE order_id = $1`, id).Scan(&total); err != nil {
-		return fmt.Errorf("read order %s: %w", id, err)
+	total, err := orderTotal(ctx, tx, id)
+	if err != nil {
+		return err
 	}
 	queueStatus(st.Batch(), id, st.To, reasonFulfillmentTimeout)
 	if err := s.outbox.Queue(ctx, st.Batch(), event(id, "OrderClosed", map[string]any{"order_id": id, "reason": reasonFulfillmentTimeout})); err != nil {
