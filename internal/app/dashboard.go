@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/dashboard"
-	"github.com/shop-ref/shop/internal/httpx"
 )
 
 // runsAll reports whether names holds every service of cfg: `shop all`, the
@@ -69,13 +68,15 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[str
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{
-		Handler:           httpx.Bodies(d),
-		ReadHeaderTimeout: 5 * time.Second,
-		// Requests share ctx, so the page's open event streams end with the
-		// process instead of holding Shutdown for its whole timeout.
-		BaseContext: func(net.Listener) context.Context { return ctx },
+	limits := defaultHTTPLimits()
+	limits.write = 0 // the page's event stream is open as long as the page: a write deadline would cut it
+	srv, err := newHTTPServer(d, limits, log)
+	if err != nil {
+		return fmt.Errorf("dashboard: %w", err)
 	}
+	// Requests share ctx, so the page's open event streams end with the
+	// process instead of holding Shutdown for its whole timeout.
+	srv.BaseContext = func(net.Listener) context.Context { return ctx }
 	go func() {
 		<-ctx.Done()
 		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)

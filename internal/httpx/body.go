@@ -34,10 +34,15 @@ const (
 //     larger than DrainLimit is not read: its connection is closed;
 //   - a body sent with "Expect: 100-continue" that was answered without
 //     being read is not waited for: the answer says "Connection: close",
-//     and whatever the client sends after it is never read as a request.
+//     and whatever the client sends after it is never read as a request;
+//   - a body that broke off (its read deadline passed, see LimitBodies, or
+//     the client reset) or whose rest did not come within the drain's 10 s
+//     ends its connection once the answer is out: the rest, if it ever
+//     comes, would be read as the next request, and a client that stalls
+//     would otherwise keep the connection for the server's idle timeout.
 //
-// Bodies must be the outermost handler (the one http.Server calls): it needs
-// the server's own ResponseWriter.
+// Bodies needs the server's own ResponseWriter: it is the handler http.Server
+// calls, or directly behind LimitBodies, which hands that writer on.
 func Bodies(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody {
@@ -73,6 +78,9 @@ func Bodies(next http.Handler) http.Handler {
 		switch {
 		case body.eof:
 			return
+		case body.failed:
+			cutOff(rc)
+			return
 		case expectContinue && !body.read:
 			// The client waits for "100 Continue", which it will not get
 			// now that the answer is written. It may still send the body
@@ -85,23 +93,40 @@ func Bodies(next http.Handler) http.Handler {
 		}
 		_ = rc.Flush()
 		_ = rc.SetReadDeadline(time.Now().Add(drainTimeout))
-		_, _ = io.CopyN(io.Discard, body, DrainLimit)
+		if _, err := io.CopyN(io.Discard, body, DrainLimit); err != nil && !body.eof {
+			cutOff(rc)
+		}
 	})
 }
 
-// trackedBody remembers whether the handler read from the body and whether
-// it reached the end. A handler runs in the server's goroutine for its
-// request, and Bodies reads the fields only after it has returned.
+// cutOff closes the connection of a request whose body broke off, once its
+// answer is out. net/http would otherwise keep it for the next request:
+// whatever the client sends later would be parsed as one, and a client that
+// sends nothing more would hold it until the idle timeout.
+func cutOff(rc *http.ResponseController) {
+	_ = rc.Flush()
+	if conn, _, err := rc.Hijack(); err == nil {
+		_ = conn.Close()
+	}
+}
+
+// trackedBody remembers whether the handler read from the body, whether it
+// reached the end, and whether a read failed (a deadline, a reset). A
+// handler runs in the server's goroutine for its request, and Bodies reads
+// the fields only after it has returned.
 type trackedBody struct {
 	io.ReadCloser
-	read, eof bool
+	read, eof, failed bool
 }
 
 func (b *trackedBody) Read(p []byte) (int, error) {
 	b.read = true
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
+	switch {
+	case err == io.EOF:
 		b.eof = true
+	case err != nil:
+		b.failed = true
 	}
 	return n, err
 }

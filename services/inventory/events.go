@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -330,7 +331,7 @@ func mergeLines(lines []Item) ([]Item, error) {
 	var items []Item
 	at := map[string]int{}
 	for i, l := range lines {
-		if !validSKU(l.SKU) {
+		if !httpx.ValidSKU(l.SKU) {
 			return nil, fmt.Errorf("item %d: invalid sku %q", i, l.SKU)
 		}
 		// The order service allows 1…1000; the upper bound here only keeps

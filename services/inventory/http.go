@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 
 	"github.com/go-chi/chi/v5"
 
@@ -14,12 +13,6 @@ import (
 // maxAmount bounds on_hand and price: large enough for any shop, small
 // enough that sums over many orders stay far from overflow.
 const maxAmount = 1_000_000_000
-
-var skuPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
-// validSKU reports whether sku has the contract's syntax, which also makes it
-// a safe NATS subject token.
-func validSKU(sku string) bool { return skuPattern.MatchString(sku) }
 
 // Routes mounts GET and PUT /stock/{sku} on r. PUT is an operator's
 // restock: with an operator token configured it needs that token, checked
@@ -52,8 +45,8 @@ func (req putStockRequest) validate() error {
 
 func (s *Service) getStock(w http.ResponseWriter, r *http.Request) {
 	sku := chi.URLParam(r, "sku")
-	if !validSKU(sku) {
-		s.fail(w, r, invalidSKU(sku))
+	if !httpx.ValidSKU(sku) {
+		s.fail(w, r, invalidSKU())
 		return
 	}
 	st, err := getStock(r.Context(), s.pool, sku)
@@ -74,8 +67,8 @@ func (s *Service) putStock(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sku := chi.URLParam(r, "sku")
-	if !validSKU(sku) {
-		s.fail(w, r, invalidSKU(sku))
+	if !httpx.ValidSKU(sku) {
+		s.fail(w, r, invalidSKU())
 		return
 	}
 	if err := req.validate(); err != nil {
@@ -106,8 +99,11 @@ func (s *Service) putStock(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, st)
 }
 
-func invalidSKU(sku string) error {
-	return httpx.Invalid("sku %q must match [A-Za-z0-9_-]{1,64}", sku)
+// invalidSKU answers a path whose SKU does not have the contract's syntax
+// (httpx.ValidSKU), before any query: a NUL or invalid UTF-8 would fail it
+// with a 500. The value is not echoed; it may be 10 KB of anything.
+func invalidSKU() error {
+	return httpx.Invalid("sku must match [A-Za-z0-9_-]{1,64}")
 }
 
 // fail maps err to its problem response: the one place where the service's

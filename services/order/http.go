@@ -129,9 +129,12 @@ func (s *Service) cancelOrder(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusAccepted, o)
 }
 
+// orderID is the order id of the request's path; one that cannot be an
+// order id (httpx.OrderID) is the 404 of an unknown order, answered without
+// a query.
 func orderID(r *http.Request) (uuid.UUID, error) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
+	id, ok := httpx.OrderID(chi.URLParam(r, "id"))
+	if !ok {
 		return uuid.Nil, problem(ErrNotFound)
 	}
 	return id, nil

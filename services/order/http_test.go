@@ -158,6 +158,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"duplicate SKU", "application/json", `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1},{"sku":"SKU-1","quantity":2}]}`, 422},
 		{"no customer", "application/json", `{"items":[{"sku":"SKU-1","quantity":1}]}`, 422},
 		{"customer id too long", "application/json", `{"customer_id":"` + strings.Repeat("c", 65) + `","items":[{"sku":"SKU-1","quantity":1}]}`, 422},
+		{"customer id of 65 emoji", "application/json", `{"customer_id":"` + strings.Repeat("\U0001F600", 65) + `","items":[{"sku":"SKU-1","quantity":1}]}`, 422},
 		{"total overflows", "application/json", item("HUGE", "1000"), 422},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,6 +180,22 @@ func TestBadInputWritesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// The contract's maxLength of 64 counts characters, as JSON Schema does: 64
+// four-byte emoji (256 bytes) are a customer id, and it is stored as sent.
+func TestCustomerIDLengthCountsCharacters(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	customer := strings.Repeat("\U0001F600", maxCustomerLen)
+	res := e.post(t, "emoji-64", `{"customer_id":"`+customer+`","items":[{"sku":"SKU-1","quantity":1}]}`)
+	if res.status != http.StatusCreated {
+		t.Fatalf("64 four-byte emoji: %d %s, want 201", res.status, res.body)
+	}
+	if o := decode[Order](t, res.body); o.CustomerID != customer {
+		t.Fatalf("customer_id stored as %q", o.CustomerID)
 	}
 }
 

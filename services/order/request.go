@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"regexp"
-	"strings"
-	"unicode"
 
 	"github.com/shop-ref/shop/internal/httpx"
 )
@@ -19,8 +16,6 @@ const (
 	maxLines       = 100
 	maxQuantity    = 1000
 )
-
-var skuPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // createRequest is the body of POST /orders.
 type createRequest struct {
@@ -51,20 +46,19 @@ func checkKey(key string) error {
 // (422) rather than merged: the client most likely made a mistake, and
 // merging would make the stored lines differ from the request.
 func (req *createRequest) validate() error {
-	switch {
-	case req.CustomerID == "" || len(req.CustomerID) > maxCustomerLen:
-		return httpx.Invalid("customer_id must be 1 to %d characters", maxCustomerLen)
-	case strings.ContainsFunc(req.CustomerID, func(r rune) bool { return !unicode.IsPrint(r) }):
-		// Control characters (NUL above all, which Postgres text cannot
-		// hold) are no one's customer id; found by FuzzOrderRequest.
-		return httpx.Invalid("customer_id may hold printable characters only")
-	case len(req.Items) == 0 || len(req.Items) > maxLines:
+	// Characters, not bytes, as the contract's maxLength counts them; and
+	// printable only (NUL, which Postgres text cannot hold, was a 500;
+	// found by FuzzOrderRequest).
+	if err := httpx.Text("customer_id", req.CustomerID, maxCustomerLen); err != nil {
+		return err
+	}
+	if len(req.Items) == 0 || len(req.Items) > maxLines {
 		return httpx.Invalid("an order needs 1 to %d lines, not %d", maxLines, len(req.Items))
 	}
 	seen := map[string]bool{}
 	for i, it := range req.Items {
 		switch {
-		case !skuPattern.MatchString(it.SKU):
+		case !httpx.ValidSKU(it.SKU):
 			return httpx.Invalid("items[%d].sku %q must match [A-Za-z0-9_-]{1,64}", i, it.SKU)
 		case it.Quantity < 1 || it.Quantity > maxQuantity:
 			return httpx.Invalid("items[%d].quantity must be 1 to %d, not %d", i, maxQuantity, it.Quantity)

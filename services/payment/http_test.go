@@ -50,7 +50,12 @@ func TestWebhookSignature(t *testing.T) {
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {
-			wantProblem(t, e.callback(t, tc.body, tc.sig), http.StatusUnauthorized, "invalid-signature")
+			rec := e.callback(t, tc.body, tc.sig)
+			wantProblem(t, rec, http.StatusUnauthorized, "invalid-signature")
+			// RFC 9110: every 401 carries a challenge.
+			if got := rec.Header().Get("WWW-Authenticate"); got != SignatureChallenge {
+				t.Errorf("WWW-Authenticate %q, want %q", got, SignatureChallenge)
+			}
 			e.nothingWritten(t)
 		})
 	}
@@ -303,6 +308,40 @@ func TestSimulate(t *testing.T) {
 	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+uuid.NewString()+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusNotFound, "order-not-found")
 	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"maybe"}`), hdr), http.StatusUnprocessableEntity, "invalid-request")
 	wantProblem(t, e.do(t, http.MethodGet, "/payments/"+uuid.NewString(), nil, nil), http.StatusNotFound, "order-not-found")
+}
+
+// The contract's maxLength counts characters: a provider payment id of 255
+// four-byte emoji (1020 bytes) is a valid id, one of 256 is not.
+func TestCallbackIDLengthsCountCharacters(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	order := e.intent(t, StatePayable, 700)
+	const emoji = "\U0001F600"
+	wantStatus(t, e.signed(t, Callback{OrderID: order, ProviderPaymentID: strings.Repeat(emoji, maxIDLen), Status: StatusSucceeded, Amount: 700}), http.StatusOK)
+	wantProblem(t, e.signed(t, Callback{OrderID: order, ProviderPaymentID: strings.Repeat(emoji, maxIDLen+1), Status: StatusSucceeded, Amount: 700}),
+		http.StatusUnprocessableEntity, "invalid-request")
+	wantProblem(t, e.signed(t, Callback{OrderID: strings.Repeat(emoji, maxIDLen+1), ProviderPaymentID: "p-long-order", Status: StatusSucceeded, Amount: 700}),
+		http.StatusUnprocessableEntity, "invalid-request")
+	if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d payments, want the one of 255 characters", n)
+	}
+}
+
+// A path's order id that cannot be one (NUL and invalid UTF-8, which
+// Postgres refuses, a 10 KB value, a traversal) is the 404 of an unknown
+// order, answered before any query: it used to reach Postgres and be a 500.
+func TestPathsRefuseWhatCannotBeAnOrderID(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	order := e.intent(t, StatePayable, 300)
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	for _, id := range []string{"%00", "%FF", order + "%00", strings.Repeat("a", 10<<10), "..%2F..", "o-1"} {
+		wantProblem(t, e.do(t, http.MethodGet, "/payments/"+id, nil, nil), http.StatusNotFound, "order-not-found")
+		wantProblem(t, e.do(t, http.MethodPost, "/payments/"+id+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusNotFound, "order-not-found")
+	}
+	e.nothingWritten(t)
+	// The canonical form in either case names the order.
+	wantStatus(t, e.do(t, http.MethodGet, "/payments/"+strings.ToUpper(order), nil, nil), http.StatusOK)
 }
 
 // The demo's simulate endpoint exists only with the fake provider switched

@@ -14,6 +14,11 @@ import (
 // SignatureHeader carries the provider's signature of a webhook callback.
 const SignatureHeader = "Payment-Signature"
 
+// SignatureChallenge is the WWW-Authenticate of the webhook's 401: its
+// scheme names the header that authenticates a callback, an HMAC signature
+// rather than a credential of a standard scheme.
+const SignatureChallenge = SignatureHeader + ` realm="payment-webhook"`
+
 // SignatureTolerance is how far a callback's timestamp may be from now. It
 // bounds how long a captured callback can be replayed by someone who is not
 // the provider (a replay inside it is harmless: the provider payment id
