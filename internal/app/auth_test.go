@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -89,12 +90,25 @@ func TestServiceConnectsAsItsOwnUser(t *testing.T) {
 // ends and returns its log once it is ready.
 func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
 	t.Helper()
+	out, _ := runInventoryWith(t, map[string]string{"NATS_URL": natsURL, "INVENTORY_NATS_PASSWORD": password}, nil)
+	return out
+}
+
+// runInventoryWith is runInventory with env (beside its database and
+// address) and the configuration changed by tweak, when not nil; it
+// returns the service's base URL too.
+func runInventoryWith(t *testing.T, env map[string]string, tweak func(*Config)) (*syncBuffer, string) {
+	t.Helper()
 	db := pgtest.NewDatabase(t, "shop_app_auth_")
 	addr := freeAddr(t)
-	env := map[string]string{"DATABASE_URL": db.URL, "NATS_URL": natsURL, "INVENTORY_ADDR": addr, "INVENTORY_NATS_PASSWORD": password}
+	env = maps.Clone(env)
+	env["DATABASE_URL"], env["INVENTORY_ADDR"] = db.URL, addr
 	cfg, err := LoadConfig(func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tweak != nil {
+		tweak(&cfg)
 	}
 	out := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,7 +125,7 @@ func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
 	if err := httpx.WaitReady(wait, nil, "http://"+addr); err != nil {
 		t.Fatal(err)
 	}
-	return out
+	return out, "http://" + addr
 }
 
 // ensureEveryStream ensures every service's streams, as each service does
@@ -119,7 +133,7 @@ func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
 func ensureEveryStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
 	for _, a := range services.All.Access() {
 		s := &Service{Name: a.User, Stream: a.Stream, Subjects: a.Subjects, access: a, Logger: log, cfg: Config{Registry: services.All}}
-		if _, err := s.ensureStreams(ctx, js); err != nil {
+		if err := s.ensureStreams(ctx, js); err != nil {
 			return err
 		}
 	}

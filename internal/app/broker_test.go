@@ -92,7 +92,7 @@ func TestKeepStreamsRecreatesADeletedStream(t *testing.T) {
 	s := &Service{Name: "order", Stream: access.Stream, Subjects: access.Subjects, access: access, cfg: cfg, Logger: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := s.ensureStreams(ctx, js); err != nil {
+	if err := s.ensureStreams(ctx, js); err != nil {
 		t.Fatal(err)
 	}
 	go s.keepStreams(ctx, js, 50*time.Millisecond)

@@ -740,12 +740,14 @@ func TestComposeBinary(t *testing.T) {
 // TestComposeNATSUsers holds docker-compose.yml to the shop's NATS users:
 // every NATS server mounts deploy/nats/auth.conf and gets every user's
 // password; every service gets its own user's password, with the same
-// default as the servers', and no other's; and the servers' configuration,
-// as nats-server reads it with those passwords, has exactly the users and
-// permissions of broker.Users (what the embedded server of `shop all` runs).
+// default as the servers', and no other's but the stream keeper's, which
+// the order service (where the reconciler runs) gets and no other; and the
+// servers' configuration, as nats-server reads it with those passwords, has
+// exactly the users and permissions of broker.Users (what the embedded
+// server of `shop all` runs).
 func TestComposeNATSUsers(t *testing.T) {
 	_, byName, _ := loadCompose(t)
-	users := []string{broker.AuditUser}
+	users := []string{broker.AuditUser, broker.StreamsUser}
 	for _, a := range services.All.Access() {
 		users = append(users, a.User)
 	}
@@ -770,12 +772,14 @@ func TestComposeNATSUsers(t *testing.T) {
 		s := byName[name]
 		for _, u := range users {
 			v, ok := s.env[broker.PasswordVar(u)]
+			// Its own user's, and the order service the keeper's too.
+			mine := u == name || (u == broker.StreamsUser && name == "order")
 			switch {
-			case u == name && !ok:
-				t.Errorf("service %s has no NATS user: set %s", name, broker.PasswordVar(u))
-			case u == name && interpolationDefault(v) != defaults[u]:
+			case mine && !ok:
+				t.Errorf("service %s has no %s NATS user: set %s", name, u, broker.PasswordVar(u))
+			case mine && interpolationDefault(v) != defaults[u]:
 				t.Errorf("service %s: %s defaults to %q, the NATS servers' to %q", name, broker.PasswordVar(u), interpolationDefault(v), defaults[u])
-			case u != name && ok:
+			case !mine && ok:
 				t.Errorf("service %s is given %s, another user's password", name, broker.PasswordVar(u))
 			}
 		}

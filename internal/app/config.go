@@ -42,10 +42,18 @@ type Config struct {
 	NATSURL string
 	// AuditNATSPassword is the password of the NATS audit user
 	// (broker.AuditUser) that `shop verify`, `shop outbox` and the
-	// reconciler of `shop all` read the streams with (AUDIT_NATS_PASSWORD).
-	// Empty: anonymous, or, for the local demo's embedded server, the
-	// password it wrote (DemoAuditPasswordFile).
+	// reconciler read the streams with (AUDIT_NATS_PASSWORD). Empty:
+	// anonymous, or, for the local demo's embedded server, the password it
+	// wrote (DemoAuditPasswordFile).
 	AuditNATSPassword string
+	// StreamsNATSPassword is the password of the stream keeper's NATS user
+	// (broker.StreamsUser), the only one that may update a stream
+	// (STREAMS_NATS_PASSWORD). Set, the process runs the stream keeper:
+	// every stream whose configuration drifted from the shop's is restored
+	// within streamCheckEvery. Empty: each service only reports the drift
+	// of its own stream. The embedded server of `shop all` ignores it and
+	// makes its own.
+	StreamsNATSPassword string
 	// Registry is the shop's services (services.All; a test may add one).
 	Registry registry.Registry
 	// Services holds what differs between services, by service name.
@@ -55,6 +63,8 @@ type Config struct {
 	Settings *registry.Env
 	// build is each service's constructor, bound to its settings.
 	build map[string]registry.NewFunc
+	// streamCheck replaces streamCheckEvery, for tests only.
+	streamCheck time.Duration
 
 	// NATSReplicas is how many copies JetStream keeps of each stream
 	// (NATS_REPLICAS, default 1): 3 on a three-node cluster.
@@ -112,16 +122,17 @@ func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, e
 		return Config{}, fmt.Errorf("the service registry: %w", err)
 	}
 	cfg := Config{
-		DatabaseURL:       cmp.Or(getenv("DATABASE_URL"), DefaultDatabaseURL),
-		NATSURL:           getenv("NATS_URL"),
-		AuditNATSPassword: getenv(broker.PasswordVar(broker.AuditUser)),
-		Registry:          reg,
-		Services:          make(map[string]*ServiceConfig, len(reg)),
-		Settings:          registry.NewEnv(getenv),
-		build:             make(map[string]registry.NewFunc, len(reg)),
-		NATSReplicas:      1,
-		StreamLimits:      broker.DefaultLimits,
-		DashboardAddr:     cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
+		DatabaseURL:         cmp.Or(getenv("DATABASE_URL"), DefaultDatabaseURL),
+		NATSURL:             getenv("NATS_URL"),
+		AuditNATSPassword:   getenv(broker.PasswordVar(broker.AuditUser)),
+		StreamsNATSPassword: getenv(broker.PasswordVar(broker.StreamsUser)),
+		Registry:            reg,
+		Services:            make(map[string]*ServiceConfig, len(reg)),
+		Settings:            registry.NewEnv(getenv),
+		build:               make(map[string]registry.NewFunc, len(reg)),
+		NATSReplicas:        1,
+		StreamLimits:        broker.DefaultLimits,
+		DashboardAddr:       cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
 		// Read here only to know whether to export: the exporter reads
 		// these and the other OTEL_* variables itself, as specified.
 		TracesEndpoint: cmp.Or(getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
@@ -206,6 +217,12 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	cfg.Settings.RegisterFlags(fs)
 }
 
+// streamCheckInterval is how often streams are checked: streamCheckEvery,
+// unless a test says otherwise.
+func (cfg Config) streamCheckInterval() time.Duration {
+	return cmp.Or(cfg.streamCheck, streamCheckEvery)
+}
+
 // DatabaseURLOf returns the database URL of service: its own, else the
 // shared one.
 func (cfg Config) DatabaseURLOf(service string) string {
@@ -222,6 +239,7 @@ func (cfg Config) LogValue() slog.Value {
 		slog.String("nats_url", cmp.Or(MaskURL(cfg.NATSURL), "(embedded)")),
 		slog.String("otlp_traces_endpoint", cmp.Or(MaskURL(cfg.TracesEndpoint), "(none)")),
 		slog.Bool("audit_nats_password_set", cfg.AuditNATSPassword != ""),
+		slog.Bool("streams_nats_password_set", cfg.StreamsNATSPassword != ""),
 		slog.Int("nats_replicas", cfg.NATSReplicas),
 		slog.Duration("nats_stream_max_age", cfg.StreamLimits.MaxAge),
 		slog.Int64("nats_stream_max_bytes", cfg.StreamLimits.MaxBytes),

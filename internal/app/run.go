@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -25,13 +26,15 @@ import (
 
 // Run runs the named services in this process until ctx ends, each over its
 // own NATS connection as its own user: `shop all` passes every name, `shop
-// order` one. When
-// cfg.NATSURL is empty it first starts an embedded NATS server with
-// JetStream on 127.0.0.1:4222 (a free port if that is taken), storing
-// under EmbeddedNATSDir, whose users (broker.Users) get random passwords. Running every service, it serves the dashboard on
+// order` one. When cfg.NATSURL is empty it first starts an embedded NATS
+// server with JetStream on 127.0.0.1:4222 (a free port if that is taken),
+// storing under EmbeddedNATSDir, whose users (broker.Users) get random
+// passwords. Where it knows the stream keeper's password (the embedded
+// server's, or STREAMS_NATS_PASSWORD) it keeps the shop's streams
+// (streamkeeper.go). Running every service, it serves the dashboard on
 // cfg.DashboardAddr too. Every listener is bound before anything starts, so
-// an address that is taken stops the start-up at once. When one
-// service fails, the others are stopped too and Run returns the error.
+// an address that is taken stops the start-up at once. When one service
+// fails, the others are stopped too and Run returns the error.
 func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) error {
 	return run(ctx, cfg, names, log, nil)
 }
@@ -99,6 +102,12 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 	if audits {
 		users = append(users, broker.AuditUser)
 	}
+	// The stream keeper, wherever its user's password is known: the
+	// embedded server's, or STREAMS_NATS_PASSWORD (streamkeeper.go).
+	keeps := auth[broker.StreamsUser] != ""
+	if keeps {
+		users = append(users, broker.StreamsUser)
+	}
 	for _, name := range users {
 		nc, err := connectNATS(url, name, auth[name], log)
 		if err != nil {
@@ -113,7 +122,26 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		if err != nil {
 			return err
 		}
+		s.kept = keeps
 		services = append(services, s)
+	}
+	var keeper *streamKeeper
+	if keeps {
+		js, err := jetstream.New(conns[broker.StreamsUser])
+		if err != nil {
+			return fmt.Errorf("stream keeper: %w", err)
+		}
+		keeper = newStreamKeeper(js, shopStreams(cfg), log.With("service", "streams"))
+		// Its counts are served by one service: the order service, where
+		// compose gives the password, else the first.
+		for i, s := range services {
+			if s.Name == "order" || (i == 0 && !slices.Contains(names, "order")) {
+				s.collectors = append(s.collectors, keeper.collectors()...)
+			}
+		}
+	} else {
+		log.Info("no stream keeper in this process: a stream whose configuration drifted is reported, not restored; set " +
+			broker.PasswordVar(broker.StreamsUser) + " for this process to restore it")
 	}
 	stopTraces, err := exportTraces(ctx, cfg, services)
 	if err != nil {
@@ -159,6 +187,9 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		}
 		g.Go(func() error { return job.Run(ctx) })
 	}
+	if keeper != nil {
+		g.Go(func() error { keeper.run(ctx, cfg.streamCheckInterval()); return nil })
+	}
 	for _, s := range services {
 		g.Go(func() error { return s.Run(ctx) })
 	}
@@ -189,7 +220,7 @@ func closeListeners(services []*Service) {
 
 // natsAuth is the NATS password of each user cfg gives one, by user name.
 func natsAuth(cfg Config) map[string]string {
-	auth := map[string]string{broker.AuditUser: cfg.AuditNATSPassword}
+	auth := map[string]string{broker.AuditUser: cfg.AuditNATSPassword, broker.StreamsUser: cfg.StreamsNATSPassword}
 	for name, sc := range cfg.Services {
 		auth[name] = sc.NATSPassword
 	}
@@ -209,9 +240,10 @@ func anonymous(auth map[string]string, names []string) []string {
 
 // newPasswords makes a random password for every NATS user of the shop, for
 // the embedded server of one `shop all`: nothing outside the process knows
-// them (but the audit user's, see writeDemoNATS).
+// them (but the audit user's, see writeDemoNATS), and the process runs the
+// stream keeper with its own.
 func newPasswords(cfg Config) map[string]string {
-	passwords := map[string]string{broker.AuditUser: rand.Text()}
+	passwords := map[string]string{broker.AuditUser: rand.Text(), broker.StreamsUser: rand.Text()}
 	for _, name := range cfg.Registry.Names() {
 		passwords[name] = rand.Text()
 	}

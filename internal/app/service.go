@@ -60,6 +60,12 @@ type Service struct {
 	watch  *jetStreamWatch      // whether JetStream answers, for /readyz and /metrics
 
 	collectors []prometheus.Collector // extra metrics for its registry (the reconciler's, in `shop all`)
+
+	// drift reports its own stream's configuration where it differs from
+	// the shop's, unless kept: then the process runs the stream keeper,
+	// which restores it and says so (streamkeeper.go).
+	drift *streamKeeper
+	kept  bool
 }
 
 // New returns the service called name, configured by cfg, publishing over nc.
@@ -73,7 +79,9 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	own := broker.StreamConfig(access.Stream, cfg.NATSReplicas, cfg.StreamLimits, access.Subjects...)
 	return &Service{
+		drift:       newStreamKeeper(nil, []jetstream.StreamConfig{own}, log.With("service", name)),
 		watch:       watch,
 		Name:        name,
 		Schema:      e.Schema,
@@ -125,7 +133,10 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	ln := s.ln
-	srv := &http.Server{Handler: httpx.Bodies(router), ReadHeaderTimeout: 5 * time.Second}
+	srv, err := newHTTPServer(router, defaultHTTPLimits(), s.Logger)
+	if err != nil {
+		return err
+	}
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -149,8 +160,15 @@ func (s *Service) Run(ctx context.Context) error {
 		// The relay starts once the streams exist: before, every event
 		// would wait out a missing stream as an outage. (The consumers wait
 		// for their streams by themselves.)
-		configs, err := s.ensureStreams(ctx, js)
-		if err != nil || ctx.Err() != nil {
+		if err := s.ensureStreams(ctx, js); err != nil || ctx.Err() != nil {
+			return err
+		}
+		// The rules hold for the configuration the shop gives the streams:
+		// a process whose settings break them stops here. A stream that
+		// differs on the server is drift, reported (and, by the stream
+		// keeper, restored), which stops nothing.
+		configs, err := s.streamConfigs()
+		if err != nil {
 			return err
 		}
 		windows := make(map[string]time.Duration, len(configs))
@@ -163,7 +181,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if err := checkLimits(configs, dom); err != nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
 		}
-		g.Go(func() error { s.keepStreams(ctx, js, streamCheckEvery); return nil })
+		g.Go(func() error { s.keepStreams(ctx, js, s.cfg.streamCheckInterval()); return nil })
 		g.Go(func() error {
 			if err := dom.Run(ctx); err != nil && ctx.Err() == nil {
 				return fmt.Errorf("%s: %w", s.Name, err)
@@ -236,6 +254,9 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	}
 	m.watch(pool, relay, dom, s.NATS, s.watch)
 	m.r.MustRegister(s.collectors...)
+	if !s.kept { // else the keeper's metrics say it, served by one service
+		m.r.MustRegister(s.drift.collectors()...)
+	}
 	router := newRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.instrument)
 	router.Method(http.MethodGet, "/metrics", m.handler())
 	dom.Routes(router)
@@ -243,28 +264,31 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	return relay, dom, router, nil
 }
 
-// ensureStreams creates or updates the service's own stream, and creates
-// each stream it reads unless it exists (its producer owns it), waiting while
-// NATS is unreachable or JetStream cannot answer (no quorum yet, a leader
-// election, switched off): the service serves HTTP and commits events to its
-// outbox meanwhile, which is what the outbox is for. It logs once when it
-// starts waiting, not once per try. It returns each stream's duplicate
-// configuration once all exist, nothing once ctx has ended, and an error at
-// once when JetStream refuses the configuration itself.
-func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (map[string]jetstream.StreamConfig, error) {
+// ensureStreams creates each stream of the service that is missing — its
+// own and those it reads (a service may start before the others) — with
+// the shop's configuration, waiting while NATS is unreachable or JetStream
+// cannot answer (no quorum yet, a leader election, switched off): the
+// service serves HTTP and commits events to its outbox meanwhile, which is
+// what the outbox is for. It logs once when it starts waiting, not once per
+// try. A stream that exists is left as it is: no service may change a
+// stream's configuration (broker.Permissions); where its own differs, it
+// logs the drift at ERROR and goes on (the stream keeper restores it). It
+// returns nil once all exist, or once ctx has ended, and an error at once
+// when JetStream refuses the configuration itself.
+func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) error {
 	wait := 250 * time.Millisecond
 	waiting := false
 	for {
-		windows, err := s.ensureAll(ctx, js)
+		err := s.ensureAll(ctx, js)
 		var apiErr *jetstream.APIError
 		switch {
 		case err == nil:
 			s.Logger.Info("streams ensured", "own", s.Stream)
-			return windows, nil
+			return nil
 		case ctx.Err() != nil:
-			return nil, nil // stopping before JetStream came back is no failure
+			return nil // stopping before JetStream came back is no failure
 		case errors.As(err, &apiErr) && apiErr.Code != http.StatusServiceUnavailable:
-			return nil, fmt.Errorf("%s: %w", s.Name, err)
+			return fmt.Errorf("%s: %w", s.Name, err)
 		case !waiting:
 			waiting = true
 			s.Logger.Warn("streams not ensured yet; retrying until JetStream answers", "stream", s.Stream, "err", err)
@@ -273,7 +297,7 @@ func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (ma
 		}
 		select {
 		case <-ctx.Done():
-			return nil, nil
+			return nil
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 5*time.Second)
@@ -282,40 +306,63 @@ func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) (ma
 
 // ensureAll ensures each stream of the service once, each call bounded so
 // that a hung request (a partition) cannot stall the retries.
-func (s *Service) ensureAll(ctx context.Context, js jetstream.JetStream) (map[string]jetstream.StreamConfig, error) {
-	configs := make(map[string]jetstream.StreamConfig, 1+len(s.access.Reads()))
-	for _, name := range append([]string{s.Stream}, s.access.Reads()...) {
+func (s *Service) ensureAll(ctx context.Context, js jetstream.JetStream) error {
+	configs, err := s.streamConfigs()
+	if err != nil {
+		return err
+	}
+	for _, name := range s.streams() {
 		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		st, err := s.ensureStream(callCtx, js, name)
+		st, err := broker.CreateStreamIfMissing(callCtx, js, configs[name])
 		cancel()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		configs[name] = st.CachedInfo().Config
+		s.observe(configs[name], st.CachedInfo().Config)
+	}
+	return nil
+}
+
+// streams are the names of the service's streams, its own first.
+func (s *Service) streams() []string { return append([]string{s.Stream}, s.access.Reads()...) }
+
+// streamConfigs is the shop's configuration of each stream of the service,
+// by name (broker.StreamConfig, with the subjects of the stream's owner).
+func (s *Service) streamConfigs() (map[string]jetstream.StreamConfig, error) {
+	configs := make(map[string]jetstream.StreamConfig, 1+len(s.access.Reads()))
+	configs[s.Stream] = broker.StreamConfig(s.Stream, s.cfg.NATSReplicas, s.cfg.StreamLimits, s.Subjects...)
+	for _, name := range s.access.Reads() {
+		owner, ok := s.cfg.Registry.Owner(name)
+		if !ok { // Validate refuses a consumer of a stream no service owns
+			return nil, fmt.Errorf("no service publishes to stream %s", name)
+		}
+		configs[name] = broker.StreamConfig(name, s.cfg.NATSReplicas, s.cfg.StreamLimits, owner.Access().Subjects...)
 	}
 	return configs, nil
 }
 
-// ensureStream ensures the stream called name: the service's own is created
-// or updated to the configuration, another's (which only its owner may
-// change) created when missing.
-func (s *Service) ensureStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
-	if name == s.Stream {
-		return broker.EnsureStreamWith(ctx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, s.Subjects...)
+// observe reports the drift of the service's own stream, have as the
+// server has it, unless the process keeps the streams: then the keeper
+// restores it and reports (the streams a service reads are their owners'
+// to report, so that a drift is logged once per process).
+func (s *Service) observe(want, have jetstream.StreamConfig) {
+	if want.Name == s.Stream && !s.kept && s.drift != nil { // nil: a Service not made by New
+		s.drift.observe(want, have)
 	}
-	owner, ok := s.cfg.Registry.Owner(name)
-	if !ok { // Validate refuses a consumer of a stream no service owns
-		return nil, fmt.Errorf("no service publishes to stream %s", name)
-	}
-	return broker.CreateStreamIfMissing(ctx, js, name, s.cfg.NATSReplicas, s.cfg.StreamLimits, owner.Access().Subjects...)
 }
 
-// keepStreams ensures the service's streams again every every, so that a
-// stream an operator deleted (or a cluster that came back empty) is back
+// keepStreams checks the service's streams again every every. A stream an
+// operator deleted (or a cluster that came back empty) is created again
 // within seconds: until it is, the relay's events for it wait ("no stream
-// for the subject", an outage to the relay), and its consumers wait. Failures are the outages the
-// relay and the consumers already report; they are not logged again.
+// for the subject", an outage to the relay), and its consumers wait. Its
+// own stream's configuration is compared with the shop's (observe).
+// Failures are the outages the relay and the consumers already report;
+// they are not logged again.
 func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every time.Duration) {
+	configs, err := s.streamConfigs()
+	if err != nil {
+		return // ensureStreams has returned the same error
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -324,19 +371,24 @@ func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every
 			return
 		case <-t.C:
 		}
-		for _, name := range append([]string{s.Stream}, s.access.Reads()...) {
+		for _, name := range s.streams() {
 			callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := js.Stream(callCtx, name)
+			st, err := js.Stream(callCtx, name)
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				if _, err := s.ensureStream(callCtx, js, name); err == nil {
+				if st, err = broker.CreateStreamIfMissing(callCtx, js, configs[name]); err == nil {
 					s.Logger.Warn("stream was missing; created it again (its earlier messages are gone)", "stream", name)
 				}
 			}
 			cancel()
+			if err == nil {
+				s.observe(configs[name], st.CachedInfo().Config)
+			}
 		}
 	}
 }
 
+// streamCheckEvery is how often each service looks for its missing streams
+// and the stream keeper for drift (streamkeeper.go).
 const streamCheckEvery = 10 * time.Second
 
 // checkLimits enforces what the streams' limits must keep: a stream is the
@@ -361,7 +413,7 @@ func checkLimits(configs map[string]jetstream.StreamConfig, dom registry.Domain)
 }
 
 // checkWindows enforces the windows rule against the relay that really runs
-// and the streams as they really are: the relay's retry horizon is shorter
+// and the streams as the shop configures them: the relay's retry horizon is shorter
 // than every stream's duplicate window (so the stream drops the copies of
 // ordinary retries), which is shorter than every inbox's retention (so a
 // copy that gets past the window still meets its processed_events row).

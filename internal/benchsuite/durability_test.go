@@ -90,8 +90,8 @@ func durability(b *testing.B, t *table, sz sizes) {
 // with sz.backlog published events (COPY) and the ORDERS stream holding
 // their messages (1 KiB, the contract's headers, nine events per order),
 // the last one deleted so that the scan reads the whole stream: the read of
-// the outbox rows, one headers-only pass over the stream, the comparison.
-// One schema and stream; every run audits them again.
+// the outbox rows, one pass over the stream (direct gets in batches), the
+// comparison. One schema and stream; every run audits them again.
 func auditStream(b *testing.B, sz sizes) []float64 {
 	return scoped(b, func(tb testing.TB) []float64 {
 		ctx := context.Background()

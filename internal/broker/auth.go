@@ -40,31 +40,47 @@ func (a Access) Reads() []string {
 }
 
 // AuditUser is the operator's NATS user: `shop verify`, `shop outbox` and
-// the reconciler of `shop all` read streams, their messages and consumer
-// state with it, and may change nothing.
+// the reconciler read streams, their messages and consumer state with it,
+// and it may change nothing (AuditPermissions).
 const AuditUser = "audit"
 
+// StreamsUser is the NATS user of the stream keeper: the one user that may
+// update the shop's streams, to hold them to their table configuration
+// (StreamConfig). A process given its password (PasswordVar(StreamsUser),
+// STREAMS_NATS_PASSWORD: the order service's in docker-compose.yml, and
+// `shop all`'s embedded server) restores any stream whose configuration
+// drifted; every other process can only report the drift.
+const StreamsUser = "streams"
+
 // denied is what no shop user may do, even where an allow would match:
-// removing a stream's messages is an operator's act on the server itself.
+// removing a stream or its messages is an operator's act on the server
+// itself.
 var denied = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.STREAM.MSG.DELETE.>"}
+
+// reconfigure is what no service may do to any stream, its own included:
+// change its configuration. Its own stream's update was allowed once, and
+// one service's credentials were enough to make a stream a weapon: RePublish
+// on INVENTORY stored inventory's messages in ORDERS, and AllowRollup on
+// ORDERS let one message with `Nats-Rollup: all` remove 26,938 of its 26,939
+// messages; a restart kept the tampered configuration. Only StreamsUser
+// updates streams, to the shop's configuration.
+const reconfigure = "$JS.API.STREAM.UPDATE.>"
 
 // Permissions are a's NATS permissions. Publish: its own subjects; of the
 // JetStream API, account info and stream lookup by subject (the relay's
-// outage checks), create, update and info of its own stream and info of
-// the consumers on it (the order service's admission reads their backlog),
-// create and
-// info of the streams it reads (so a consumer that starts before the
-// producer can create the stream, which the producer then owns; create
-// never changes a stream that exists), and create, info, next and ack of
-// its own durables. Subscribe: its own reply subjects only
-// (InboxPrefix(user).>), where pull consumers, publish acks and API answers
-// arrive: not the others', which would show it their messages.
+// outage checks), create and info of its own stream and of the streams it
+// reads (a service may start before the others and create what it needs;
+// a create never changes a stream that exists), info of the consumers on
+// its own stream (the order service's admission reads their backlog), and
+// create, info, next and ack of its own durables. No update of any stream,
+// its own included (denied explicitly, see reconfigure): that is the stream
+// keeper's (StreamsUser). Subscribe: its own reply subjects only
+// (InboxPrefix(user).>), where pull consumers, publish acks and API
+// answers arrive: not the others', which would show it their messages.
 func Permissions(a Access) *server.Permissions {
 	pub := slices.Clone(a.Subjects)
 	pub = append(pub, "$JS.API.INFO", "$JS.API.STREAM.NAMES")
-	for _, verb := range []string{"CREATE", "UPDATE", "INFO"} {
-		pub = append(pub, "$JS.API.STREAM."+verb+"."+a.Stream)
-	}
+	pub = append(pub, "$JS.API.STREAM.CREATE."+a.Stream, "$JS.API.STREAM.INFO."+a.Stream)
 	// The backlog of its own events (the order service's admission reads it).
 	pub = append(pub, "$JS.API.CONSUMER.INFO."+a.Stream+".*")
 	for _, s := range a.Reads() {
@@ -81,41 +97,70 @@ func Permissions(a Access) *server.Permissions {
 			"$JS.ACK."+sn+".>")
 	}
 	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: pub, Deny: slices.Clone(denied)},
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: append(slices.Clone(denied), reconfigure)},
 		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(a.User) + ".>"}},
 	}
 }
 
-// AuditPermissions are the audit user's: JetStream API reads (account,
-// streams, stream messages, consumers), ephemeral ordered consumers to read
-// a stream through (create, next, delete), replies; no publish to any
-// stream, no delete or purge of one, and hands off the durables of
-// services.
-func AuditPermissions(services []Access) *server.Permissions {
+// AuditPermissions are the audit user's: JetStream API reads and nothing
+// else. Account info; stream names, list and info; stream messages by
+// sequence or time, through direct get (the stream audit reads in batches,
+// from any replica) or the stream leader's message get; consumer names,
+// list and info (backlogs, `shop outbox status`). It creates no consumer —
+// not even an ephemeral ordered one, which a reader would leave on the
+// server for seconds with the rest of the window as its pending count —
+// deletes none, and publishes into no stream. The denies say so explicitly,
+// so that a wider allow added later cannot undo it.
+func AuditPermissions() *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{
 			"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
 			"$JS.API.STREAM.INFO.*", "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>",
 			"$JS.API.CONSUMER.NAMES.*", "$JS.API.CONSUMER.LIST.*", "$JS.API.CONSUMER.INFO.*.*",
-			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.API.CONSUMER.DELETE.*.*",
-		}, Deny: auditDenied(services)},
+		}, Deny: append(slices.Clone(denied), reconfigure,
+			"$JS.API.STREAM.CREATE.>",
+			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>", "$JS.API.CONSUMER.DELETE.>",
+			"$JS.API.CONSUMER.MSG.NEXT.>", "$JS.ACK.>",
+		)},
 		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(AuditUser) + ".>"}},
 	}
 }
 
-// auditDenied keeps the audit user off the services' durables: it may not
-// change or delete one, or pull (and so delay) a service's messages
-// through it.
-func auditDenied(services []Access) []string {
-	deny := append(slices.Clone(denied), "$JS.API.CONSUMER.DURABLE.CREATE.>")
+// StreamsPermissions are the stream keeper's: account info, stream names,
+// and info, create and update of each stream of services (create too, so
+// that the user can bring back a missing stream with the shop's
+// configuration, as EnsureStream does; the shop's keeper leaves that to
+// the services), and nothing else. It publishes no message, reads none,
+// touches no consumer, and may delete or purge nothing: the keeper's
+// password in the wrong hands can reconfigure a stream, but the shop's
+// configuration denies deletes, purges and so rollups (StreamConfig), which
+// JetStream never lets an update undo.
+func StreamsPermissions(services []Access) *server.Permissions {
+	pub := []string{"$JS.API.INFO", "$JS.API.STREAM.NAMES"}
+	for _, s := range streamNames(services) {
+		pub = append(pub, "$JS.API.STREAM.INFO."+s, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.UPDATE."+s)
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: slices.Clone(denied)},
+		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(StreamsUser) + ".>"}},
+	}
+}
+
+// streamNames are the streams of services, each once, in order: those they
+// own, then any they read that none of them owns.
+func streamNames(services []Access) []string {
+	var names []string
 	for _, a := range services {
-		for _, d := range a.Durables {
-			sn := d.Stream + "." + d.Name
-			deny = append(deny, "$JS.API.CONSUMER.CREATE."+sn, "$JS.API.CONSUMER.CREATE."+sn+".>",
-				"$JS.API.CONSUMER.MSG.NEXT."+sn, "$JS.API.CONSUMER.DELETE."+sn)
+		names = append(names, a.Stream)
+	}
+	for _, a := range services {
+		for _, s := range a.Reads() {
+			if !slices.Contains(names, s) {
+				names = append(names, s)
+			}
 		}
 	}
-	return deny
+	return names
 }
 
 // InboxPrefix is the prefix of user's reply subjects ("_INBOX.order"), the
@@ -134,14 +179,17 @@ func UserOptions(user, password string) []nats.Option {
 	return opts
 }
 
-// Users are the nats-server users of services and the audit user, with the
-// passwords by user name (every one must be there).
+// Users are the nats-server users of services, the audit user and the
+// stream keeper, with the passwords by user name (every one must be
+// there).
 func Users(services []Access, passwords map[string]string) ([]*server.User, error) {
-	users := make([]*server.User, 0, len(services)+1)
+	users := make([]*server.User, 0, len(services)+2)
 	for _, a := range services {
 		users = append(users, &server.User{Username: a.User, Password: passwords[a.User], Permissions: Permissions(a)})
 	}
-	users = append(users, &server.User{Username: AuditUser, Password: passwords[AuditUser], Permissions: AuditPermissions(services)})
+	users = append(users,
+		&server.User{Username: AuditUser, Password: passwords[AuditUser], Permissions: AuditPermissions()},
+		&server.User{Username: StreamsUser, Password: passwords[StreamsUser], Permissions: StreamsPermissions(services)})
 	for _, u := range users {
 		if u.Password == "" {
 			return nil, fmt.Errorf("nats users: no password for %s", u.Username)
@@ -157,11 +205,12 @@ func WithUsers(users []*server.User) Option {
 }
 
 // PasswordVar is the environment variable that holds user's password in
-// deploy/nats/auth.conf: ORDER_NATS_PASSWORD, …, AUDIT_NATS_PASSWORD.
+// deploy/nats/auth.conf and in the shop's processes: ORDER_NATS_PASSWORD,
+// …, AUDIT_NATS_PASSWORD, STREAMS_NATS_PASSWORD.
 func PasswordVar(user string) string { return strings.ToUpper(user) + "_NATS_PASSWORD" }
 
-// AuthConfig renders the users of services and the audit user as nats-server configuration (an
-// authorization block), each password as password(user), a value of
+// AuthConfig renders the users of services, the audit user and the stream
+// keeper as nats-server configuration (an authorization block), each password as password(user), a value of
 // nats-server's syntax: deploy/nats/auth.conf passes "$" + PasswordVar(user),
 // which the server reads from its environment; the chaos test passes the
 // passwords themselves, quoted.
@@ -201,7 +250,8 @@ func AuthConfig(services []Access, password func(user string) string, extra ...*
 	for _, a := range services {
 		user(a.User, password(a.User), Permissions(a))
 	}
-	user(AuditUser, password(AuditUser), AuditPermissions(services))
+	user(AuditUser, password(AuditUser), AuditPermissions())
+	user(StreamsUser, password(StreamsUser), StreamsPermissions(services))
 	for _, u := range extra {
 		user(u.Username, strconv.Quote(u.Password), u.Permissions)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,10 +41,14 @@ func TestAuthConfMatchesTheTable(t *testing.T) {
 }
 
 const authConfHeader = `# The NATS users of the shop, included by single.conf and cluster.conf:
-# one user per service, allowed only its own subjects, its own stream and
-# its own durable consumers, and the read-only audit user of shop verify
-# and shop outbox. An anonymous client is refused. Each password comes from
-# the server's environment (ORDER_NATS_PASSWORD, …; docker-compose.yml).
+# one user per service, allowed only its own subjects, to create (never
+# update) its own stream and the streams it reads, and to run its own
+# durable consumers; the read-only audit user of shop verify, shop outbox
+# and the reconciler, which creates no consumer; and the stream keeper
+# (streams), the only user that may update a stream, to restore the shop's
+# configuration. An anonymous client is refused. Each password comes from
+# the server's environment (ORDER_NATS_PASSWORD, …, STREAMS_NATS_PASSWORD;
+# docker-compose.yml).
 #
 # Generated from internal/broker (broker.AuthConfig); do not edit by hand:
 # go test ./internal/broker -run TestAuthConfMatchesTheTable -update
@@ -174,15 +180,9 @@ func TestPermissions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cons.Next(jetstream.FetchMaxWait(2 * time.Second)); err != nil {
+		// By direct get (the stream allows it): no consumer needed.
+		if _, err := st.GetMsg(ctx, st.CachedInfo().State.FirstSeq); err != nil {
 			t.Fatalf("read ORDERS: %v", err)
-		}
-		if err := audit.DeleteConsumer(ctx, "ORDERS", cons.CachedInfo().Name); err != nil {
-			t.Errorf("delete its own ephemeral consumer: %v", err)
 		}
 		short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
@@ -191,6 +191,100 @@ func TestPermissions(t *testing.T) {
 		}
 		if _, err := audit.Publish(short, "orders.x.OrderCreated", nil); err == nil {
 			t.Error("the audit user published into ORDERS")
+		}
+	})
+	t.Run("the audit user creates no consumer, durable or not, and changes no stream", func(t *testing.T) {
+		_, audit := srv.ConnectAs(t, broker.AuditUser)
+		before := consumers(t, admin, "ORDERS")
+		short := func() context.Context {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			t.Cleanup(cancel)
+			return ctx
+		}
+		st, err := audit.Stream(short(), "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.CreateOrUpdateConsumer(short(), jetstream.ConsumerConfig{Durable: "audit-probe", AckPolicy: jetstream.AckExplicitPolicy}); err == nil {
+			t.Error("the audit user created a durable consumer")
+		}
+		if _, err := st.CreateOrUpdateConsumer(short(), jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy}); err == nil {
+			t.Error("the audit user created an ephemeral consumer")
+		}
+		if cons, err := st.OrderedConsumer(short(), jetstream.OrderedConsumerConfig{}); err == nil {
+			if _, err := cons.Next(jetstream.FetchMaxWait(500 * time.Millisecond)); err == nil {
+				t.Error("the audit user read ORDERS through an ordered consumer")
+			}
+		}
+		cfg := st.CachedInfo().Config
+		cfg.MaxAge = time.Hour
+		if _, err := audit.UpdateStream(short(), cfg); err == nil {
+			t.Error("the audit user updated ORDERS")
+		}
+		if _, err := audit.CreateStream(short(), jetstream.StreamConfig{Name: "AUDIT_PROBE", Subjects: []string{"audit-probe.>"}}); err == nil {
+			t.Error("the audit user created a stream")
+		}
+		if after := consumers(t, admin, "ORDERS"); !slices.Equal(after, before) {
+			t.Errorf("consumers on ORDERS: %v, were %v", after, before)
+		}
+	})
+	t.Run("no service can reconfigure a stream, its own included", func(t *testing.T) {
+		// Each a weapon found with a service's own credentials: RePublish
+		// storing a stream's messages in another's subjects, AllowRollup
+		// letting one `Nats-Rollup: all` message empty the stream.
+		// (natstest's streams allow purges, so the server itself would
+		// accept a rollup: only the permission refuses it here.)
+		all := services.All.Access()
+		for i, a := range all {
+			_, js := srv.ConnectAs(t, a.User)
+			other := all[(i+1)%len(all)]
+			for _, target := range []string{a.Stream, other.Stream} {
+				for name, tamper := range map[string]func(*jetstream.StreamConfig){
+					"RePublish": func(c *jetstream.StreamConfig) {
+						c.RePublish = &jetstream.RePublish{Source: ">", Destination: strings.TrimSuffix(other.Subjects[0], ">") + "stolen.>"}
+					},
+					"AllowRollup": func(c *jetstream.StreamConfig) { c.AllowRollup = true },
+				} {
+					cfg := config(t, admin, target)
+					tamper(&cfg)
+					ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+					if _, err := js.UpdateStream(ctx, cfg); err == nil {
+						t.Errorf("%s set %s on %s", a.User, name, target)
+					}
+					cancel()
+					if c := config(t, admin, target); c.RePublish != nil || c.AllowRollup {
+						t.Fatalf("%s: %s has RePublish %+v, AllowRollup %v", a.User, target, c.RePublish, c.AllowRollup)
+					}
+				}
+			}
+		}
+	})
+	t.Run("the stream keeper updates streams and does nothing else", func(t *testing.T) {
+		_, keeper := srv.ConnectAs(t, broker.StreamsUser)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cfg := config(t, admin, "PAYMENT")
+		cfg.MaxAge = 9 * 24 * time.Hour
+		if _, err := keeper.UpdateStream(ctx, cfg); err != nil {
+			t.Fatalf("the keeper could not update PAYMENT: %v", err)
+		}
+		short := func() context.Context {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			t.Cleanup(cancel)
+			return ctx
+		}
+		if _, err := keeper.Publish(short(), "payment.x.PaymentSucceeded", nil); err == nil {
+			t.Error("the keeper published into PAYMENT")
+		}
+		if err := keeper.DeleteStream(short(), "PAYMENT"); err == nil {
+			t.Error("the keeper deleted PAYMENT")
+		}
+		if _, err := keeper.CreateOrUpdateConsumer(short(), "PAYMENT", jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy}); err == nil {
+			t.Error("the keeper created a consumer")
+		}
+		nc := keeper.Conn()
+		if _, err := nc.Request("$JS.API.DIRECT.GET.PAYMENT", []byte(`{"seq":1}`), 300*time.Millisecond); err == nil {
+			t.Error("the keeper read a message of PAYMENT")
 		}
 	})
 	t.Run("a service cannot read another's replies", func(t *testing.T) {
@@ -229,6 +323,33 @@ func TestPermissions(t *testing.T) {
 			t.Fatal("wrong password accepted")
 		}
 	})
+}
+
+func config(t *testing.T, js jetstream.JetStream, stream string) jetstream.StreamConfig {
+	t.Helper()
+	st, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.CachedInfo().Config
+}
+
+func consumers(t *testing.T, js jetstream.JetStream, stream string) []string {
+	t.Helper()
+	st, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := st.ConsumerNames(context.Background())
+	var out []string
+	for n := range names.Name() {
+		out = append(out, n)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func passwordOf(t *testing.T, srv *natstest.Server, user string) string {

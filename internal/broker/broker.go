@@ -24,20 +24,24 @@
 // (a forged OrderCreated, a PaymentSucceeded nobody paid), delete or purge a
 // stream, or pull another service's messages. So every shop service
 // connects as its own NATS user, whose [Permissions] allow what that
-// service does and nothing else: publish its own events, ensure its own
-// stream, run its own durable consumers on the streams it reads. The
-// server refuses the rest with a permissions violation, which the client
-// logs. Each service's [Access] comes from its registry entry
-// (internal/registry); the embedded server of `shop all` gets them as
-// [Users], and deploy/nats/auth.conf is their rendering ([AuthConfig]),
-// which a test holds to the registry.
+// service does and nothing else: publish its own events, create its own
+// stream and the streams it reads when they are missing, run its own
+// durable consumers on the streams it reads. The server refuses the rest
+// with a permissions violation, which the client logs. No service may
+// change a stream's configuration: one service's credentials were enough to
+// make a stream republish into another's or allow a rollup that empties it.
+// Only the stream keeper ([StreamsUser]) updates streams, to hold them to
+// [StreamConfig] ([Drift] says what differs), and the audit user
+// ([AuditUser]) reads without creating anything. Each service's [Access]
+// comes from its registry entry (internal/registry); the embedded server
+// of `shop all` gets them as [Users], and deploy/nats/auth.conf is their
+// rendering ([AuthConfig]), which a test holds to the registry.
 package broker
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -123,72 +127,120 @@ type Limits struct {
 // — with no bound on bytes.
 var DefaultLimits = Limits{MaxAge: 8 * 24 * time.Hour}
 
-// EnsureStream creates the stream of one producing service, or updates it to
-// this configuration: file storage, limits retention (messages stay after
-// they are consumed, so any consumer can replay), the duplicate window,
-// DefaultLimits, and replicas copies (1 on a single server; 3 on a
-// three-node cluster, so the stream survives the loss of a node; durable
-// consumers inherit it).
+// StreamConfig is the shop's configuration of the stream called name: the
+// one every stream of the contract is created with and the one its keeper
+// restores. File storage, limits retention (messages stay after they are
+// consumed, so any consumer can replay), the duplicate window, limits, and
+// replicas copies (1 on a single server; 3 on a three-node cluster, so the
+// stream survives the loss of a node; durable consumers inherit it). Also:
+//
+//   - DenyDelete and DenyPurge: no client may remove a message, whatever
+//     its NATS permissions say; a stream is the only copy of an event once
+//     its outbox row is gone. JetStream refuses to switch either off again,
+//     and refuses rollups on a stream that denies purges, so a message with
+//     `Nats-Rollup: all` cannot empty the stream even for a user who may
+//     update it. Nothing in the shop deletes or purges a stream's messages:
+//     they leave by MaxAge only.
+//   - AllowDirect: the stream audit (internal/verify) reads messages by
+//     direct get, which needs no consumer, so the audit user creates
+//     nothing on the server.
+//   - the limits nats-server would fill in with its own defaults (MaxMsgs,
+//     MaxMsgsPerSubject, MaxMsgSize, MaxConsumers: -1, none), so that the
+//     configuration a server reports for a stream created with it is this
+//     one, field for field, and [Drift] needs no knowledge of the server's
+//     defaults.
+func StreamConfig(name string, replicas int, limits Limits, subjects ...string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              name,
+		Subjects:          subjects,
+		Storage:           jetstream.FileStorage,
+		Retention:         jetstream.LimitsPolicy,
+		Duplicates:        DuplicateWindow,
+		Replicas:          max(replicas, 1),
+		MaxAge:            limits.MaxAge,
+		MaxBytes:          cmpOr(limits.MaxBytes, -1),
+		Discard:           jetstream.DiscardNew,
+		MaxMsgs:           -1,
+		MaxMsgsPerSubject: -1,
+		MaxMsgSize:        -1,
+		MaxConsumers:      -1,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowDirect:       true,
+	}
+}
+
+// EnsureStream creates the stream of one producing service with
+// StreamConfig and DefaultLimits, or restores that configuration where the
+// stream differs from it ([KeepStream]). Only a user that may update
+// streams can restore one: the shop's stream keeper ([StreamsUser]), or a
+// test's.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, replicas int, subjects ...string) (jetstream.Stream, error) {
 	return EnsureStreamWith(ctx, js, name, replicas, DefaultLimits, subjects...)
 }
 
 // EnsureStreamWith is EnsureStream with the given limits.
 func EnsureStreamWith(ctx context.Context, js jetstream.JetStream, name string, replicas int, limits Limits, subjects ...string) (jetstream.Stream, error) {
-	want := streamConfig(name, replicas, limits, subjects)
-	// Look first and change only what differs: every service ensures every
-	// stream it uses at start-up, and an update of a stream while another
-	// process creates a consumer on it is needless churn (nats-server 2.15
-	// even races on it internally).
-	st, err := js.Stream(ctx, name)
-	switch {
-	case err == nil && sameStream(st.CachedInfo().Config, want):
-		return st, nil
-	case err == nil:
-		st, err = js.UpdateStream(ctx, want)
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		st, err = js.CreateStream(ctx, want)
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return EnsureStreamWith(ctx, js, name, replicas, limits, subjects...) // another process created it just now
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("ensure stream %s: %w", name, err)
-	}
-	return st, nil
+	st, _, err := KeepStream(ctx, js, StreamConfig(name, replicas, limits, subjects...))
+	return st, err
 }
 
-// CreateStreamIfMissing returns the stream called name as it is, or
-// creates it with EnsureStreamWith's configuration when it does not exist.
-// It is how a consumer ensures the stream it reads, which its producer owns:
-// a consumer may start first, and only the owner may change the stream (its
-// NATS user may update it; a reader's may only create it).
-func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, name string, replicas int, limits Limits, subjects ...string) (jetstream.Stream, error) {
-	st, err := js.Stream(ctx, name)
+// KeepStream creates the stream want describes when it is missing, or
+// restores want when the stream's configuration drifted (RestoreStream),
+// and returns the stream and the drift it found.
+func KeepStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) (jetstream.Stream, []FieldDrift, error) {
+	st, err := CreateStreamIfMissing(ctx, js, want)
+	if err != nil {
+		return nil, nil, err
+	}
+	return RestoreStream(ctx, js, st, want)
+}
+
+// RestoreStream updates st to want when its configuration (as st was read)
+// drifted from it, and returns the stream and the drift it found (none: it
+// was as wanted, and is left alone: an update while another process creates
+// a consumer on the stream is needless churn, and nats-server 2.15 even
+// races on it internally). An update JetStream refuses is returned as an
+// error, with the drift: some fields cannot be changed back (Sealed,
+// Storage, a Mirror, AllowMsgTTL, …), and such a stream needs an operator.
+func RestoreStream(ctx context.Context, js jetstream.JetStream, st jetstream.Stream, want jetstream.StreamConfig) (jetstream.Stream, []FieldDrift, error) {
+	drift := Drift(st.CachedInfo().Config, want)
+	if len(drift) == 0 {
+		return st, nil, nil
+	}
+	updated, err := js.UpdateStream(ctx, want)
+	if err != nil {
+		return st, drift, fmt.Errorf("restore stream %s %v: %w", want.Name, DriftFields(drift), err)
+	}
+	return updated, drift, nil
+}
+
+// CreateStreamIfMissing returns the stream called cfg.Name as it is, or
+// creates it with cfg when it does not exist. It is how every service
+// ensures its streams, the one it owns and those it reads (a consumer may
+// start before the producer): JetStream never changes an existing stream on
+// a create, so a service leaves no mark on a stream that exists, and no
+// service's NATS user may update one ([Permissions]). What differs is the
+// caller's to report ([Drift]) and the stream keeper's to restore.
+func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, cfg.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		st, err = js.CreateStream(ctx, streamConfig(name, replicas, limits, subjects))
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			st, err = js.Stream(ctx, name) // another process created it just now
-		}
+		st, err = createStream(ctx, js, cfg)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("look up stream %s: %w", name, err)
+		return nil, fmt.Errorf("look up stream %s: %w", cfg.Name, err)
 	}
 	return st, nil
 }
 
-func streamConfig(name string, replicas int, limits Limits, subjects []string) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:       name,
-		Subjects:   subjects,
-		Storage:    jetstream.FileStorage,
-		Retention:  jetstream.LimitsPolicy,
-		Duplicates: DuplicateWindow,
-		Replicas:   max(replicas, 1),
-		MaxAge:     limits.MaxAge,
-		MaxBytes:   cmpOr(limits.MaxBytes, -1),
-		Discard:    jetstream.DiscardNew,
+// createStream creates the stream cfg describes; one that another process
+// created just now is returned as it is.
+func createStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := js.CreateStream(ctx, cfg)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return js.Stream(ctx, cfg.Name)
 	}
+	return st, err
 }
 
 func cmpOr(n, alt int64) int64 {
@@ -196,10 +248,4 @@ func cmpOr(n, alt int64) int64 {
 		return alt
 	}
 	return n
-}
-
-func sameStream(have, want jetstream.StreamConfig) bool {
-	return slices.Equal(have.Subjects, want.Subjects) && have.Storage == want.Storage &&
-		have.Retention == want.Retention && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
-		have.MaxAge == want.MaxAge && have.MaxBytes == want.MaxBytes && have.Discard == want.Discard
 }

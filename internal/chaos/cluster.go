@@ -73,6 +73,7 @@ func newCluster(ctx context.Context, t testing.TB, bin, dir string, n int) *clus
 		c.passwords[name] = rand.Text()
 	}
 	c.passwords[broker.AuditUser] = rand.Text()
+	c.passwords[broker.StreamsUser] = rand.Text()
 	for i := 1; i <= n; i++ {
 		nd := &node{c: c, name: fmt.Sprintf("n%d", i), dir: filepath.Join(dir, fmt.Sprintf("n%d", i)),
 			port: freePort(t), clusterPort: freePort(t), httpPort: freePort(t)}

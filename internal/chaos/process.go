@@ -184,6 +184,13 @@ func (s *slot) startLocked(job fpJob) (<-chan error, error) {
 		strings.ToUpper(s.service)+"_ADDR="+s.addr,
 		broker.PasswordVar(s.service)+"="+s.h.nats.passwords[s.service], // its own NATS user, no other's
 		failpoint.EnvVar+"="+job.spec)
+	if s.service == "order" {
+		// As docker-compose.yml: the stream keeper runs where the
+		// reconciler does, and restores what the run does to a stream's
+		// configuration (an empty cluster's streams are created anew by
+		// the services, with the shop's).
+		cmd.Env = append(cmd.Env, broker.PasswordVar(broker.StreamsUser)+"="+s.h.nats.passwords[broker.StreamsUser])
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()

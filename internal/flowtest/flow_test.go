@@ -183,7 +183,8 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 	consumer := consumerSide(t)
 	srv, _ := natstest.NewSecuredFor(t, []broker.Access{evAccess})
 	_, js := srv.ConnectAs(t, evAccess.User)
-	stream, err := js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
+	// Created, not updated: a service's user may not update a stream.
+	stream, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
 		Name: "EV", Subjects: []string{"ev.>"}, Duplicates: 100 * time.Millisecond,
 	})
 	if err != nil {

@@ -68,13 +68,13 @@ func New(t testing.TB, opts ...broker.Option) *Server {
 const AdminUser = "test-admin"
 
 // NewSecured starts a server, as New, that requires the NATS users of
-// services (the shop's: services.All.Access()) and broker.AuditUser, with
-// random passwords, and AdminUser: an anonymous client is refused. It
-// returns the server and the passwords by user name; Connect connects as
-// AdminUser, ConnectAs as any user.
+// services (the shop's: services.All.Access()), broker.AuditUser and
+// broker.StreamsUser, with random passwords, and AdminUser: an anonymous
+// client is refused. It returns the server and the passwords by user name;
+// Connect connects as AdminUser, ConnectAs as any user.
 func NewSecured(t testing.TB, services []broker.Access, opts ...broker.Option) (*Server, map[string]string) {
 	t.Helper()
-	passwords := map[string]string{broker.AuditUser: rand.Text()}
+	passwords := map[string]string{broker.AuditUser: rand.Text(), broker.StreamsUser: rand.Text()}
 	for _, a := range services {
 		passwords[a.User] = rand.Text()
 	}
@@ -220,12 +220,19 @@ func (s *Server) connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jetstre
 	return nc, js
 }
 
-// Stream creates a stream for test subjects.
+// Stream creates a stream for test subjects with the shop's configuration
+// (broker.StreamConfig), or updates one to it, but for one thing: a test may
+// delete or purge its messages, to play a broker that lost them (the
+// shop's streams deny both, and JetStream never lets a stream allow them
+// again). The user of js must be allowed to update the stream when it
+// exists with another configuration: AdminUser, or an open server's.
 func (s *Server) Stream(t testing.TB, js jetstream.JetStream, name string, subjects ...string) jetstream.Stream {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := broker.EnsureStream(ctx, js, name, 1, subjects...)
+	cfg := broker.StreamConfig(name, 1, broker.DefaultLimits, subjects...)
+	cfg.DenyDelete, cfg.DenyPurge = false, false
+	st, _, err := broker.KeepStream(ctx, js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

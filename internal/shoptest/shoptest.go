@@ -103,7 +103,8 @@ func Start(t testing.TB) *Shop {
 
 // StartFor runs every service of reg against a throwaway database and a
 // test NATS server that requires each service's own user (the audit user's
-// password is in Env too), on free loopback ports, with the fake payment
+// and the stream keeper's passwords are in Env too: the shop keeps its
+// streams), on free loopback ports, with the fake payment
 // provider on, until the test ends; it returns once every service is ready.
 func StartFor(t testing.TB, reg registry.Registry) *Shop {
 	t.Helper()
@@ -116,6 +117,7 @@ func StartFor(t testing.TB, reg registry.Registry) *Shop {
 		"PAYMENT_FAKE_PROVIDER": "true",      // loadgen pays through /simulate
 	}
 	vars[broker.PasswordVar(broker.AuditUser)] = passwords[broker.AuditUser]
+	vars[broker.PasswordVar(broker.StreamsUser)] = passwords[broker.StreamsUser]
 	for _, name := range reg.Names() {
 		vars[strings.ToUpper(name)+"_ADDR"] = FreeAddr(t)
 		vars[broker.PasswordVar(name)] = passwords[name]

@@ -3,15 +3,20 @@ package verify
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/shop-ref/shop/internal/registry"
 )
 
@@ -39,7 +44,7 @@ type StreamAudit struct {
 	Service, Stream string
 	Published       int    // events the outbox marked published in the window: those looked for
 	Older           int    // published in the window too, but beyond AuditConfig.Newest: not looked for
-	Scanned         int    // stream messages read (headers only)
+	Scanned         int    // stream messages read
 	Lost            []Lost // in aggregate and sequence order
 	// Err, when set, says why the stream could not be read (NATS
 	// unreachable, no such stream): nothing of it was audited, which is
@@ -85,17 +90,17 @@ const clockSkew = time.Minute
 // What it reads, per service: the window's outbox rows (event id,
 // aggregate, sequence; by the partial index on published_at; the newest
 // cfg.Newest when that is set) into memory, about 100 bytes each; then one
-// pass over the stream in sequence order
-// with an ordered consumer that delivers headers only, from the window's
-// earliest occurred_at (less a minute for the clocks of database and broker)
-// up to the stream's last sequence, stopping early once every event was
-// found. Its cost grows with the messages stored since the window began
+// pass over the stream in sequence order, by direct get in batches (scan:
+// it creates nothing on the server), from the window's earliest
+// occurred_at (less a minute for the clocks of database and broker) up to
+// the stream's last sequence, stopping early once every event was found.
+// Its cost grows with the messages stored since the window began
 // (republished copies included), not with the number of subjects: on the
-// development machine 0.06–0.1 s per 10,000 events and 0.65–1.0 s per
-// 100,000, outbox read included (docs/performance.md, "Auditing the
-// streams"; `make bench` row 9 measures it). A database error stops
-// it; a stream that cannot be read is reported in that service's
-// StreamAudit.Err.
+// development machine about 0.2 s per 10,000 events of 1 KiB and 2.1 s
+// per 100,000, outbox read included, two to three times what the ordered
+// consumer it replaced took (docs/performance.md, "Auditing the streams").
+// A database error stops it; a stream that cannot be read is reported in
+// that service's StreamAudit.Err.
 func AuditStreams(ctx context.Context, shop Shop, js jetstream.JetStream, cfg AuditConfig) ([]StreamAudit, error) {
 	if cfg.Window <= 0 {
 		return nil, errors.New("audit streams: no window (the outbox retention)")
@@ -192,72 +197,208 @@ func auditStream(ctx context.Context, db *pgxpool.Pool, js jetstream.JetStream, 
 	return a, nil
 }
 
-// scan reads stream's messages from from on, headers only, and deletes
-// each Nats-Msg-Id it meets from missing. It stops at the stream's last
-// sequence as it was when the scan began, when no message is left, or when
-// missing is empty, and returns how many messages it read.
+// scan reads stream's messages from from on and deletes each Nats-Msg-Id it
+// meets from missing. It stops at the stream's last sequence as it was when
+// the scan began, when no message is left, or when missing is empty, and
+// returns how many messages it read.
+//
+// It creates nothing on the server: the audit user may not create a
+// consumer, not even an ephemeral one (broker.AuditPermissions). It reads
+// by JetStream's direct get (the stream's AllowDirect,
+// broker.StreamConfig), in batches of scanBatch: one request to
+// $JS.API.DIRECT.GET.<stream>, answered by one of the stream's replicas
+// with the messages, each with its sequence, and an end-of-batch status
+// (nats-server 2.11 and later; ADR-31). The first batch starts at from
+// ({"start_time"}), each next one after the last sequence read. A replica
+// answers direct gets once it has nearly caught up with the stream (90% in
+// nats-server 2.15), so one that lags may end the stream early: when the
+// batches end before the last sequence, the rest is read from the stream's
+// leader, a message at a time ($JS.API.STREAM.MSG.GET), which usually only
+// says that nothing is left (the newest messages were deleted). A server
+// older than 2.11 answers one message per request and ignores the start
+// time: the scan is then correct but reads the stream from its first
+// message, one request each.
 func scan(ctx context.Context, js jetstream.JetStream, stream string, from time.Time, missing map[uuid.UUID]int) (int, error) {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return 0, fmt.Errorf("stream %s: %w", stream, err)
 	}
-	last := st.CachedInfo().State.LastSeq
-	if st.CachedInfo().State.Msgs == 0 {
+	info := st.CachedInfo()
+	if info.State.Msgs == 0 {
 		return 0, nil
 	}
-	// An ephemeral consumer: it shows in the stream's consumer list, with
-	// the rest of the window as its pending count, for as long as it lives
-	// (anything that sums the consumers' backlog would count it; the order
-	// service's admission control counts only the saga's own). So it is
-	// deleted at the end, and the server removes it by itself after a few
-	// idle seconds if this process dies first.
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
-		OptStartTime:      &from,
-		HeadersOnly:       true,
-		InactiveThreshold: 10 * time.Second,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("stream %s: ordered consumer: %w", stream, err)
+	api := cmp.Or(js.Options().APIPrefix, jetstream.DefaultAPIPrefix)
+	if !strings.HasSuffix(api, ".") {
+		api += "."
 	}
-	msgs, err := cons.Messages(jetstream.PullMaxMessages(1000))
-	if err != nil {
-		return 0, fmt.Errorf("stream %s: read: %w", stream, err)
-	}
-	defer func() {
-		msgs.Stop()
-		if info := cons.CachedInfo(); info != nil {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = js.DeleteConsumer(ctx, stream, info.Name) // else InactiveThreshold
+	sc := &scanner{nc: js.Conn(), api: api, stream: stream, last: info.State.LastSeq, missing: missing}
+	more := true
+	for more && !sc.done {
+		req := directGetRequest{Seq: sc.next, NextFor: ">", Batch: scanBatch, MaxBytes: scanBatchBytes}
+		if sc.next == 0 {
+			req.StartTime = &from
 		}
-	}()
-	// A consumer that starts after the last message has nothing to deliver,
-	// and Next would wait for the next publish: ask first.
-	info, err := cons.Info(ctx)
+		if more, err = sc.direct(ctx, req); err != nil {
+			return sc.read, fmt.Errorf("stream %s: %w", stream, err)
+		}
+	}
+	for !sc.done {
+		req := directGetRequest{Seq: sc.next, NextFor: ">"}
+		if sc.next == 0 {
+			req.StartTime = &from
+		}
+		if err := sc.fromLeader(ctx, req); err != nil {
+			return sc.read, fmt.Errorf("stream %s: %w", stream, err)
+		}
+	}
+	return sc.read, nil
+}
+
+// A direct get batch: at most scanBatch messages and about scanBatchBytes
+// (the server stops after the message that passes it). A batch is held
+// whole by the client while it is read, so the two bound the memory of a
+// scan whatever the stream holds.
+const (
+	scanBatch      = 1000
+	scanBatchBytes = 8 << 20
+)
+
+// directGetRequest is the body of a JetStream message get, direct or from
+// the leader (nats-server's JSApiMsgGetRequest): the message at or after
+// Seq, or after StartTime, whose subject matches NextFor; Batch and
+// MaxBytes, for direct gets only, ask for several.
+type directGetRequest struct {
+	Seq       uint64     `json:"seq,omitempty"`
+	StartTime *time.Time `json:"start_time,omitempty"`
+	NextFor   string     `json:"next_by_subj,omitempty"`
+	Batch     int        `json:"batch,omitempty"`
+	MaxBytes  int        `json:"max_bytes,omitempty"`
+}
+
+// scanner is one scan's progress.
+type scanner struct {
+	nc      *nats.Conn
+	api     string // "$JS.API."
+	stream  string
+	last    uint64 // the stream's last sequence when the scan began
+	missing map[uuid.UUID]int
+
+	read int    // messages read
+	next uint64 // the sequence to read from; 0: from the scan's start time
+	done bool   // at last, or nothing missing any more, or nothing left
+}
+
+// see notes the message at seq with headers h.
+func (sc *scanner) see(seq uint64, h nats.Header) {
+	sc.read++
+	if id, err := uuid.Parse(h.Get(jetstream.MsgIDHeader)); err == nil {
+		delete(sc.missing, id)
+	}
+	sc.next = seq + 1
+	sc.done = seq >= sc.last || len(sc.missing) == 0
+}
+
+// direct reads one batch of direct gets and reports whether the replica
+// that answered holds more after it.
+func (sc *scanner) direct(ctx context.Context, req directGetRequest) (more bool, err error) {
+	body, err := json.Marshal(req)
 	if err != nil {
-		return 0, fmt.Errorf("stream %s: consumer info: %w", stream, err)
+		return false, err
 	}
-	if info.NumPending == 0 && info.Delivered.Consumer == 0 {
-		return 0, nil
+	inbox := sc.nc.NewInbox()
+	sub, err := sc.nc.SubscribeSync(inbox)
+	if err != nil {
+		return false, fmt.Errorf("direct get: %w", err)
 	}
-	n := 0
-	for len(missing) > 0 {
-		m, err := msgs.Next(jetstream.NextContext(ctx))
+	defer sub.Unsubscribe()
+	// The batch arrives as fast as the server sends it; a client-side limit
+	// would drop messages of it, which would look lost. scanBatch and
+	// scanBatchBytes bound it instead.
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		return false, fmt.Errorf("direct get: %w", err)
+	}
+	if err := sc.nc.PublishRequest(sc.api+"DIRECT.GET."+sc.stream, inbox, body); err != nil {
+		return false, fmt.Errorf("direct get: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got := 0
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if errors.Is(err, nats.ErrNoResponders) {
+			return false, fmt.Errorf("direct get: %w: the stream does not allow direct gets "+
+				"(AllowDirect, which the shop's stream keeper restores: STREAMS_NATS_PASSWORD)", err)
+		}
 		if err != nil {
-			return n, fmt.Errorf("stream %s: read: %w", stream, err)
+			return false, fmt.Errorf("direct get: %w", err)
 		}
-		n++
-		if id, err := uuid.Parse(m.Headers().Get(jetstream.MsgIDHeader)); err == nil {
-			delete(missing, id)
-		}
-		md, err := m.Metadata()
-		if err != nil {
-			return n, fmt.Errorf("stream %s: message metadata: %w", stream, err)
-		}
-		if md.Sequence.Stream >= last || md.NumPending == 0 {
-			break
+		switch status := m.Header.Get("Status"); status {
+		case "":
+			seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+			if err != nil {
+				return false, fmt.Errorf("direct get: a message without its sequence (%s): %w", jetstream.SequenceHeader, err)
+			}
+			got++
+			sc.see(seq, m.Header)
+			if sc.done {
+				return false, nil // the rest of the batch goes with the subscription
+			}
+			if m.Header.Get(numPendingHeader) == "" {
+				return true, nil // a server before 2.11: one message per request, no end of batch
+			}
+		case "204": // end of batch: how many the replica holds after it
+			pending, err := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+			return got > 0 && (err != nil || pending > 0), nil
+		case "404": // nothing at or after the sequence asked for
+			return false, nil
+		default:
+			return false, fmt.Errorf("direct get: %s %s", status, m.Header.Get("Description"))
 		}
 	}
-	return n, nil
+}
+
+// numPendingHeader is on every message of a direct get batch (and on its
+// end): how many messages follow.
+const numPendingHeader = "Nats-Num-Pending"
+
+// fromLeader reads one message from the stream's leader, and notes that
+// nothing is left when it has none.
+func (sc *scanner) fromLeader(ctx context.Context, req directGetRequest) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	reply, err := sc.nc.RequestWithContext(ctx, sc.api+"STREAM.MSG.GET."+sc.stream, body)
+	if err != nil {
+		return fmt.Errorf("message get: %w", err)
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Sequence uint64 `json:"seq"`
+			Header   []byte `json:"hdrs"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return fmt.Errorf("message get: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		sc.done = true
+		return nil
+	case resp.Error != nil:
+		return fmt.Errorf("message get: %w", resp.Error)
+	case resp.Message == nil:
+		return errors.New("message get: an answer without a message")
+	}
+	h := nats.Header{}
+	if len(resp.Message.Header) > 0 {
+		if h, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
+			return fmt.Errorf("message get: headers: %w", err)
+		}
+	}
+	sc.see(resp.Message.Sequence, h)
+	return nil
 }

@@ -9,7 +9,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
@@ -179,6 +181,93 @@ func TestAuditStreams(t *testing.T) {
 		r.Write(&b)
 		if r.OK() || !strings.Contains(b.String(), "inventory: not audited (1 published events unchecked)") {
 			t.Fatalf("report:\n%s", b.String())
+		}
+	})
+}
+
+// The audit reads a stream of several direct get batches as the audit
+// user, who may create no consumer: every message is read once, a message
+// deleted in the middle or at a batch's edge is lost, and the server is
+// left as it was. A stream that does not allow direct gets is not a pass,
+// and the error says what restores it.
+func TestAuditStreamsReadsBatchesAsTheAuditUser(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	order := pgtest.New(t, order.Registration.Sets()...).Pool
+	pools := verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{"order": order}}
+	srv, _ := natstest.NewSecured(t, services.All.Access())
+	_, admin := srv.Connect(t)
+	_, audit := srv.ConnectAs(t, broker.AuditUser)
+	st := srv.Stream(t, admin, "ORDERS", "orders.>")
+
+	const n = 2500 // two full batches and a half
+	ids := make([]uuid.UUID, n)
+	aggs := make([]string, n)
+	for i := range ids {
+		ids[i], aggs[i] = uuid.Must(uuid.NewV7()), uuid.NewString()
+	}
+	if _, err := order.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+		schema_version, subject, payload, occurred_at, published_at)
+		SELECT id, 'order', agg, 1, 'OrderCreated', 1, 'orders.' || agg || '.OrderCreated', '{}',
+		       now() - interval '1 minute', now() - interval '1 minute'
+		FROM unnest($1::uuid[], $2::text[]) AS e(id, agg)`, ids, aggs); err != nil {
+		t.Fatal(err)
+	}
+	natstest.PublishAll(t, admin, n, func(i int) (*nats.Msg, string) {
+		return natstest.Event{ID: ids[i], Prefix: "orders", AggregateType: "order", AggregateID: aggs[i],
+			Type: "OrderCreated", Seq: 1, Payload: map[string]string{}}.Msg(t), ids[i].String()
+	})
+	// Sequence i+1 is event i: one lost in the middle of a batch, one
+	// where the second batch begins.
+	for _, seq := range []uint64{700, 1001} {
+		if err := st.DeleteMsg(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	audits, err := verify.AuditStreams(ctx, pools, audit, verify.AuditConfig{Window: time.Hour, Services: []string{"order"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := audits[0]
+	var lost []uuid.UUID
+	for _, l := range a.Lost {
+		lost = append(lost, l.EventID)
+	}
+	slices.SortFunc(lost, func(x, y uuid.UUID) int { return strings.Compare(x.String(), y.String()) })
+	if want := []uuid.UUID{ids[699], ids[1000]}; a.Err != nil || !slices.Equal(lost, want) || a.Scanned != n-2 || a.Published != n {
+		t.Fatalf("err %v, lost %v (want %v), read %d of %d published (want %d)", a.Err, lost, want, a.Scanned, a.Published, n-2)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Consumers != 0 {
+		t.Errorf("the audit left %d consumers on ORDERS", info.State.Consumers)
+	}
+
+	t.Run("without direct get", func(t *testing.T) {
+		cfg := info.Config
+		cfg.Name, cfg.Subjects, cfg.AllowDirect = "PAYMENT", []string{"payment.>"}, false
+		if _, err := admin.CreateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		pay := pgtest.New(t, payment.Registration.Sets()...).Pool
+		id := uuid.Must(uuid.NewV7())
+		natstest.Publish(t, admin, natstest.Event{ID: id, Prefix: "payment", AggregateType: "order", AggregateID: "o-1",
+			Type: "PaymentSucceeded", Seq: 1, Payload: map[string]string{}}.Msg(t))
+		if _, err := pay.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+			schema_version, subject, payload, occurred_at, published_at)
+			VALUES ($1, 'order', 'o-1', 1, 'PaymentSucceeded', 1, 'payment.o-1.PaymentSucceeded', '{}',
+			        now() - interval '1 minute', now() - interval '1 minute')`, id); err != nil {
+			t.Fatal(err)
+		}
+		audits, err := verify.AuditStreams(ctx, verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{"payment": pay}}, audit,
+			verify.AuditConfig{Window: time.Hour, Services: []string{"payment"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := audits[0]; a.Err == nil || !strings.Contains(a.Err.Error(), "AllowDirect") {
+			t.Fatalf("%+v, want an error naming AllowDirect", a)
 		}
 	})
 }
