@@ -47,7 +47,7 @@ func listenDashboard(cfg Config, log *slog.Logger) (net.Listener, error) {
 func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[string]string, log *slog.Logger) error {
 	defer ln.Close()
 	log = log.With("service", "dashboard")
-	shop, closePools, err := OpenShop(ctx, cfg, 2)
+	shop, closePools, err := OpenShop(ctx, cfg, ShopPoolSize)
 	if err != nil {
 		return fmt.Errorf("dashboard: %w", err)
 	}

@@ -40,7 +40,7 @@ const ReconcileInterval = time.Minute
 // schemas. Copies run it one at a time (the lock in leader.go). close
 // releases the pools and the lock.
 func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (job *reconcile.Job, close func(), err error) {
-	shop, closeShop, err := OpenShop(ctx, cfg, 2)
+	shop, closeShop, err := OpenShop(ctx, cfg, ShopPoolSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}

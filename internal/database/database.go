@@ -69,6 +69,11 @@ func NewPool(ctx context.Context, connString, schema string, maxConns int32) (*p
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	// Named, so that pg_stat_activity shows which service holds how many
+	// connections (the budget in docs/operations.md is measured so).
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "shop " + schema
+	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}

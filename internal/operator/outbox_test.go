@@ -235,7 +235,7 @@ func TestOutbox(t *testing.T) {
 		if inv := statusOf(t, cli)["inventory"]; inv.Parked != 1 || inv.OldestParkedSeconds < 90 {
 			t.Errorf("inventory status: %+v, want 1 parked, 90 s old", inv)
 		}
-		if out := cli.ok("outbox", "status"); !strings.Contains(out, "PARKED") || !strings.Contains(out, "CONFLICTS") {
+		if out := cli.ok("outbox", "status"); !strings.Contains(out, "PARKED") || !strings.Contains(out, "CONFLICTS") || !strings.Contains(out, "RETRYING") {
 			t.Errorf("status lacks the parked and conflict columns:\n%s", out)
 		}
 		out := cli.ok("outbox", "parked", "list")

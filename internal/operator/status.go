@@ -18,7 +18,9 @@ type serviceStatus struct {
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
 	Dead                 int64   `json:"dead"`
 	DeadLetters          int64   `json:"dead_letters"`
-	Conflicts            int64   `json:"conflicts"` // among the open dead letters
+	Conflicts            int64   `json:"conflicts"`     // among the open dead letters
+	Retrying             int64   `json:"retrying"`      // events a consumer failed on and will try again
+	MostAttempts         int64   `json:"most_attempts"` // the failed attempts of the most retried of them
 	Parked               int64   `json:"parked"`
 	OldestParkedSeconds  float64 `json:"oldest_parked_seconds"`
 }
@@ -51,6 +53,10 @@ func (c *command) status(ctx context.Context, args []string) error {
 			FROM dead_letters WHERE resolved_at IS NULL`).Scan(&s.DeadLetters, &s.Conflicts); err != nil {
 			return fmt.Errorf("%s: count dead letters: %w", name, err)
 		}
+		if err := p.QueryRow(ctx, `SELECT count(*), coalesce(max(attempts), 0) FROM inbox_failures`).
+			Scan(&s.Retrying, &s.MostAttempts); err != nil {
+			return fmt.Errorf("%s: count retried events: %w", name, err)
+		}
 		n, oldest, err := inbox.ParkedStats(ctx, p, "")
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
@@ -65,7 +71,7 @@ func (c *command) status(ctx context.Context, args []string) error {
 		return c.printJSON(out)
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "SERVICE\tPENDING\tOLDEST PENDING\tDEAD\tDEAD LETTERS\tCONFLICTS\tPARKED\tOLDEST PARKED")
+	fmt.Fprintln(tw, "SERVICE\tPENDING\tOLDEST PENDING\tDEAD\tDEAD LETTERS\tCONFLICTS\tRETRYING\tMOST ATTEMPTS\tPARKED\tOLDEST PARKED")
 	age := func(n int64, seconds float64) string {
 		if n == 0 {
 			return "-"
@@ -73,8 +79,8 @@ func (c *command) status(ctx context.Context, args []string) error {
 		return cli.RoundDuration(time.Duration(seconds * float64(time.Second))).String()
 	}
 	for _, s := range out {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%s\n", s.Service, s.Pending, age(s.Pending, s.OldestPendingSeconds),
-			s.Dead, s.DeadLetters, s.Conflicts, s.Parked, age(s.Parked, s.OldestParkedSeconds))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Service, s.Pending, age(s.Pending, s.OldestPendingSeconds),
+			s.Dead, s.DeadLetters, s.Conflicts, s.Retrying, s.MostAttempts, s.Parked, age(s.Parked, s.OldestParkedSeconds))
 	}
 	return tw.Flush()
 }

@@ -209,8 +209,17 @@ type Domain interface {
 // applying events with handler: its name, stream, filter and handled types,
 // and the shop's windows, logger, tracer and hooks. The service sets what
 // is its own (Workers, BatchSize) on the result.
+// ConsumerWorkers is the Workers of every consumer of the shop. A worker
+// applies up to BatchSize deliveries in one transaction, so two keep a
+// consumer's share of two cores busy; each costs a Postgres connection
+// (a consumer needs Workers+2), and the connection budget
+// (docs/operations.md) is what lets several copies of every service share
+// one default Postgres.
+const ConsumerWorkers = 2
+
 func (d Deps) Inbox(c Consumer, handler inbox.HandlerFunc) inbox.Config {
 	cfg := inbox.Config{
+		Workers: ConsumerWorkers,
 		Name:    c.Name,
 		Stream:  c.Stream,
 		Handler: handler,

@@ -111,9 +111,14 @@ func (c Customers) payOne(ctx context.Context, sku, via string) (Paid, error) {
 	}
 	p.OrderID = o.OrderID
 	get := func() error {
-		st, _, b, err := c.send(ctx, http.MethodGet, c.OrderURL+"/orders/"+o.OrderID, nil, nil)
+		st, h, b, err := c.send(ctx, http.MethodGet, c.OrderURL+"/orders/"+o.OrderID, nil, nil)
 		if err != nil {
 			return fmt.Errorf("GET /orders/%s: %w", o.OrderID, err)
+		}
+		if st == http.StatusServiceUnavailable {
+			// Retryable by the contract (x-retryable); the customer looks
+			// again after Retry-After, as at any other poll.
+			return sleep(ctx, retryAfter(h))
 		}
 		if st != http.StatusOK || json.Unmarshal(b, &o) != nil {
 			return fmt.Errorf("GET /orders/%s: %d %s", o.OrderID, st, b)

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -126,10 +127,20 @@ func StartFor(t testing.TB, reg registry.Registry) *Shop {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// SHOPTEST_LOG=file keeps the shop's log, to see why a test failed.
+	var logTo io.Writer = io.Discard
+	if path := os.Getenv("SHOPTEST_LOG"); path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		logTo = f
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- app.Run(ctx, cfg, reg.Names(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		done <- app.Run(ctx, cfg, reg.Names(), slog.New(slog.NewTextHandler(logTo, nil)))
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -73,3 +73,33 @@ func TestParkedAndConflictsAreReportedUntilDiscarded(t *testing.T) {
 		t.Errorf("after the discards: %q %q, want none", v[parked], v[dead])
 	}
 }
+
+// An event a consumer keeps failing on is named before the consumer gives
+// up on it: more than three failed attempts are a violation, fewer are not.
+func TestEventsRetriedOftenAreReported(t *testing.T) {
+	t.Parallel()
+	pools := shoptest.Schemas(t, services.All)
+	ctx := context.Background()
+	often, twice := uuid.New(), uuid.New()
+	for id, attempts := range map[uuid.UUID]int{often: 4, twice: 2} {
+		if _, err := pools.Pools["payment"].Exec(ctx, `INSERT INTO inbox_failures
+			(consumer_name, event_id, attempts, first_failed_at, last_failed_at, last_error)
+			VALUES ('payment-orders', $1, $2, now(), now(), 'the provider is down')`, id, attempts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := verify.Run(ctx, pools, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "payment: no event retried more than 3 times"
+	for _, c := range rep.Checks {
+		if c.Name == name {
+			if len(c.Violations) != 1 || !strings.Contains(c.Violations[0], often.String()+" failed 4 times") {
+				t.Errorf("%s: %q, want the event that failed 4 times alone", name, c.Violations)
+			}
+			return
+		}
+	}
+	t.Fatalf("no check %q in %+v", name, rep.Checks)
+}

@@ -121,6 +121,12 @@ type options struct {
 // mean it is not coming by itself.
 const parkedTooLong = 5 * time.Minute
 
+// retriedTooOften is how many failed attempts at one event a consumer may
+// have made before verify reports it: an event that failed this often
+// fails for a reason of its own, and the consumer will dead-letter it at
+// its MaxDeliver; an operator wants to know before.
+const retriedTooOften = 3
+
 // WithStreams adds invariant 3 as the broker sees it: every event an
 // outbox marked published within the retention is still held by its
 // service's stream on js (AuditStreams, whose doc says what it reads and
@@ -264,6 +270,10 @@ func (v *run) delivery() {
 			SELECT consumer_name || ': ' || CASE WHEN conflict_with IS NOT NULL THEN 'CONFLICT ' ELSE '' END ||
 			       subject || ': ' || error FROM dead_letters
 			WHERE resolved_at IS NULL ORDER BY id`))
+		v.check(3, fmt.Sprintf("%s: no event retried more than %d times", s, retriedTooOften), v.rows(s, `
+			SELECT consumer_name || ': event ' || event_id || ' failed ' || attempts || ' times since ' ||
+			       to_char(first_failed_at, 'YYYY-MM-DD"T"HH24:MI:SS') || ': ' || last_error
+			FROM inbox_failures WHERE attempts > $1 ORDER BY first_failed_at`, retriedTooOften))
 		// An event parked this long waits for an earlier one of its
 		// aggregate that is not coming by itself: dead, lost or never
 		// written (a forged message).

@@ -124,12 +124,20 @@
 //   - Transient errors: a failed handler (an error, a panic, a failed
 //     commit) is rolled back, counted in inbox_failures and redelivered with
 //     exponential backoff and full jitter; after Config.MaxDeliver failures
-//     the message becomes a dead letter. When the database fails before the
-//     handler runs (down, out of connections), the message is retried the
-//     same way without counting, so an outage creates no dead letters.
-//   - Poison: a message that breaks the header contract, or whose handler
-//     returns [Poison], is a dead letter at once and terminated in JetStream.
-//     Dead letters keep subject, headers and payload; [RequeueDeadLetter]
+//     the message becomes a dead letter. Only an outage is retried without
+//     counting: the database unreachable, out of connections or shutting
+//     down, a statement cancelled, a serialization failure or deadlock. So
+//     an outage creates no dead letters, and no message is retried for
+//     ever: any other failure of the inbox's own statements counts like a
+//     handler's.
+//   - Poison: a message that breaks the header contract (ids and types
+//     must be UTF-8 without NUL and at most 1 KiB, Aggregate-Seq at most
+//     2⁶³−2, the subject <source>.<Aggregate-Id>.<Event-Type>), one whose
+//     values the inbox tables refuse (SQLSTATE class 22), or one whose
+//     handler returns [Poison], is a dead letter at once and terminated in
+//     JetStream. Dead letters keep subject, headers and payload (what
+//     Postgres cannot hold, NUL and invalid UTF-8, as U+FFFD; the payload
+//     byte for byte); [RequeueDeadLetter]
 //     sends one back through the very same steps, with its original event id
 //     and nothing republished to NATS.
 //

@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -19,6 +23,10 @@ import (
 // attempts reached MaxDeliver.
 func (c *Consumer) failed(ctx context.Context, d *delivery, meta *jetstream.MsgMetadata, cause error) {
 	log := c.log.With("subject", d.msg.Subject(), "event_id", d.m.EventID, "stream_seq", meta.Sequence.Stream)
+	var a attemptError
+	if !errors.As(cause, &a) && !errors.Is(cause, ErrPoison) && dataError(cause) {
+		cause = Poison(fmt.Errorf("the inbox tables cannot hold this message: %w", cause))
+	}
 	if !counts(cause) {
 		// The inbox steps before the handler failed: the database is down
 		// or overloaded. Retry, but do not count it: an outage must not turn
@@ -61,11 +69,51 @@ func (e attemptError) Error() string { return e.err.Error() }
 
 func (e attemptError) Unwrap() error { return e.err }
 
-// counts reports whether a failure is the handler's (an attempt) or poison,
-// as opposed to the database failing around it.
+// counts reports whether a failure counts towards MaxDeliver: the
+// handler's (an attempt), poison, or anything else that is not the
+// database failing around the message. Only an outage waits uncounted;
+// a failure of the inbox's own steps that is about the message (a value
+// the tables refuse) would otherwise be retried for ever.
 func counts(err error) bool {
 	var a attemptError
-	return errors.Is(err, ErrPoison) || errors.As(err, &a)
+	return errors.Is(err, ErrPoison) || errors.As(err, &a) || !outage(err)
+}
+
+// outage reports whether err is the database failing rather than the
+// statement: unreachable, the connection lost, out of connections or
+// resources, shutting down or starting, a statement cancelled or timed
+// out, or two transactions colliding (serialization, deadlock), which a
+// retry resolves. The consumer's own context ending is one too.
+func outage(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", // connection exception
+			"40", // transaction rollback: serialization failure, deadlock
+			"53", // insufficient resources: too many connections, disk full
+			"57", // operator intervention: shutdown, starting up, query cancelled
+			"58": // system error: I/O
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &netErr) || errors.As(err, &connErr) || pgconn.Timeout(err) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed)
+}
+
+// dataError reports whether err is Postgres refusing a value (SQLSTATE
+// class 22: out of range, not valid in the encoding, …) or pgx unable to
+// encode one: in the inbox's own steps, a message whose values the tables
+// cannot hold, which no retry changes.
+func dataError(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "22")
+	}
+	return strings.Contains(err.Error(), "unable to encode")
 }
 
 // backoff is the delay before attempt+1: exponential, capped, with full
@@ -96,7 +144,7 @@ type letter struct {
 
 // letterOf is the letter of a delivery.
 func letterOf(d *delivery, meta *jetstream.MsgMetadata) letter {
-	return letter{stream: meta.Stream, streamSeq: meta.Sequence.Stream, subject: d.msg.Subject(),
+	return letter{stream: meta.Stream, streamSeq: meta.Sequence.Stream, subject: storable(d.msg.Subject()),
 		header: d.msg.Headers(), data: d.msg.Data(), m: d.m}
 }
 
@@ -123,7 +171,7 @@ func (c *Consumer) recordFailure(ctx context.Context, l letter, cause error, ext
 			ON CONFLICT (consumer_name, event_id) DO UPDATE
 			SET attempts = f.attempts + 1, last_failed_at = now(), last_error = EXCLUDED.last_error
 			RETURNING attempts, first_failed_at`,
-			c.cfg.Name, l.m.EventID, cause.Error()).Scan(&attempts, &f); err != nil {
+			c.cfg.Name, l.m.EventID, storable(cause.Error())).Scan(&attempts, &f); err != nil {
 			return 0, false, fmt.Errorf("record inbox failure: %w", err)
 		}
 		first = &f
@@ -151,7 +199,7 @@ func (c *Consumer) recordFailure(ctx context.Context, l letter, cause error, ext
 // this row instead of adding a second one. conflictWith, when set, is the
 // event applied at l's sequence.
 func (c *Consumer) insertDeadLetter(ctx context.Context, tx pgx.Tx, l letter, cause error, attempts int, first *time.Time, conflictWith *uuid.UUID) error {
-	headers, err := json.Marshal(cmpHeader(l.header))
+	headers, err := json.Marshal(storableHeader(l.header))
 	if err != nil {
 		return fmt.Errorf("encode dead letter headers: %w", err)
 	}
@@ -164,7 +212,7 @@ func (c *Consumer) insertDeadLetter(ctx context.Context, tx pgx.Tx, l letter, ca
 		    last_failed_at = EXCLUDED.last_failed_at, requeued_at = NULL, conflict_with = EXCLUDED.conflict_with`,
 		c.cfg.Name, l.stream, int64(l.streamSeq), l.subject, string(headers),
 		append([]byte{}, l.data...), uuid.NullUUID{UUID: l.m.EventID, Valid: l.m.EventID != uuid.Nil},
-		cause.Error(), attempts, first, conflictWith); err != nil {
+		storable(cause.Error()), attempts, first, conflictWith); err != nil {
 		return fmt.Errorf("insert dead letter: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM inbox_failures WHERE consumer_name = $1 AND event_id = $2`,
@@ -222,12 +270,4 @@ func cmpOr(s, alt string) string {
 		return alt
 	}
 	return s
-}
-
-// cmpHeader stores a missing header set as {} rather than null.
-func cmpHeader(h nats.Header) nats.Header {
-	if h == nil {
-		return nats.Header{}
-	}
-	return h
 }

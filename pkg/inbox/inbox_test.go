@@ -39,7 +39,7 @@ type env struct {
 	js   jetstream.JetStream
 }
 
-func setup(t *testing.T) *env {
+func setup(t testing.TB) *env {
 	t.Helper()
 	db := pgtest.New(t)
 	if _, err := db.Pool.Exec(context.Background(), `
@@ -59,7 +59,7 @@ func setup(t *testing.T) *env {
 }
 
 // config is a Config with delays short enough for tests.
-func (e *env) config(t *testing.T, h HandlerFunc) Config {
+func (e *env) config(t testing.TB, h HandlerFunc) Config {
 	return Config{
 		Name:        testConsumer,
 		Stream:      testStream,
@@ -72,7 +72,7 @@ func (e *env) config(t *testing.T, h HandlerFunc) Config {
 	}
 }
 
-func (e *env) consumer(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) *Consumer {
+func (e *env) consumer(t testing.TB, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) *Consumer {
 	t.Helper()
 	c, err := NewConsumer(pool, js, cfg)
 	if err != nil {
@@ -82,7 +82,7 @@ func (e *env) consumer(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream,
 }
 
 // run runs c until the test ends and checks that Run then returns cleanly.
-func run(t *testing.T, c *Consumer) {
+func run(t testing.TB, c *Consumer) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -790,7 +790,7 @@ func TestDatabaseFailureBeforeTheHandlerIsNotAnAttempt(t *testing.T) {
 		CREATE FUNCTION refuse_processed() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF EXISTS (SELECT 1 FROM refuse WHERE on_) THEN
-				RAISE EXCEPTION 'the database refuses for now';
+				RAISE EXCEPTION 'the database refuses for now' USING ERRCODE = 'insufficient_resources';
 			END IF;
 			RETURN NEW;
 		END $$;
@@ -819,5 +819,51 @@ func TestDatabaseFailureBeforeTheHandlerIsNotAnAttempt(t *testing.T) {
 	}
 	if n := e.count(t, `SELECT count(*) FROM dead_letters`) + e.count(t, `SELECT count(*) FROM inbox_failures`); n != 0 {
 		t.Errorf("%d dead letters and failure records, want none: the handler never failed", n)
+	}
+}
+
+// A failure of the inbox's own statements that is not the database being
+// away is about the message: it counts towards MaxDeliver (a value the
+// tables refuse, SQLSTATE class 22, is poison at once), and is never
+// retried for ever.
+func TestFailureBeforeTheHandlerThatIsNoOutageEnds(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		errcode  string
+		attempts int
+	}{
+		{"P0001", 2},                      // raise_exception: counted, dead after MaxDeliver
+		{"numeric_value_out_of_range", 1}, // class 22: poison at once
+	} {
+		t.Run(tc.errcode, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			if _, err := e.db.Pool.Exec(context.Background(), `
+				CREATE FUNCTION refuse_processed() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+					IF NEW.aggregate_id = 'bad' THEN
+						RAISE EXCEPTION 'this row cannot be' USING ERRCODE = '`+tc.errcode+`';
+					END IF;
+					RETURN NEW;
+				END $$;
+				CREATE TRIGGER refuse BEFORE INSERT ON processed_events FOR EACH ROW EXECUTE FUNCTION refuse_processed();`); err != nil {
+				t.Fatal(err)
+			}
+			cfg := e.config(t, record(""))
+			cfg.MaxDeliver = 2
+			c := e.consumer(t, e.pool, e.js, cfg)
+			run(t, c)
+
+			e.publish(t, newEvent("bad", 1), newEvent("ok", 1))
+			eventually(t, "all messages are settled", func() bool { return e.settled(t) })
+			wantSeqs(t, e, "ok", 1)
+			dead, err := ListDeadLetters(context.Background(), e.db.Pool, testConsumer, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(dead) != 1 || dead[0].Attempts != tc.attempts || !strings.Contains(dead[0].Error, "this row cannot be") {
+				t.Fatalf("dead letters %+v, want one after %d attempts", dead, tc.attempts)
+			}
+		})
 	}
 }

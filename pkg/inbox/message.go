@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -99,6 +101,18 @@ func decode(subject string, h nats.Header, data []byte) (Message, error) {
 		errs = append(errs, fmt.Errorf("header %s %q: %w", name, h.Get(name), err))
 	}
 	var err error
+	// Every value the inbox stores must be one Postgres can hold: text
+	// that is UTF-8 without NUL, a sequence whose successor fits a bigint.
+	// A value that is not would fail the inbox's own statements on every
+	// delivery; checked here, it is poison at once, with the reason.
+	for _, name := range []string{hdrEventType, hdrAggregateType, hdrAggregateID} {
+		if err := storableText(h.Get(name)); err != nil {
+			bad(name, err)
+		}
+	}
+	if err := storableText(subject); err != nil {
+		errs = append(errs, fmt.Errorf("subject %q: %w", subject, err))
+	}
 	if m.EventID, err = uuid.Parse(h.Get(hdrEventID)); err != nil {
 		bad(hdrEventID, err)
 	} else if m.EventID == uuid.Nil {
@@ -113,24 +127,69 @@ func decode(subject string, h nats.Header, data []byte) (Message, error) {
 	}
 	if m.Seq, err = strconv.ParseInt(h.Get(hdrAggregateSeq), 10, 64); err != nil {
 		bad(hdrAggregateSeq, err)
-	} else if m.Seq < 1 {
-		bad(hdrAggregateSeq, errors.New("must be at least 1"))
+	} else if m.Seq < 1 || m.Seq == math.MaxInt64 {
+		bad(hdrAggregateSeq, fmt.Errorf("must be from 1 to %d", int64(math.MaxInt64-1)))
 	}
-	if m.SchemaVersion, err = strconv.Atoi(h.Get(hdrSchemaVersion)); err != nil {
+	if v, err := strconv.ParseInt(h.Get(hdrSchemaVersion), 10, 32); err != nil {
 		bad(hdrSchemaVersion, err)
-	} else if m.SchemaVersion < 1 {
+	} else if m.SchemaVersion = int(v); m.SchemaVersion < 1 {
 		bad(hdrSchemaVersion, errors.New("must be at least 1"))
 	}
 	if m.OccurredAt, err = time.Parse(time.RFC3339, h.Get(hdrOccurredAt)); err != nil {
 		bad(hdrOccurredAt, err)
 	}
-	if source(subject) == "" {
+	// The subject is the one the producer's outbox built from these
+	// headers. One that names another aggregate or type than its headers
+	// is forged or broken: applied, it would move the cursor of the
+	// aggregate the headers name while the stream files it under another.
+	if src := source(subject); src == "" {
 		errs = append(errs, fmt.Errorf("subject %q has no source token", subject))
+	} else if want := src + "." + m.AggregateID + "." + m.Type; subject != want && m.AggregateID != "" && m.Type != "" {
+		errs = append(errs, fmt.Errorf("subject %q disagrees with its headers, which make it %q", subject, want))
 	}
 	if len(errs) > 0 {
 		return m, Poison(fmt.Errorf("decode message on %s: %w", subject, errors.Join(errs...)))
 	}
 	return m, nil
+}
+
+// maxText bounds the text headers the inbox stores (and indexes: an
+// aggregate id is part of a primary key, and a btree entry must fit a
+// third of a page).
+const maxText = 1024
+
+// storableText says why s cannot be stored as a header value: not UTF-8,
+// a NUL (Postgres text holds neither), or longer than maxText.
+func storableText(s string) error {
+	switch {
+	case !utf8.ValidString(s):
+		return errors.New("not UTF-8")
+	case strings.ContainsRune(s, 0):
+		return errors.New("contains NUL")
+	case len(s) > maxText:
+		return fmt.Errorf("longer than %d bytes", maxText)
+	}
+	return nil
+}
+
+// storable is s as the dead-letter store and the parking lot can keep it
+// whatever a peer sent: invalid UTF-8 and NUL become U+FFFD. Only what
+// decode already refused can differ; the payload is kept byte for byte.
+func storable(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// storableHeader is h with every key and value storable (jsonb refuses
+// \u0000 even escaped).
+func storableHeader(h nats.Header) nats.Header {
+	out := make(nats.Header, len(h))
+	for k, vs := range h {
+		k = storable(k)
+		for _, v := range vs {
+			out[k] = append(out[k], storable(v))
+		}
+	}
+	return out
 }
 
 // source is the producer of an event: the first token of its subject.

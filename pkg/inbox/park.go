@@ -98,7 +98,7 @@ func (c *Consumer) parkIn(ctx context.Context, tx pgx.Tx, d *delivery, meta *jet
 // early. readPark reads their answers.
 func (c *Consumer) queuePark(b *pgx.Batch, d *delivery, meta *jetstream.MsgMetadata) error {
 	m := d.m
-	headers, err := json.Marshal(cmpHeader(d.msg.Headers()))
+	headers, err := json.Marshal(storableHeader(d.msg.Headers()))
 	if err != nil {
 		return Poison(fmt.Errorf("encode headers to park: %w", err))
 	}
@@ -111,9 +111,9 @@ func (c *Consumer) queuePark(b *pgx.Batch, d *delivery, meta *jetstream.MsgMetad
 	b.Queue(`
 		INSERT INTO inbox_parked AS p (consumer_name, source, aggregate_type, aggregate_id, aggregate_seq, event_id,
 			stream, stream_seq, subject, headers, payload)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+		SELECT $1, $2, $3, $4, $5::bigint, $6, $7, $8, $9, $10, $11
 		WHERE (SELECT last_seq FROM inbox_sequences
-		       WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4) + 1 < $5
+		       WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4) + 1 < $5::bigint
 		ON CONFLICT (consumer_name, source, aggregate_type, aggregate_id, aggregate_seq) DO UPDATE
 		SET event_id = EXCLUDED.event_id, stream = EXCLUDED.stream, stream_seq = EXCLUDED.stream_seq,
 		    subject = EXCLUDED.subject, headers = EXCLUDED.headers, payload = EXCLUDED.payload,

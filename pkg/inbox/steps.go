@@ -230,7 +230,7 @@ SELECT EXISTS (SELECT 1 FROM ins),
 	nextEventSQL = `
 WITH cursor AS (
 	UPDATE inbox_sequences SET last_seq = $6, updated_at = now()
-	WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND last_seq = $6 - 1
+	WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4 AND last_seq = $6::bigint - 1
 	RETURNING 1
 ), ins AS (
 	INSERT INTO processed_events (consumer_name, event_id, source, aggregate_type, aggregate_id, aggregate_seq)
@@ -240,5 +240,5 @@ WITH cursor AS (
 SELECT EXISTS (SELECT 1 FROM ins),
        EXISTS (SELECT 1 FROM inbox_parked
                WHERE consumer_name = $1 AND source = $2 AND aggregate_type = $3 AND aggregate_id = $4
-                 AND aggregate_seq = $6 + 1 AND discarded_at IS NULL)`
+                 AND aggregate_seq = $6::bigint + 1 AND discarded_at IS NULL)`
 )

@@ -9,7 +9,7 @@ var Registration = registry.Entry{
 	Stream:    "FULFILLMENT",
 	Prefix:    Prefix,
 	Addr:      ":8084",
-	PoolSize:  14, // the consumer's 8 workers plus two, the relay's three, the delivery scanner
+	PoolSize:  8, // the consumer's 2 workers plus two, the relay's three, the delivery scanner
 	Consumers: []registry.Consumer{ordersConsumer},
 	Configure: configure,
 	Facts: []registry.Fact{

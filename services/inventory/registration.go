@@ -9,7 +9,7 @@ var Registration = registry.Entry{
 	Stream:    "INVENTORY",
 	Prefix:    Prefix,
 	Addr:      ":8082",
-	PoolSize:  14, // the consumer's 8 workers plus two, the relay's three, HTTP
+	PoolSize:  8, // the consumer's 2 workers plus two, the relay's three, HTTP
 	Consumers: []registry.Consumer{ordersConsumer},
 	Configure: configure,
 	Facts: []registry.Fact{

@@ -99,7 +99,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 	// commit) is paid once per batch, so bigger batches drain faster (row
 	// 7c of make bench: 64 → 256 took the drain from about 3,600 to 6,600
 	// events/s). A lone delivery still waits for nothing. Prefetch is then
-	// Workers × 256 = 2,048 messages, half the default MaxAckPending.
+	// Workers × 256 = 512 messages, an eighth of the default MaxAckPending.
 	ic.BatchSize = 256
 	c, err := inbox.NewConsumer(d.Pool, d.JetStream, ic)
 	if err != nil {

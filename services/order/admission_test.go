@@ -9,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/inbox"
 )
 
 // While the saga's consumers have more than MaxBacklog events to settle,
@@ -116,6 +118,51 @@ func TestAdmissionKeepsItsLastReadingWhileTheBrokerIsAway(t *testing.T) {
 		cancel()
 		if _, shed := a.shed(); shed != (last > a.limit) {
 			t.Errorf("last reading %d: shed %v after failed readings, want %v", last, shed, last > a.limit)
+		}
+	}
+}
+
+// The probe of issue 24: a peer with a producer's credentials publishes
+// hundreds of events whose Aggregate-Seq the tables cannot take (2⁶³−1) or
+// that come far ahead of their aggregate (2³¹). Each is dead-lettered or
+// parked at once instead of being retried for ever, so the saga's backlog
+// empties again and POST /orders is admitted, with the key it was shed
+// with.
+func TestOutOfRangeSequencesDoNotStopOrders(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{MaxBacklog: 100})
+	e.stock(t, "SKU-1", 100)
+	const hostile = 520
+	for i := range hostile {
+		m := e.upstream("inventory", "order", uuid.NewString(), "InventoryReserved", map[string]any{})
+		m.Header.Set("Aggregate-Seq", []string{"9223372036854775807", "2147483648"}[i%2])
+		e.send(t, m)
+	}
+	// What an operator sees (shop outbox dead-letters, parked): every one
+	// of them set aside, none left retrying.
+	ctx := context.Background()
+	var dead []inbox.DeadLetter
+	var parked []inbox.Parked
+	eventually(t, "every hostile event to be dead-lettered or parked", func() bool {
+		var err error
+		if dead, err = inbox.ListDeadLetters(ctx, e.pool, "", 1000); err != nil {
+			t.Fatal(err)
+		}
+		if parked, err = inbox.ListParked(ctx, e.pool, "", 1000); err != nil {
+			t.Fatal(err)
+		}
+		return len(dead)+len(parked) >= hostile
+	})
+	const body = `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`
+	eventually(t, "POST /orders to be admitted", func() bool {
+		return e.post(t, "after-the-probe", body).status == http.StatusCreated
+	})
+	if len(dead) != hostile/2 || len(parked) != hostile/2 {
+		t.Errorf("%d dead letters and %d parked, want %d of each", len(dead), len(parked), hostile/2)
+	}
+	for _, dl := range dead {
+		if dl.Attempts != 1 || !strings.Contains(dl.Error, "Aggregate-Seq") {
+			t.Fatalf("dead letter %+v: want one attempt, the header named", dl)
 		}
 	}
 }

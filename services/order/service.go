@@ -113,10 +113,12 @@ const DefaultMaxBacklog = 1000
 // consumerWorkers is the Workers of each of the three consumers. Each needs
 // Workers+2 pool connections, so the service's pool wants about
 // 3×(consumerWorkers+2) + a few for HTTP and the scanner.
-const consumerWorkers = 4
+const consumerWorkers = registry.ConsumerWorkers
 
-// PoolSize is the least pool size Run needs, with room for HTTP requests.
-const PoolSize = 3*(consumerWorkers+2) + 6
+// PoolSize is the least pool size Run needs, with room for HTTP requests
+// and the timeout scanner (HTTP waits for a connection rather than failing
+// when they are busy).
+const PoolSize = 3*(consumerWorkers+2) + 4
 
 // Service is the order service.
 type Service struct {

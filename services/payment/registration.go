@@ -9,7 +9,7 @@ var Registration = registry.Entry{
 	Stream:    "PAYMENT",
 	Prefix:    Prefix,
 	Addr:      ":8083",
-	PoolSize:  14, // the consumer's 8 workers plus two, the relay's three, HTTP and refunds
+	PoolSize:  9, // the consumer's 2 workers plus two, the relay's three, HTTP and refunds
 	Consumers: []registry.Consumer{ordersConsumer},
 	Configure: configure,
 	Facts: []registry.Fact{

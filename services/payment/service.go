@@ -129,7 +129,7 @@ func (s *Service) Consumers() []*inbox.Consumer { return []*inbox.Consumer{s.con
 // Workers+2 connections, and a pool opened with pgx's default size (four on
 // a small machine) would otherwise be outrun by the default eight workers.
 func consumerWorkers(pool *pgxpool.Pool) int {
-	return max(1, min(8, int(pool.Config().MaxConns)-2))
+	return max(1, min(registry.ConsumerWorkers, int(pool.Config().MaxConns)-2))
 }
 
 // Run consumes the ORDERS stream and retries open refunds until ctx ends,
