@@ -784,19 +784,10 @@ func TestDatabaseFailureBeforeTheHandlerIsNotAnAttempt(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	if _, err := e.db.Pool.Exec(ctx, `
-		CREATE TABLE refuse (on_ boolean NOT NULL);
-		INSERT INTO refuse VALUES (true);
-		CREATE FUNCTION refuse_processed() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF EXISTS (SELECT 1 FROM refuse WHERE on_) THEN
-				RAISE EXCEPTION 'the database refuses for now' USING ERRCODE = 'insufficient_resources';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON processed_events FOR EACH ROW EXECUTE FUNCTION refuse_processed();`); err != nil {
+	if _, err := e.db.Pool.Exec(ctx, `CREATE TABLE refuse (on_ boolean NOT NULL); INSERT INTO refuse VALUES (true)`); err != nil {
 		t.Fatal(err)
 	}
+	e.refuseProcessedEvents(t, "EXISTS (SELECT 1 FROM refuse WHERE on_)", "insufficient_resources", "the database refuses for now")
 	cfg := e.config(t, record(""))
 	cfg.Handles = []string{"OrderCreated"}
 	cfg.MaxDeliver = 1
@@ -838,17 +829,7 @@ func TestFailureBeforeTheHandlerThatIsNoOutageEnds(t *testing.T) {
 		t.Run(tc.errcode, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
-			if _, err := e.db.Pool.Exec(context.Background(), `
-				CREATE FUNCTION refuse_processed() RETURNS trigger LANGUAGE plpgsql AS $$
-				BEGIN
-					IF NEW.aggregate_id = 'bad' THEN
-						RAISE EXCEPTION 'this row cannot be' USING ERRCODE = '`+tc.errcode+`';
-					END IF;
-					RETURN NEW;
-				END $$;
-				CREATE TRIGGER refuse BEFORE INSERT ON processed_events FOR EACH ROW EXECUTE FUNCTION refuse_processed();`); err != nil {
-				t.Fatal(err)
-			}
+			e.refuseProcessedEvents(t, "NEW.aggregate_id = 'bad'", tc.errcode, "this row cannot be")
 			cfg := e.config(t, record(""))
 			cfg.MaxDeliver = 2
 			c := e.consumer(t, e.pool, e.js, cfg)
@@ -865,5 +846,25 @@ func TestFailureBeforeTheHandlerThatIsNoOutageEnds(t *testing.T) {
 				t.Fatalf("dead letters %+v, want one after %d attempts", dead, tc.attempts)
 			}
 		})
+	}
+}
+
+// refuseProcessedEvents makes every insert into processed_events for which
+// the SQL condition when holds fail with SQLSTATE errcode (a condition
+// name or code) and message: a failure of the inbox's own statements, as
+// the database or the message may cause it.
+func (e *env) refuseProcessedEvents(t *testing.T, when, errcode, message string) {
+	t.Helper()
+	if _, err := e.db.Pool.Exec(context.Background(), fmt.Sprintf(`
+		CREATE FUNCTION refuse_processed() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF %s THEN
+				RAISE EXCEPTION '%s' USING ERRCODE = '%s';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON processed_events FOR EACH ROW EXECUTE FUNCTION refuse_processed();`,
+		when, message, errcode)); err != nil {
+		t.Fatal(err)
 	}
 }
