@@ -17,7 +17,6 @@ import (
 
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/services"
 	"github.com/shop-ref/shop/services/payment"
 )
@@ -123,15 +122,7 @@ func TestHostileInputIsRefused(t *testing.T) {
 		name := e.Name
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t, e.Sets()...)
-			svc, err := New(name, cfg, nc, log)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, _, router, err := svc.assemble(db.Pool, js)
-			if err != nil {
-				t.Fatal(err)
-			}
+			router := assembled(t, e, cfg, nc, js, log)
 			srv, err := newHTTPServer(router, defaultHTTPLimits(), log)
 			if err != nil {
 				t.Fatal(err)

@@ -17,10 +17,13 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -156,16 +159,7 @@ func TestOpenAPI(t *testing.T) {
 		name := e.Name
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t, e.Sets()...)
-			// The router exactly as a running service assembles it.
-			svc, err := New(name, cfg, nc, log)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, _, handler, err := svc.assemble(db.Pool, js)
-			if err != nil {
-				t.Fatal(err)
-			}
+			handler := assembled(t, e, cfg, nc, js, log)
 			r, ok := handler.(chi.Routes)
 			if !ok {
 				t.Fatalf("the %s service's handler is a %T, not a chi router", name, handler)
@@ -378,3 +372,19 @@ func resolveRef(root, v any) any {
 
 func asMap(v any) map[string]any { m, _ := v.(map[string]any); return m }
 func asSlice(v any) []any        { s, _ := v.([]any); return s }
+
+// assembled is the router of service e exactly as a running service
+// assembles it, over a schema of its own.
+func assembled(t *testing.T, e registry.Entry, cfg Config, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) http.Handler {
+	t.Helper()
+	db := pgtest.New(t, e.Sets()...)
+	svc, err := New(e.Name, cfg, nc, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, handler, err := svc.assemble(db.Pool, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return handler
+}
