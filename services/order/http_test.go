@@ -78,7 +78,9 @@ func TestIdempotencyKey(t *testing.T) {
 		}
 	})
 	t.Run("different body is 422", func(t *testing.T) {
-		e.post(t, "reused", body)
+		if res := e.post(t, "reused", body); res.status != http.StatusCreated {
+			t.Fatalf("first use of the key: %d %s", res.status, res.body)
+		}
 		res := e.post(t, "reused", strings.Replace(body, `"quantity":2`, `"quantity":3`, 1))
 		if res.status != http.StatusUnprocessableEntity || !strings.Contains(string(res.body), "idempotency-key-reused") {
 			t.Fatalf("%d %s", res.status, res.body)
