@@ -634,7 +634,7 @@ func orderTx(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, withOutb
 	var locked, found bool
 	reads := &pgx.Batch{}
 	reads.Queue("BEGIN")
-	reads.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, key).QueryRow(func(row pgx.Row) error {
+	reads.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '/' || $1, 0))`, key).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&locked)
 	})
 	reads.Queue(`SELECT request_hash, status_code, response, response_normalized, expires_at <= now()

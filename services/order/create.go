@@ -67,7 +67,7 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 	// once instead of waiting, and the lock is released by the commit that
 	// makes the key row visible to the next one.
 	var locked bool
-	b.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, key).QueryRow(func(row pgx.Row) error {
+	b.Queue(keyLockSQL, key).QueryRow(func(row pgx.Row) error {
 		if err := row.Scan(&locked); err != nil {
 			return fmt.Errorf("lock idempotency key: %w", err)
 		}
@@ -225,3 +225,13 @@ func orderCreated(o Order) outbox.Event {
 		Total:      o.Total,
 	})
 }
+
+// keyLockSQL takes the transaction-scoped advisory lock of an
+// Idempotency-Key. Advisory locks belong to the whole database, so the key
+// is hashed with the schema: two shops (or a test's schemas) in one
+// database would otherwise answer 409 to each other's customers who
+// happen to use the same key.
+const keyLockSQL = `SELECT pg_try_advisory_xact_lock(` + keyLockID + `)`
+
+// keyLockID is the advisory lock id of the key $1 in the current schema.
+const keyLockID = `hashtextextended(current_schema() || '/' || $1, 0)`

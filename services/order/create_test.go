@@ -46,7 +46,7 @@ func TestEveryAnswerLeavesTheConnectionClean(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := held.Exec(context.Background(), `SELECT pg_advisory_xact_lock(hashtextextended('held', 0))`); err != nil {
+	if _, err := held.Exec(context.Background(), `SELECT pg_advisory_xact_lock(`+keyLockID+`)`, "held"); err != nil {
 		t.Fatal(err)
 	}
 	steps := []struct {

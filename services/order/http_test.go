@@ -13,6 +13,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/registry"
 )
 
@@ -396,11 +397,34 @@ func TestRequestInFlightSaysRetryAfter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck
-	if _, err := tx.Exec(context.Background(), `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, key); err != nil {
+	if _, err := tx.Exec(context.Background(), `SELECT pg_advisory_xact_lock(`+keyLockID+`)`, key); err != nil {
 		t.Fatal(err)
 	}
 	res := e.post(t, key, `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`)
 	if p := decode[httpx.Problem](t, res.body); res.status != http.StatusConflict || p.Code != "request-in-flight" || res.header.Get("Retry-After") != "1" {
 		t.Fatalf("%d Retry-After %q %s, want 409 request-in-flight with Retry-After: 1", res.status, res.header.Get("Retry-After"), res.body)
+	}
+}
+
+// Another shop's order service in the same database (another schema) that
+// holds the same Idempotency-Key in flight is not a twin of this request.
+func TestAnotherSchemasKeyInFlightIsNoTwin(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	e.stock(t, "SKU-1", 100)
+	ctx := context.Background()
+	other := pgtest.New(t, Registration.Sets()...)
+	tx, err := other.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var locked bool
+	if err := tx.QueryRow(ctx, keyLockSQL, "shared-key").Scan(&locked); err != nil || !locked {
+		t.Fatalf("the other schema's lock: %v %v", locked, err)
+	}
+	res := e.post(t, "shared-key", `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`)
+	if res.status != http.StatusCreated {
+		t.Fatalf("POST /orders while another schema holds the key: %d %s", res.status, res.body)
 	}
 }
