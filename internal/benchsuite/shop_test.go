@@ -447,19 +447,20 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 		completedAt := map[string]time.Time{}
 		var paid sync.Map
 		payQ := make(chan string, 1<<16)
-		// The order events, read as the audit user reads a stream (an
-		// ordered consumer from now on): the shop's NATS users may not
-		// subscribe to another's subjects.
+		// The order events, read as the audit user reads a stream: by
+		// direct get, message after message from now on (it may create no
+		// consumer, and the shop's users may not subscribe to another's
+		// subjects).
 		js, err := jetstream.New(nc)
 		if err != nil {
 			tb.Fatal(err)
 		}
-		oc, err := js.OrderedConsumer(ctx, "ORDERS", jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+		orders, err := js.Stream(ctx, "ORDERS")
 		if err != nil {
 			tb.Fatal(err)
 		}
-		sub, err := oc.Consume(func(m jetstream.Msg) {
-			parts := strings.Split(m.Subject(), ".")
+		onEvent := func(subject string) {
+			parts := strings.Split(subject, ".")
 			if len(parts) != 3 {
 				return
 			}
@@ -476,11 +477,22 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 				}
 				mu.Unlock()
 			}
-		})
-		if err != nil {
-			tb.Fatal(err)
 		}
-		defer sub.Stop()
+		readCtx, stopReading := context.WithCancel(ctx)
+		read := make(chan struct{})
+		go func() {
+			defer close(read)
+			for next := orders.CachedInfo().State.LastSeq + 1; readCtx.Err() == nil; {
+				m, err := orders.GetMsg(readCtx, next)
+				if err != nil { // not there yet (or the broker busy): look again shortly
+					time.Sleep(2 * time.Millisecond)
+					continue
+				}
+				onEvent(m.Subject)
+				next++
+			}
+		}()
+		defer func() { stopReading(); <-read }()
 		var errs, shed atomic.Int64
 		var firstErr atomic.Value
 		noteErr := func(err error) {
