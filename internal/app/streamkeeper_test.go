@@ -122,6 +122,12 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 			"STREAMS_NATS_PASSWORD": passwords[broker.StreamsUser]}, fast)
 		_, admin := ns.Connect(t)
 		ctx := context.Background()
+		// Ready does not wait for the streams the process reads: it
+		// creates ORDERS (missing, as no order service runs) right after.
+		waitFor(t, "ORDERS created", func() bool {
+			_, err := admin.Stream(ctx, "ORDERS")
+			return err == nil
+		})
 		cfg := streamConfig(t, admin, "ORDERS")
 		cfg.RePublish = &jetstream.RePublish{Source: ">", Destination: "inventory.stolen.>"}
 		if _, err := admin.UpdateStream(ctx, cfg); err != nil {
