@@ -42,7 +42,7 @@ var Registration = registry.Entry{
 	Stream:    "LOYALTY",
 	Prefix:    prefix,
 	Addr:      ":8085",
-	PoolSize:  12, // the consumer's 8 workers plus two, the relay's three
+	PoolSize:  7, // the consumer's 2 workers (registry.ConsumerWorkers) plus two, the relay's three; README "Postgres connections"
 	Consumers: []registry.Consumer{ordersConsumer},
 	Configure: configure,
 	Facts: []registry.Fact{{What: "award", EventType: "PointsAwarded", EventKey: "aggregate_id",

@@ -95,6 +95,8 @@ func (b *bodyLimit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body := &slotBody{ReadCloser: r.Body, release: func() { <-b.slots }}
 	defer body.end()
 	_ = rc.SetReadDeadline(time.Now().Add(b.limits.Timeout))
+	// A shallow copy with the counted body: the server keeps the request
+	// it made, whose Body it closes and drains itself.
 	inner := r.WithContext(r.Context())
 	inner.Body = body
 	b.next.ServeHTTP(w, inner)

@@ -44,12 +44,12 @@ func setup(t *testing.T) *env {
 	return &env{db: db, js: js}
 }
 
-// service returns a new Service ("another process") on its own pool, sized
-// for the consumer's 8 workers, their 2 spare connections and the scanner.
+// service returns a new Service ("another process") on its own pool, as
+// large as the service's own (Registration.PoolSize).
 func (e *env) service(t *testing.T) *Service {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := New(registry.Deps{Pool: e.db.NewPool(t, 12), JetStream: e.js, Logger: log}, Config{Delay: testDelay})
+	s, err := New(registry.Deps{Pool: e.db.NewPool(t, Registration.PoolSize), JetStream: e.js, Logger: log}, Config{Delay: testDelay})
 	if err != nil {
 		t.Fatal(err)
 	}

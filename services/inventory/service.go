@@ -74,8 +74,9 @@ type Service struct {
 }
 
 // New returns the service over d (its pool's search_path is the inventory
-// schema). It does no I/O. The pool needs at least 10 connections: the
-// consumer's 8 workers, 2 for its housekeeping.
+// schema). It does no I/O. The pool needs at least the consumer's workers
+// (registry.ConsumerWorkers) plus 2 for its housekeeping, and the relay's
+// three beside it (Registration.PoolSize).
 func New(d registry.Deps, cfg Config) (*Service, error) {
 	if d.Pool == nil || d.JetStream == nil {
 		return nil, errors.New("inventory: New needs a pool and a JetStream context")

@@ -126,8 +126,8 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 func (s *Service) Consumers() []*inbox.Consumer { return []*inbox.Consumer{s.consumer} }
 
 // consumerWorkers sizes the consumer to the pool: the inbox needs
-// Workers+2 connections, and a pool opened with pgx's default size (four on
-// a small machine) would otherwise be outrun by the default eight workers.
+// Workers+2 connections, and a pool smaller than the shop's (pgx's default
+// is four on a small machine) would otherwise be outrun by the workers.
 func consumerWorkers(pool *pgxpool.Pool) int {
 	return max(1, min(registry.ConsumerWorkers, int(pool.Config().MaxConns)-2))
 }
