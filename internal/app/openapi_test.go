@@ -166,7 +166,7 @@ func TestOpenAPI(t *testing.T) {
 			}
 
 			served := map[string]bool{}
-			err = chi.Walk(r, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+			err := chi.Walk(r, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
 				served[method+" "+chiPattern(route)] = true
 				return nil
 			})
