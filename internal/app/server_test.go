@@ -18,7 +18,6 @@ import (
 
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/services/inventory"
 )
 
@@ -40,15 +39,7 @@ func startLimited(t *testing.T, l httpLimits) *limitedServer {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	db := pgtest.New(t, inventory.Registration.Sets()...)
-	svc, err := New("inventory", cfg, nc, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _, router, err := svc.assemble(db.Pool, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	router := assembled(t, inventory.Registration, cfg, nc, js, log)
 	srv, err := newHTTPServer(router, l, log)
 	if err != nil {
 		t.Fatal(err)
