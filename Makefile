@@ -33,14 +33,17 @@ test: lint-api
 # killed, quorum lost, a process silently partitioned, JetStream disabled
 # on a node, a consumer deleted, the cluster restarted), then the
 # invariants. A short run (90s of chaos, about two minutes) is part of
-# `make test`. CHAOS_LOGS=dir keeps the processes' logs.
+# `make test`. CHAOS_LOGS=dir keeps the processes' logs. LANES=partition
+# (or process, broker, hostile, comma-separated) runs only those fault
+# lanes, to measure one kind of fault's stall with nothing overlapping it.
 DURATION ?= 5m
 NODES ?= 3
 CHAOS_LOGS ?=
 CHAOS_TIMEOUT ?= 1h
+LANES ?= process,broker,partition,hostile
 chaos:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
-	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./internal/chaos -chaos.duration=$(DURATION) -chaos.nodes=$(NODES) -chaos.logs=$(CHAOS_LOGS)
+	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./internal/chaos -chaos.duration=$(DURATION) -chaos.nodes=$(NODES) -chaos.logs=$(CHAOS_LOGS) -chaos.lanes=$(LANES)
 
 lint: lint-api
 	@unformatted=$$(gofmt -l .); \

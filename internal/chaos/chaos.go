@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,26 @@ type Config struct {
 	Nodes    int           // NATS nodes: 3 (a cluster, streams R3; the default) or 1
 	Out      io.Writer     // the table and progress lines
 	LogDir   string        // where the processes' logs go; empty: the test's temporary directory
+	// Lanes are the fault lanes that run (Lane*); empty: all of them. One
+	// lane alone measures its faults' stalls without another lane's
+	// faults overlapping them.
+	Lanes []string
+}
+
+// The fault lanes (see harness.chaos).
+const (
+	LaneProcess   = "process"   // SIGKILLs, failpoints, a NATS connection reset, Postgres backends terminated
+	LaneBroker    = "broker"    // NATS node and stream faults, one after another
+	LanePartition = "partition" // one shop process silently cut off every node
+	LaneHostile   = "hostile"   // a peer publishing forged and garbage events
+)
+
+// Lanes are every fault lane, in the order the report names them.
+var Lanes = []string{LaneProcess, LaneBroker, LanePartition, LaneHostile}
+
+// lane reports whether lane runs.
+func (c Config) lane(lane string) bool {
+	return len(c.Lanes) == 0 || slices.Contains(c.Lanes, lane)
 }
 
 const (
@@ -149,12 +170,14 @@ func Run(t testing.TB, cfg Config) Result {
 	var err error
 	// The hostile peer has the order service's NATS rights: it may publish
 	// only where a buggy order service could write (orders.>).
-	orderNC, err := h.nats.connect("order")
-	if err != nil {
-		t.Fatalf("hostile peer: %v", err)
-	}
-	if h.hostile, err = newHostile(h, orderNC); err != nil {
-		t.Fatal(err)
+	if cfg.lane(LaneHostile) {
+		orderNC, err := h.nats.connect("order")
+		if err != nil {
+			t.Fatalf("hostile peer: %v", err)
+		}
+		if h.hostile, err = newHostile(h, orderNC); err != nil {
+			t.Fatal(err)
+		}
 	}
 	h.chaosOn.Store(true)
 	for _, s := range h.slots {
@@ -185,9 +208,11 @@ func Run(t testing.TB, cfg Config) Result {
 	stopScrape()
 	<-scraped
 
-	hostileRes, err := h.hostile.cleanUp(ctx)
-	if err != nil {
-		t.Errorf("hostile lane: %v", err)
+	var hostileRes Hostile
+	if h.hostile != nil {
+		if hostileRes, err = h.hostile.cleanUp(ctx); err != nil {
+			t.Errorf("hostile lane: %v", err)
+		}
 	}
 	loss, err := h.auditStreams(ctx)
 	if err != nil {

@@ -3,6 +3,8 @@ package chaos
 import (
 	"flag"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -12,6 +14,7 @@ var (
 		"how long the chaos lasts (the short run of `go test ./...` by default; at least "+RetentionWait.String()+" so that retention runs)")
 	rate   = flag.Float64("chaos.rate", 3, "orders started per second during the chaos")
 	logDir = flag.String("chaos.logs", "", "keep the processes' logs (and the NATS stores) in this directory; empty: a temporary one, removed at the end")
+	lanes  = flag.String("chaos.lanes", strings.Join(Lanes, ","), "the fault lanes that run, comma-separated: one alone measures its faults' stalls with nothing overlapping them")
 	nodes  = flag.Int("chaos.nodes", 3, "NATS nodes: 3 (a cluster with R3 streams and every broker fault) or 1 (one node: outages, partitions, JetStream off, a consumer deleted)")
 )
 
@@ -29,5 +32,12 @@ func TestChaos(t *testing.T) {
 	if *nodes != 1 && *nodes != 3 {
 		t.Fatalf("-chaos.nodes %d: want 3 or 1", *nodes)
 	}
-	Run(t, Config{Duration: d, Rate: *rate, Copies: 2, Nodes: *nodes, Out: os.Stdout, LogDir: *logDir})
+	var ls []string
+	for _, l := range strings.Split(*lanes, ",") {
+		if !slices.Contains(Lanes, l) {
+			t.Fatalf("-chaos.lanes: unknown lane %q (want some of %v)", l, Lanes)
+		}
+		ls = append(ls, l)
+	}
+	Run(t, Config{Duration: d, Rate: *rate, Copies: 2, Nodes: *nodes, Out: os.Stdout, LogDir: *logDir, Lanes: ls})
 }

@@ -78,9 +78,15 @@ func durables() []registry.Reader { return services.All.Readers() }
 // (hostile.go).
 func (h *harness) chaos(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { h.processLane(ctx) })
-	wg.Go(func() { h.brokerLane(ctx) })
-	wg.Go(func() { h.partitionLane(ctx) })
+	if h.cfg.lane(LaneProcess) {
+		wg.Go(func() { h.processLane(ctx) })
+	}
+	if h.cfg.lane(LaneBroker) {
+		wg.Go(func() { h.brokerLane(ctx) })
+	}
+	if h.cfg.lane(LanePartition) {
+		wg.Go(func() { h.partitionLane(ctx) })
+	}
 	if h.hostile != nil {
 		wg.Go(func() { h.hostileLane(ctx, h.hostile) })
 	}

@@ -126,6 +126,9 @@ func (h *harness) startAll() {
 	}
 	next := map[string]int{}
 	for _, name := range failpoint.Names() {
+		if !h.cfg.lane(LaneProcess) {
+			break // failpoints are the process lane's
+		}
 		p, ok := plan[name]
 		if !ok {
 			p.service, p.count = "order", 1
