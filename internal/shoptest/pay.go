@@ -140,15 +140,19 @@ func (c Customers) payOne(ctx context.Context, sku, via string) (Paid, error) {
 	}
 	p.WaitedFor = time.Since(created)
 	var err error
-	if via == "webhook" {
-		cb, _ := json.Marshal(payment.Callback{OrderID: o.OrderID, ProviderPaymentID: "pay_" + randomHex(),
-			Status: payment.StatusSucceeded, Amount: o.Total})
-		p.PayStatus, _, p.PayBody, err = c.sendString(ctx, http.MethodPost, c.PaymentURL+"/webhooks/payment", cb,
-			map[string]string{payment.SignatureHeader: payment.Sign(c.WebhookSecret, time.Now(), cb)})
-	} else {
-		p.PayStatus, _, p.PayBody, err = c.sendString(ctx, http.MethodPost, c.PaymentURL+"/payments/"+o.OrderID+"/simulate",
+	// The provider sends its webhook again after a 503 (same payment id,
+	// signed anew), and a customer's simulate is retried the same way: the
+	// contract marks both retryable.
+	cb, _ := json.Marshal(payment.Callback{OrderID: o.OrderID, ProviderPaymentID: "pay_" + randomHex(),
+		Status: payment.StatusSucceeded, Amount: o.Total})
+	p.PayStatus, p.PayBody, err = c.retrying(ctx, func() (int, http.Header, []byte, error) {
+		if via == "webhook" {
+			return c.send(ctx, http.MethodPost, c.PaymentURL+"/webhooks/payment", cb,
+				map[string]string{payment.SignatureHeader: payment.Sign(c.WebhookSecret, time.Now(), cb)})
+		}
+		return c.send(ctx, http.MethodPost, c.PaymentURL+"/payments/"+o.OrderID+"/simulate",
 			[]byte(`{"outcome":"succeeded"}`), nil)
-	}
+	})
 	if err != nil {
 		return p, fmt.Errorf("pay order %s: %w", o.OrderID, err)
 	}
@@ -164,14 +168,16 @@ func (c Customers) payOne(ctx context.Context, sku, via string) (Paid, error) {
 	for _, h := range o.History {
 		p.History = append(p.History, h.Status+":"+h.Reason)
 	}
-	st, _, b, err := c.send(ctx, http.MethodGet, c.PaymentURL+"/payments/"+o.OrderID, nil, nil)
+	st, b, err := c.retrying(ctx, func() (int, http.Header, []byte, error) {
+		return c.send(ctx, http.MethodGet, c.PaymentURL+"/payments/"+o.OrderID, nil, nil)
+	})
 	if err != nil {
 		return p, fmt.Errorf("GET /payments/%s: %w", o.OrderID, err)
 	}
 	var view struct {
 		Refunds []json.RawMessage `json:"refunds"`
 	}
-	if st != http.StatusOK || json.Unmarshal(b, &view) != nil {
+	if st != http.StatusOK || json.Unmarshal([]byte(b), &view) != nil {
 		return p, fmt.Errorf("GET /payments/%s: %d %s", o.OrderID, st, b)
 	}
 	p.Refunds = len(view.Refunds)
@@ -232,9 +238,19 @@ func (c Customers) send(ctx context.Context, method, url string, body []byte, he
 	return res.StatusCode, res.Header, b, err
 }
 
-func (c Customers) sendString(ctx context.Context, method, url string, body []byte, header map[string]string) (int, http.Header, string, error) {
-	st, h, b, err := c.send(ctx, method, url, body, header)
-	return st, h, string(b), err
+// retrying sends until the answer is not a 503 (the shop shedding load or
+// its database not answering, retryable by the contract), waiting the
+// Retry-After each asks for, and returns the last answer.
+func (c Customers) retrying(ctx context.Context, send func() (int, http.Header, []byte, error)) (int, string, error) {
+	for {
+		st, h, b, err := send()
+		if err != nil || st != http.StatusServiceUnavailable {
+			return st, string(b), err
+		}
+		if err := sleep(ctx, retryAfter(h)); err != nil {
+			return st, string(b), err
+		}
+	}
 }
 
 // retryAfter is the wait an answer's Retry-After asks for, 1 s without one.

@@ -23,6 +23,7 @@ package verify
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -30,6 +31,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/shop-ref/shop/internal/registry"
@@ -157,11 +159,14 @@ func Run(ctx context.Context, shop Shop, retention time.Duration, opts ...Option
 
 // Wait runs the checks until they pass or timeout passes, and returns the
 // last report: right after a run of traffic, events are still in flight.
+// A server that is there but cannot take the checks yet (out of
+// connections, starting up) is waited for the same way; any other error
+// ends the wait at once.
 func Wait(ctx context.Context, shop Shop, retention, timeout time.Duration, opts ...Option) (Report, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		r, err := Run(ctx, shop, retention, opts...)
-		if err != nil || r.OK() || time.Now().After(deadline) {
+		if (err != nil && !busy(err)) || (err == nil && r.OK()) || time.Now().After(deadline) {
 			return r, err
 		}
 		select {
@@ -170,6 +175,20 @@ func Wait(ctx context.Context, shop Shop, retention, timeout time.Duration, opts
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// busy reports whether err is a Postgres server that is there but cannot
+// take the checks now: out of connections (class 53, "too many clients",
+// when other clients fill max_connections) or starting up or shutting
+// down (57P01–57P03). Waiting for the invariants includes waiting for such
+// a server; one that cannot be reached at all, or refuses the login, ends
+// the wait at once, for no wait will change it.
+func busy(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "53") || slices.Contains([]string{"57P01", "57P02", "57P03"}, pgErr.Code)
 }
 
 type run struct {
