@@ -12,8 +12,9 @@ import (
 )
 
 // traceContext is the W3C Trace Context propagator, the contract's
-// traceparent header. It is the otel API's, not the SDK's: the outbox reads
-// whatever span the caller's ctx holds and needs no tracer of its own.
+// traceparent header. It is the otel API's, not the SDK's: the writer reads
+// whatever span the caller's ctx holds and needs no tracer of its own; the
+// relay starts spans only with Config.TracerProvider.
 var traceContext propagation.TraceContext
 
 // traceHeaders is the trace context of ctx as message headers (traceparent,
