@@ -1,7 +1,7 @@
 # make demo  — Postgres up, build, run every service in one process
 # make test  — Postgres up, the API linters, every test with the race detector
 # make chaos — the chaos run for DURATION (default 5m), see README "Chaos run"
-.PHONY: build test lint lint-api bench bench-outbox demo clean chaos
+.PHONY: build test lint lint-api bench bench-outbox demo clean chaos trace-check
 
 # Benchmarks size their own work (a backlog of N events per run), so one
 # iteration each is a measurement; raise it for steadier figures.
@@ -26,6 +26,19 @@ test: lint-api
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
 	go test -race -count=1 -tags shopbench -timeout 10m ./pkg/outbox -args -outbox.shards
+
+# make trace-check — a demo order's trace as Jaeger shows it: Jaeger
+# v1.75.0 built from its module (tools/jaeger, a module of its own; the
+# first build takes about 11 minutes on two cores, later ones a second from
+# Go's cache), a shop exporting to it on free ports, an order placed and
+# paid, and its trace read from Jaeger's query API: one trace, a publish
+# span per event, host attributes, no warning (internal/tracecheck). Not
+# part of `make test` for that first build; `make test` checks the same on
+# an in-memory exporter.
+trace-check:
+	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
+	jaeger=$$(go -C tools/jaeger tool -n jaeger) && \
+	go test -count=1 -v -run '^TestJaegerShowsAnOrdersTraceCleanly$$' ./internal/tracecheck -jaeger="$$jaeger"
 
 # The chaos run: real shop processes (two of each service) on a three-node
 # NATS cluster (NODES=1: one node), under SIGKILLs, every failpoint,

@@ -225,7 +225,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	// Name is left to the relay's default (host, pid, random), which keeps
 	// several copies of one service apart in claimed_by.
 	rc := relayConfig()
-	rc.Logger, rc.Hooks.ObservePublishFunc = s.Logger, m.observePublish
+	rc.Logger, rc.Hooks.ObservePublishFunc, rc.TracerProvider = s.Logger, m.observePublish, s.tracer
 	relay, err := outbox.NewRelay(pool, js, rc)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)

@@ -133,7 +133,10 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	shop.spans = traceServices(cfg)
+	if shop.spans, err = traceServices(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
 	var h slog.Handler = slog.NewTextHandler(io.Discard, nil)
 	if os.Getenv("E2E_LOG") != "" {
 		h = slog.NewTextHandler(os.Stderr, nil)

@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -14,18 +17,25 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/journey"
+	"github.com/shop-ref/shop/internal/shoptest"
 )
 
 // traceServices gives every service of cfg a tracer provider of its own,
-// as a process per service would have, all exporting to one in-memory
-// exporter, which it returns.
-func traceServices(cfg app.Config) *tracetest.InMemoryExporter {
+// as a process per service would have, with the resource the shop gives
+// its exporting providers (app.TraceResources), all exporting to one
+// in-memory exporter, which it returns.
+func traceServices(ctx context.Context, cfg app.Config) (*tracetest.InMemoryExporter, error) {
+	resourceOf, err := app.TraceResources(ctx)
+	if err != nil {
+		return nil, err
+	}
 	exp := tracetest.NewInMemoryExporter()
 	for _, name := range cfg.Registry.Names() {
 		cfg.Services[name].TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
-			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "shop-"+name))))
+			sdktrace.WithResource(resourceOf(name)))
 	}
-	return exp
+	return exp, nil
 }
 
 // One order is one trace: from the POST /orders that creates it, through
@@ -118,6 +128,260 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 			t.Errorf("span %s of the order service has no shop.order_id", st.Name)
 		}
 	}
+	spans = publishedAndTraced(t, id, found[0].SpanContext.TraceID())
+	checkHops(t, spans)
+	checkForATraceUI(t, spans)
+	if testing.Verbose() {
+		logTrace(t, spans)
+	}
+}
+
+// publishedAndTraced waits until every event of order id that the order's
+// journey holds (what `shop trace` reads from the outboxes) is published
+// and its publish span is in the order's trace, tid, and returns that
+// trace. It fails t when an event of the order is traced elsewhere: one
+// order, one trace.
+func publishedAndTraced(t *testing.T, id string, tid trace.TraceID) map[trace.SpanID]tracetest.SpanStub {
+	t.Helper()
+	oid := uuid.MustParse(id)
+	pools := map[string]journey.DB{"order": shop.pools.Order, "inventory": shop.pools.Inventory,
+		"payment": shop.pools.Payment, "fulfillment": shop.pools.Fulfillment}
+	var (
+		spans   map[trace.SpanID]tracetest.SpanStub
+		missing []string
+		events  int
+	)
+	// The last events are published just after the commit that made the
+	// order COMPLETED.
+	shoptest.WaitFor(t, "every event of the order published, with its publish span", 10*time.Second, func() bool {
+		j, err := journey.Load(context.Background(), pools, oid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spans = map[trace.SpanID]tracetest.SpanStub{}
+		publishes := map[string]tracetest.SpanStub{} // by event id
+		for _, s := range shop.spans.GetSpans() {
+			if s.SpanContext.TraceID() == tid {
+				spans[s.SpanContext.SpanID()] = s
+				if s.SpanKind == trace.SpanKindProducer {
+					publishes[attr(s, "messaging.message.id")] = s
+				}
+			} else if attr(s, "shop.order_id") == id || attr(s, "shop.aggregate_id") == id {
+				t.Fatalf("span %s of order %s is in trace %s, not the order's %s", s.Name, id, s.SpanContext.TraceID(), tid)
+			}
+		}
+		missing, events = nil, 0
+		for _, e := range j.Entries {
+			switch e.Kind {
+			case journey.Committed:
+				events++
+			case journey.Published:
+				p, ok := publishes[e.EventID]
+				if !ok {
+					missing = append(missing, e.EventType)
+					continue
+				}
+				events--
+				if p.Name != "publish "+e.EventType || serviceOf(p) != "shop-"+e.Service {
+					t.Fatalf("event %s (%s of %s) has publish span %s of %s", e.EventID, e.EventType, e.Service, p.Name, serviceOf(p))
+				}
+			}
+		}
+		return len(missing) == 0 && events == 0
+	})
+	return spans
+}
+
+// checkHops checks the asynchronous hops of a trace: each publish span is
+// a child of a span of its own service (the one whose transaction wrote
+// the event), and each consumer's span a child of the publish span of the
+// event it processed.
+func checkHops(t *testing.T, spans map[trace.SpanID]tracetest.SpanStub) {
+	t.Helper()
+	for _, s := range spans {
+		parent, ok := spans[s.Parent.SpanID()]
+		switch {
+		case !s.Parent.IsValid():
+			continue
+		case !ok:
+			t.Errorf("span %s/%s has a parent %s not in the trace", serviceOf(s), s.Name, s.Parent.SpanID())
+		case s.SpanKind == trace.SpanKindProducer && serviceOf(parent) != serviceOf(s):
+			t.Errorf("%s/%s is a child of %s/%s, not of its writer in its own service", serviceOf(s), s.Name, serviceOf(parent), parent.Name)
+		case s.SpanKind == trace.SpanKindConsumer && (parent.SpanKind != trace.SpanKindProducer ||
+			attr(parent, "messaging.message.id") != attr(s, "messaging.message.id")):
+			t.Errorf("%s/%s is a child of %s/%s, not of its event's publish", serviceOf(s), s.Name, serviceOf(parent), parent.Name)
+		}
+	}
+}
+
+// checkForATraceUI checks what a trace UI needs of a trace: every span says
+// which host and which process instance it comes from, and Jaeger would
+// flag no span of it (clockSkewWarnings).
+func checkForATraceUI(t *testing.T, spans map[trace.SpanID]tracetest.SpanStub) {
+	t.Helper()
+	for _, s := range spans {
+		for _, key := range []attribute.Key{"host.name", "ip", "service.instance.id"} {
+			if v, ok := s.Resource.Set().Value(key); !ok || v.Emit() == "" {
+				t.Errorf("span %s/%s has no resource attribute %s", serviceOf(s), s.Name, key)
+			}
+		}
+	}
+	for _, w := range clockSkewWarnings(spans) {
+		t.Error(w)
+	}
+	// What keeps them unflagged is the shared host key: asynchronous hops
+	// (a publish after its writer's span ended, a consumer after the
+	// publish) are not within their parents. Without "ip", Jaeger would
+	// flag some of them, as it did before the shop set it.
+	bare := map[trace.SpanID]tracetest.SpanStub{}
+	for id, s := range spans {
+		s.Resource = resource.NewSchemaless(attribute.String("service.name", serviceOf(s)))
+		bare[id] = s
+	}
+	if len(clockSkewWarnings(bare)) == 0 {
+		t.Error("Jaeger's rule flags nothing in the trace even without host keys: the check above checks nothing")
+	}
+}
+
+// The port of Jaeger's rule flags what Jaeger flags: a child on another
+// host (or with no host key) outside its parent's interval, and the spans
+// below it on its host; not a child within its parent, nor one longer than
+// its parent that starts no earlier, nor any span on its parent's host.
+func TestClockSkewWarningsFollowJaeger(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	ms := time.Millisecond
+	var next byte
+	span := func(parent *tracetest.SpanStub, ip string, start, end time.Duration) tracetest.SpanStub {
+		next++
+		s := tracetest.SpanStub{
+			Name:        fmt.Sprint("s", next),
+			SpanContext: trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{next}}),
+			StartTime:   t0.Add(start), EndTime: t0.Add(end),
+			Resource: resource.NewSchemaless(attribute.String("ip", ip)),
+		}
+		if parent != nil {
+			s.Parent = parent.SpanContext
+		}
+		return s
+	}
+	trees := func(ss ...tracetest.SpanStub) map[trace.SpanID]tracetest.SpanStub {
+		m := map[trace.SpanID]tracetest.SpanStub{}
+		for _, s := range ss {
+			m[s.SpanContext.SpanID()] = s
+		}
+		return m
+	}
+	root := span(nil, "a", 0, 10*ms)
+	for _, c := range []struct {
+		name  string
+		spans map[trace.SpanID]tracetest.SpanStub
+		want  int
+	}{
+		{"within, other host", trees(root, span(&root, "b", 2*ms, 8*ms)), 0},
+		{"after, same host", trees(root, span(&root, "a", 20*ms, 21*ms)), 0},
+		{"after, longer, other host", trees(root, span(&root, "b", 20*ms, 40*ms)), 0},
+		{"after, shorter, other host", trees(root, span(&root, "b", 20*ms, 21*ms)), 1},
+		{"after, shorter, no host key", trees(root, span(&root, "", 20*ms, 21*ms)), 1},
+	} {
+		if got := clockSkewWarnings(c.spans); len(got) != c.want {
+			t.Errorf("%s: %d warnings %v, want %d", c.name, len(got), got, c.want)
+		}
+	}
+	// A flagged span's delta reaches its children on its own host.
+	late := span(&root, "b", 20*ms, 21*ms)
+	if got := clockSkewWarnings(trees(root, late, span(&late, "b", 20*ms, 21*ms))); len(got) != 2 {
+		t.Errorf("a child of a flagged span on its host: %d warnings %v, want 2", len(got), got)
+	}
+}
+
+// clockSkewWarnings are the warnings Jaeger's clock-skew adjuster would put
+// on the spans of a trace, as the query service behind its UI (/api/traces,
+// Jaeger v1.75, max_clock_skew_adjust at its default 0) applies it: from
+// each root down, a span whose host key differs from its parent's (or is
+// empty) is compared with its parent, and unless it lies within the
+// parent's interval, or lasts longer than the parent and starts no
+// earlier, it gets a delta; the delta, never applied, is the warning, and
+// the spans below it on the same host inherit it. The host key is the
+// resource's "ip". A span whose parent is missing is flagged too. Times
+// are in microseconds, as Jaeger stores them.
+func clockSkewWarnings(spans map[trace.SpanID]tracetest.SpanStub) []string {
+	children := map[trace.SpanID][]tracetest.SpanStub{}
+	var roots []tracetest.SpanStub
+	var warnings []string
+	for _, s := range spans {
+		switch _, ok := spans[s.Parent.SpanID()]; {
+		case !s.Parent.IsValid():
+			roots = append(roots, s)
+		case ok:
+			children[s.Parent.SpanID()] = append(children[s.Parent.SpanID()], s)
+		default:
+			roots = append(roots, s)
+			warnings = append(warnings, fmt.Sprintf("%s/%s: parent %s not in the trace", serviceOf(s), s.Name, s.Parent.SpanID()))
+		}
+	}
+	hostKey := func(s tracetest.SpanStub) string {
+		v, _ := s.Resource.Set().Value("ip")
+		return v.Emit()
+	}
+	span := func(s tracetest.SpanStub) (start, end, d int64) {
+		start, d = s.StartTime.UnixMicro(), s.EndTime.Sub(s.StartTime).Microseconds()
+		return start, start + d, d
+	}
+	skew := func(child, parent tracetest.SpanStub) int64 {
+		cs, ce, cd := span(child)
+		ps, pe, pd := span(parent)
+		switch {
+		case cd > pd && cs < ps:
+			return ps - cs
+		case cd > pd, cs >= ps && ce <= pe:
+			return 0
+		}
+		return ps + (pd-cd)/2 - cs
+	}
+	var walk func(n tracetest.SpanStub, parent *tracetest.SpanStub, key string, delta int64)
+	walk = func(n tracetest.SpanStub, parent *tracetest.SpanStub, key string, delta int64) {
+		if hk := hostKey(n); parent != nil && (hk != key || hk == "") {
+			key, delta = hk, skew(n, *parent)
+		}
+		if delta != 0 {
+			warnings = append(warnings, fmt.Sprintf("%s/%s: Jaeger would flag clock skew of %dµs", serviceOf(n), n.Name, delta))
+		}
+		for _, c := range children[n.SpanContext.SpanID()] {
+			walk(c, &n, key, delta)
+		}
+	}
+	for _, r := range roots {
+		walk(r, nil, hostKey(r), 0)
+	}
+	return warnings
+}
+
+// logTrace logs the spans of a trace as a tree, by start time (go test -v):
+// what README's "Seeing a trace" shows.
+func logTrace(t *testing.T, spans map[trace.SpanID]tracetest.SpanStub) {
+	children := map[trace.SpanID][]tracetest.SpanStub{}
+	var roots []tracetest.SpanStub
+	for _, s := range spans {
+		if _, ok := spans[s.Parent.SpanID()]; ok {
+			children[s.Parent.SpanID()] = append(children[s.Parent.SpanID()], s)
+		} else {
+			roots = append(roots, s)
+		}
+	}
+	var b strings.Builder
+	var walk func(s tracetest.SpanStub, depth int)
+	walk = func(s tracetest.SpanStub, depth int) {
+		fmt.Fprintf(&b, "%-17s %s%s\n", serviceOf(s), strings.Repeat("  ", depth), s.Name)
+		cs := children[s.SpanContext.SpanID()]
+		slices.SortFunc(cs, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })
+		for _, c := range cs {
+			walk(c, depth+1)
+		}
+	}
+	for _, r := range roots {
+		walk(r, 0)
+	}
+	t.Logf("the order's trace, %d spans:\n%s", len(spans), b.String())
 }
 
 // A timeout belongs to its order's trace too: the payment deadline fires

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -109,6 +110,15 @@ func Start(t testing.TB) *Shop {
 // provider on, until the test ends; it returns once every service is ready.
 func StartFor(t testing.TB, reg registry.Registry) *Shop {
 	t.Helper()
+	return StartWith(t, reg, nil)
+}
+
+// StartWith is StartFor with env added to the shop's environment (and
+// winning over it): OTEL_EXPORTER_OTLP_ENDPOINT, say. The OTLP exporter
+// reads its other OTEL_* variables from the process's environment
+// (t.Setenv).
+func StartWith(t testing.TB, reg registry.Registry, env map[string]string) *Shop {
+	t.Helper()
 	ns, passwords := natstest.NewSecured(t, reg.Access())
 	vars := map[string]string{
 		"DATABASE_URL":          pgtest.NewDatabase(t, "shop_cmd_").URL,
@@ -123,6 +133,7 @@ func StartFor(t testing.TB, reg registry.Registry) *Shop {
 		vars[strings.ToUpper(name)+"_ADDR"] = FreeAddr(t)
 		vars[broker.PasswordVar(name)] = passwords[name]
 	}
+	maps.Copy(vars, env)
 	cfg, err := app.LoadConfigFor(reg, func(k string) string { return vars[k] })
 	if err != nil {
 		t.Fatal(err)

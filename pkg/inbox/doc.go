@@ -61,8 +61,9 @@
 //
 // With Config.TracerProvider set, every delivery the consumer applies is a
 // span of kind consumer, "process <Event-Type>", whose parent is the span
-// named by the message's traceparent (written by pkg/outbox in the
-// producer's transaction). The handler runs with that span in its ctx, so
+// named by the message's traceparent: the relay's publish span when the
+// producer's relay has a tracer provider, else the producer's own span,
+// written by pkg/outbox in its transaction. The handler runs with that span in its ctx, so
 // the events it writes to its own outbox carry it on: one order is one
 // trace from the HTTP request that created it through every service.
 //

@@ -12,9 +12,10 @@ import (
 )
 
 // Tracing. Every delivery the consumer applies is a span of kind consumer
-// that continues the producer's trace: its parent is the traceparent the
-// outbox wrote with the event (see the package documentation for why a
-// child and not a link). The handler runs with that span in its ctx, so the
+// that continues the producer's trace: its parent is the message's
+// traceparent, the relay's publish span (or, from a relay that traces
+// nothing, the writer's span the outbox stored with the event; see the
+// package documentation for why a child and not a link). The handler runs with that span in its ctx, so the
 // events it writes to its own outbox carry the consumer's span, and one
 // order stays one trace across every service.
 

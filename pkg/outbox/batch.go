@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // row is one claimed event.
@@ -141,6 +142,18 @@ type result struct {
 func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]result, error) {
 	results := make([]result, len(batch))
 	futures := make([]jetstream.PubAckFuture, len(batch))
+	spans := make([]trace.Span, len(batch)) // nil where nothing is traced
+	// answered ends event i's span with its result, as soon as it is known.
+	answered := func(i int, res result) {
+		results[i] = res
+		endPublishSpan(spans[i], res)
+		spans[i] = nil
+	}
+	defer func() {
+		for _, span := range spans { // a failpoint abandoned the batch
+			endPublishSpan(span, result{err: errAbandoned})
+		}
+	}()
 	cl := &classifier{r: r, notFound: map[string]bool{}}
 	for i, ev := range batch {
 		// Failure window: the events before this one may be stored in the
@@ -150,16 +163,18 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]
 		if err := r.cfg.failpoint(FailpointBeforePublish); err != nil {
 			return nil, err
 		}
+		spans[i] = r.startPublishSpan(ctx, ev)
 		msg, err := ev.message()
 		if err != nil {
-			results[i] = result{err: err, permanent: true}
+			answered(i, result{err: err, permanent: true})
 			continue
 		}
+		carryPublishSpan(msg, spans[i])
 		// Nats-Msg-Id is the event id on every attempt, so the stream drops a
 		// copy it already stored within its duplicate window.
 		f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.id.String()))
 		if err != nil {
-			results[i] = cl.classify(ctx, ev, err)
+			answered(i, cl.classify(ctx, ev, err))
 			continue
 		}
 		futures[i] = f
@@ -174,33 +189,39 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]
 		if expired {
 			select {
 			case ack := <-f.Ok():
-				results[i] = result{duplicate: ack.Duplicate, latency: time.Since(claimed)}
+				answered(i, result{duplicate: ack.Duplicate, latency: time.Since(claimed)})
 			case err := <-f.Err():
-				results[i] = cl.classify(ctx, batch[i], err)
+				answered(i, cl.classify(ctx, batch[i], err))
 			default:
-				results[i] = result{err: errAckTimeout, outage: true}
+				answered(i, result{err: errAckTimeout, outage: true})
 			}
 			continue
 		}
 		select {
 		case ack := <-f.Ok():
-			results[i] = result{duplicate: ack.Duplicate, latency: time.Since(claimed)}
+			answered(i, result{duplicate: ack.Duplicate, latency: time.Since(claimed)})
 		case err := <-f.Err():
-			results[i] = cl.classify(ctx, batch[i], err)
+			answered(i, cl.classify(ctx, batch[i], err))
 		case <-timeout.C:
 			// The broker may have stored it: the result is unknown, so the
 			// event is retried with the same id rather than given up.
 			expired = true
-			results[i] = result{err: errAckTimeout, outage: true}
+			answered(i, result{err: errAckTimeout, outage: true})
 		case <-ctx.Done():
 			expired = true
-			results[i] = result{err: ctx.Err(), outage: true}
+			answered(i, result{err: ctx.Err(), outage: true})
 		}
 	}
 	return results, nil
 }
 
-var errAckTimeout = errors.New("no ack from the broker in time (result unknown)")
+var (
+	errAckTimeout = errors.New("no ack from the broker in time (result unknown)")
+	// errAbandoned ends the publish spans of a batch the relay abandoned
+	// part way (a failpoint): its lease expires, and a relay publishes the
+	// events again.
+	errAbandoned = errors.New("batch abandoned before its acks were read")
+)
 
 // message builds the NATS message with the contract's headers.
 func (ev row) message() (*nats.Msg, error) {

@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a Relay. Zero fields take the defaults named beside them.
@@ -32,6 +34,16 @@ type Config struct {
 	RetentionBatch    int           // rows per delete statement; default 1000
 
 	Logger *slog.Logger // default slog.Default()
+
+	// TracerProvider makes a span for each event the relay publishes, when
+	// the event carries a trace context (Writer.Add wrote its writer's): a
+	// producer span "publish <type>", a child of the writer's span,
+	// started when the relay hands the event to the broker and ended when
+	// it reads the PubAck (error status when none came), and the message
+	// carries the publish span's traceparent, so that consumers continue
+	// the trace from it. Nil, the default: no spans, and the message
+	// carries the writer's traceparent as written.
+	TracerProvider trace.TracerProvider
 
 	// DisableListen turns the NOTIFY wake-up off: the relay holds no LISTEN
 	// connection and finds new events by polling every PollInterval (and

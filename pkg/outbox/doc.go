@@ -34,6 +34,16 @@
 // handler queues each event with the trace of the delivery that caused it.
 // With no span in ctx no trace header is written.
 //
+// With [Config.TracerProvider] set, the relay makes the hop visible too:
+// each traced event's publish is a producer span "publish <type>", a child
+// of the writer's span, started when the relay hands the event to the
+// broker and ended when it reads the PubAck (in error when none came), and
+// the message carries that span's traceparent instead of the writer's. A
+// trace then reads write → publish → process, with the event's wait in
+// the outbox the gap between the writer's span and the publish. Without a
+// provider the relay starts nothing, and the message carries the writer's
+// context as written.
+//
 // The package uses only the OpenTelemetry API and its propagation package,
 // never the SDK or global state: whichever tracer provider made the span,
 // or none, the outbox works the same.

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -26,6 +27,7 @@ type Relay struct {
 	log    *slog.Logger
 	schema string
 	kick   chan struct{} // one idle worker takes each wake-up
+	tracer trace.Tracer  // from Config.TracerProvider; nil: no spans
 	stats  counters
 	// jitter draws a backoff's random part: rand.Int64N, except in tests
 	// that must know how long a backoff is.
@@ -67,6 +69,9 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Relay, e
 	}
 	r := &Relay{pool: pool, nc: js.Conn(), js: ownJS, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name), jitter: rand.Int64N}
 	r.kick = make(chan struct{}, 1)
+	if cfg.TracerProvider != nil {
+		r.tracer = cfg.TracerProvider.Tracer("github.com/shop-ref/shop/pkg/outbox")
+	}
 	return r, nil
 }
 

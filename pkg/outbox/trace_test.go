@@ -6,6 +6,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -69,5 +73,100 @@ func TestTraceContextOfCtxReachesTheMessage(t *testing.T) {
 	}
 	if got := msg.Header.Get("tracestate"); got != "" {
 		t.Errorf("an event with its own traceparent was given ctx's tracestate %q", got)
+	}
+}
+
+// With a tracer provider, each traced event's publish is a producer span:
+// a child of the writer's span, started when the relay publishes (after
+// the commit: the wait in the outbox is the gap before it), ended at the
+// ack, and the message carries its context, so consumers' spans are its
+// children. An event the broker never takes ends its span in error; an
+// untraced event stays untraced.
+func TestThePublishIsASpanBetweenTheWriterAndTheConsumers(t *testing.T) {
+	e := setup(t)
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	writer, write := tp.Tracer("test").Start(context.Background(), "POST /orders")
+	var w Writer
+	traced := event("o-1", "OrderCreated")
+	traced.Headers = nil
+	poison := event("o-2", "OrderCreated")
+	poison.Headers = map[string]string{"bad header": "x"} // no message can carry it: dead at once
+	untraced := event("o-3", "OrderCreated")
+	untraced.Headers = nil
+	if err := pgx.BeginFunc(writer, e.db.Pool, func(tx pgx.Tx) error {
+		if err := w.Add(writer, tx, traced, poison); err != nil {
+			return err
+		}
+		return w.Add(context.Background(), tx, untraced)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	write.End()
+	committed := time.Now()
+	start(t, e.relay(t, Config{TracerProvider: tp}))
+	eventually(t, 10*time.Second, "events settled", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL OR dead_at IS NOT NULL") == 3, nil
+	})
+
+	byName := map[string][]tracetest.SpanStub{}
+	for _, s := range spans.GetSpans() {
+		byName[s.Name] = append(byName[s.Name], s)
+	}
+	pubs := byName["publish OrderCreated"]
+	if len(pubs) != 2 {
+		t.Fatalf("publish spans: %d, want 2 (the traced event's and the poison's; none for the untraced one)", len(pubs))
+	}
+	var ok, failed tracetest.SpanStub
+	for _, s := range pubs {
+		if s.Status.Code == codes.Error {
+			failed = s
+		} else {
+			ok = s
+		}
+	}
+	if !ok.SpanContext.IsValid() || !failed.SpanContext.IsValid() {
+		t.Fatalf("want one publish span ok and one in error; got %+v", pubs)
+	}
+	if ok.Parent.SpanID() != write.SpanContext().SpanID() || ok.SpanContext.TraceID() != write.SpanContext().TraceID() {
+		t.Errorf("publish span's parent %s, want the writer's span %s", ok.Parent.SpanID(), write.SpanContext().SpanID())
+	}
+	if ok.SpanKind != trace.SpanKindProducer {
+		t.Errorf("publish span kind %v, want producer", ok.SpanKind)
+	}
+	if ok.StartTime.Before(committed) {
+		t.Errorf("publish span started %v, before the commit at %v", ok.StartTime, committed)
+	}
+	want := map[string]string{
+		"messaging.system":           "nats",
+		"messaging.operation.type":   "send",
+		"messaging.destination.name": "ev.o-1.OrderCreated",
+	}
+	got := map[string]string{}
+	for _, a := range ok.Attributes {
+		got[string(a.Key)] = a.Value.Emit()
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("publish span %s = %q, want %q", k, got[k], v)
+		}
+	}
+	msg, err := e.stream.GetLastMsgForSubject(context.Background(), "ev.o-1.OrderCreated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := msg.Header.Get("Nats-Msg-Id"); got["messaging.message.id"] != id {
+		t.Errorf("messaging.message.id = %q, want the event id %q", got["messaging.message.id"], id)
+	}
+	carried := traceContext.Extract(context.Background(), propagation.MapCarrier{"traceparent": msg.Header.Get("traceparent")})
+	if sc := trace.SpanContextFromContext(carried); sc.SpanID() != ok.SpanContext.SpanID() {
+		t.Errorf("the message carries span %s, want the publish span %s", sc.SpanID(), ok.SpanContext.SpanID())
+	}
+	msg, err = e.stream.GetLastMsgForSubject(context.Background(), "ev.o-3.OrderCreated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tp := msg.Header.Get("traceparent"); tp != "" {
+		t.Errorf("an untraced event was published with traceparent %q", tp)
 	}
 }
