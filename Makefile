@@ -18,14 +18,10 @@ build:
 # one package at a time (tests inside a package still run in parallel):
 # the end-to-end shop and the many-relays test each hold dozens of
 # connections, and together they would pass Postgres's default limit of 100.
-# The outbox's suite runs a second time with its relays owning shards
-# (Config.ShardOwnership), so the option is held to every guarantee the
-# default mode is.
 test: lint-api
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
-	go test -race -count=1 -tags shopbench -timeout 10m ./pkg/outbox -args -outbox.shards
 
 # make trace-check — a demo order's trace as Jaeger shows it: Jaeger
 # v1.75.0 built from its module (tools/jaeger, a module of its own; the

@@ -60,7 +60,7 @@ type Set struct {
 }
 
 // Outbox is pkg/outbox's set: the outbox, its sequence counters and the
-// shard tables of shard ownership.
+// relays' heartbeats.
 func Outbox() Set { return Set{Name: "outbox", Table: "outbox_goose_version", FS: outboxsql.FS()} }
 
 // Inbox is pkg/inbox's set: processed events, cursors, failures, dead

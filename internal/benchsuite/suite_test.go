@@ -191,13 +191,6 @@ func BenchmarkSystem(b *testing.B) {
 				t.add("2", fmt.Sprintf("relay drain 50k, %d relay(s) × 2 workers", n), "events/s", m.rates)
 				t.add("2", fmt.Sprintf("  machine CPU busy meanwhile (%d relay(s))", n), "%", m.busy)
 			}
-			// The same with Config.ShardOwnership: relays lease hash shards
-			// instead of claiming every row.
-			for _, n := range []int{1, 2} {
-				m := repeatMeasured(b, func() measured { return relayDrainShards(b, sz, n) })
-				t.add("2", fmt.Sprintf("relay drain 50k, shard ownership, %d relay(s) × 2 workers", n), "events/s", m.rates)
-				t.add("2", fmt.Sprintf("  machine CPU busy meanwhile (%d shard-owning relay(s))", n), "%", m.busy)
-			}
 		}
 		if wanted("3") {
 			// Interleaved, so that the machine's drift over the minutes of
@@ -732,27 +725,18 @@ func relayDrain(b *testing.B, sz sizes, n int, natsOpts ...broker.Option) measur
 	return scoped(b, func(tb testing.TB) measured {
 		e := newEnv(tb, nil, natsOpts...)
 		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
-		return drain(tb, e, n, sz.backlog, false)
+		return drain(tb, e, n, sz.backlog)
 	})
 }
 
-// relayDrainShards is relayDrain with relays that own shards.
-func relayDrainShards(b *testing.B, sz sizes, n int) measured {
-	return scoped(b, func(tb testing.TB) measured {
-		e := newEnv(tb, nil)
-		fillBacklog(tb, e.db.Pool, sz.backlog, false, "o-")
-		return drain(tb, e, n, sz.backlog, true)
-	})
-}
-
-func drain(tb testing.TB, e *env, n, backlog int, shards bool) measured {
+func drain(tb testing.TB, e *env, n, backlog int) measured {
 	pool := e.db.NewPool(tb, int32(3*n+2))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
 	rs := make([]*outbox.Relay, n)
 	for i := range rs {
-		rs[i] = quietRelay(tb, pool, e.js, outbox.Config{Name: fmt.Sprint("r", i), PollInterval: 5 * time.Millisecond, ShardOwnership: shards})
+		rs[i] = quietRelay(tb, pool, e.js, outbox.Config{Name: fmt.Sprint("r", i), PollInterval: 5 * time.Millisecond})
 	}
 	start, cpu0 := time.Now(), readCPU()
 	for _, r := range rs {
@@ -787,7 +771,7 @@ func keptOutbox(b *testing.B, sz sizes) []float64 {
 		var out []float64
 		for i := range *runs {
 			fillBacklog(tb, e.db.Pool, sz.backlog, false, fmt.Sprintf("run%d-", i))
-			out = append(out, drain(tb, e, 1, sz.backlog, false).rate)
+			out = append(out, drain(tb, e, 1, sz.backlog).rate)
 		}
 		return out
 	})

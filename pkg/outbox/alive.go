@@ -5,10 +5,10 @@ import (
 	"time"
 )
 
-// A relay that dies holding claims used to leave them for the rest of
-// their lease (15 s by default): an event committed just before a crash
-// went out a lease later, the order it belonged to standing still. So a
-// relay in per-row mode also says it is alive, in outbox_relays under its
+// A relay that dies holding claims would leave them for the rest of their
+// lease (15 s by default): an event committed just before a crash would go
+// out a lease later, the order it belongs to standing still. So a relay
+// also says it is alive, in outbox_relays under its
 // Name (the name its claims carry in claimed_by), every aliveEvery for
 // aliveFor. A claim whose relay said so and has stopped saying so is free
 // at once, whatever its lease: a relay restarted after a crash, or any
@@ -24,6 +24,11 @@ const (
 	aliveFor   = 3 * time.Second
 	aliveEvery = time.Second
 )
+
+const heartbeatSQL = `
+WITH gone AS (DELETE FROM outbox_relays WHERE alive_until < now() - interval '1 minute')
+INSERT INTO outbox_relays (name, alive_until) VALUES ($1, now() + $2 * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE SET alive_until = EXCLUDED.alive_until`
 
 // claimantGoneSQL is true for a row claimed by a relay that said it was
 // alive and has stopped: its claim is free.

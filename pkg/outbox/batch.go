@@ -32,25 +32,6 @@ type row struct {
 	takeover bool // the row carried an expired lease of an earlier claim
 }
 
-// take claims a batch with per-row leases, or reads one of m's shards when
-// the relay owns shards, and returns the fence its settlement must pass.
-func (r *Relay) take(ctx context.Context, m *member) ([]row, fence, error) {
-	if m == nil {
-		token := uuid.New()
-		batch, err := r.claim(ctx, token)
-		return batch, fence{token: token}, err
-	}
-	if err := r.own(ctx, m); err != nil {
-		return nil, fence{}, err
-	}
-	f := fence{member: m, shards: m.shards, epochs: m.epochs}
-	if len(f.shards) == 0 {
-		return nil, f, nil
-	}
-	batch, err := r.query(ctx, readShardsSQL, r.limit(), f.shards)
-	return batch, f, err
-}
-
 func (r *Relay) limit() int {
 	if r.stats.downSince.Load() != 0 {
 		return 1 // the broker was taking nothing: probe with one event, not a batch
@@ -58,7 +39,7 @@ func (r *Relay) limit() int {
 	return r.cfg.BatchSize
 }
 
-// query runs a claim or a read and collects its rows.
+// query runs a claim and collects its rows.
 func (r *Relay) query(ctx context.Context, sql string, args ...any) ([]row, error) {
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
@@ -96,9 +77,7 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
 // dueSQL selects the outbox rows o a relay may publish now: due, not
 // leased by a live claim (one whose lease has not ended and whose relay is
 // not known to be gone, alive.go), and the oldest unpublished event of their
-// aggregate, so that k+1 is never published before k. Per-row claims and
-// shard owners (readShardsSQL) both read through it, so the two modes
-// cannot disagree on the ordering rule.
+// aggregate, so that k+1 is never published before k.
 const dueSQL = `o.available_at <= now()
 	  AND (o.claim_until IS NULL OR o.claim_until < now() OR ` + claimantGoneSQL + `)
 	  AND NOT EXISTS (
@@ -249,10 +228,9 @@ func (ev row) message() (*nats.Msg, error) {
 }
 
 // settle records the outcome of a batch. Every update is fenced by the
-// claim token, or by the shards' epochs: a relay whose lease expired and
-// was taken over matches no rows, so it can neither mark nor fail an event
-// it no longer owns.
-func (r *Relay) settle(ctx context.Context, f fence, batch []row, results []result) error {
+// claim token: a relay whose lease expired and was taken over matches no
+// rows, so it can neither mark nor fail an event it no longer owns.
+func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, results []result) error {
 	var acked, released [][16]byte // plain arrays: pgx encodes them without the driver.Valuer detour
 	var outage error
 	failed := &pgx.Batch{}
@@ -277,13 +255,7 @@ func (r *Relay) settle(ctx context.Context, f fence, batch []row, results []resu
 		}
 		dead := res.permanent || ev.attempts+1 >= r.cfg.MaxAttempts
 		delay := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, ev.attempts+1, r.jitter)
-		var q *pgx.QueuedQuery
-		if f.member != nil {
-			q = failed.Queue(failShardsSQL, ev.id, f.shards, f.epochs, f.member.name, res.err.Error(), delay.Microseconds(), dead)
-		} else {
-			q = failed.Queue(failSQL, ev.id, f.token, res.err.Error(), delay.Microseconds(), dead)
-		}
-		q.Exec(func(tag pgconnTag) error {
+		failed.Queue(failSQL, ev.id, token, res.err.Error(), delay.Microseconds(), dead).Exec(func(tag pgconnTag) error {
 			switch {
 			case tag.RowsAffected() == 0:
 				r.stats.lostLeases.Add(1)
@@ -309,13 +281,7 @@ func (r *Relay) settle(ctx context.Context, f fence, batch []row, results []resu
 		}
 		// Marked only now, after the ack: a crash before this line leaves the
 		// events claimed; the lease expires and they are published again.
-		var tag pgconnTag
-		var err error
-		if f.member != nil {
-			tag, err = r.pool.Exec(ctx, markShardsSQL, acked, f.shards, f.epochs, f.member.name)
-		} else {
-			tag, err = r.pool.Exec(ctx, markSQL, acked, f.token)
-		}
+		tag, err := r.pool.Exec(ctx, markSQL, acked, token)
 		if err != nil {
 			return fmt.Errorf("mark %d events published: %w", len(acked), err)
 		}
@@ -326,12 +292,8 @@ func (r *Relay) settle(ctx context.Context, f fence, batch []row, results []resu
 			r.log.Warn("outbox lease lost before marking; another relay publishes these again", "events", lost)
 		}
 	}
-	if len(released) > 0 && f.member != nil {
-		// Nothing was written when the shard's events were read: they are
-		// due as they are.
-		r.stats.deferred.Add(int64(len(released)))
-	} else if len(released) > 0 {
-		failed.Queue(releaseSQL, released, f.token, outage.Error()).Exec(func(tag pgconnTag) error {
+	if len(released) > 0 {
+		failed.Queue(releaseSQL, released, token, outage.Error()).Exec(func(tag pgconnTag) error {
 			r.stats.deferred.Add(tag.RowsAffected())
 			return nil
 		})

@@ -98,7 +98,7 @@ func BenchmarkDatabaseOnly(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := r.settle(ctx, fence{token: token}, batch, make([]result, len(batch))); err != nil {
+				if err := r.settle(ctx, token, batch, make([]result, len(batch))); err != nil {
 					b.Fatal(err)
 				}
 				done += len(batch)

@@ -51,18 +51,6 @@ type Config struct {
 	// for connection poolers that cannot LISTEN. Default false: listen.
 	DisableListen bool
 
-	// ShardOwnership makes the relays of the schema lease hash shards of
-	// the aggregates (32, in outbox_shards) instead of claiming every row:
-	// each worker owns a fair share of the shards, reads their events in
-	// order without writing a claim on them, and marks them fenced by the
-	// shard's epoch; a dead relay's shards move to the others when their
-	// lease expires. A worker renews its leases when it looks for events,
-	// so one that sleeps longer than LeaseDuration (a PollInterval or a
-	// backoff that long) may find its shards moved to other relays: safe,
-	// only less even. Every relay of a schema must use the same mode.
-	// Default false: per-row claims (see the package documentation).
-	ShardOwnership bool
-
 	// Hooks are where a program observes the relay and where tests
 	// interrupt it; none of them changes what the relay does.
 	Hooks Hooks
@@ -89,8 +77,7 @@ type Hooks struct {
 // The failpoints of the outbox, passed to Hooks.FailpointFunc.
 const (
 	// FailpointAfterClaim is hit once per batch, after its claim committed
-	// (with ShardOwnership: after it was read) and before anything is
-	// published.
+	// and before anything is published.
 	FailpointAfterClaim = "outbox.after_claim"
 	// FailpointBeforePublish is hit once per event, just before the event
 	// is handed to the broker: dying there leaves the earlier events of the

@@ -119,48 +119,13 @@
 // Delivery is therefore at least once. Exactly-once effects are the
 // consumer's job (pkg/inbox); RetryHorizon tells it how long copies can come.
 //
-// # Per-row claims or shard ownership
+// # Why per-row claims
 //
-// Two designs keep relays apart, and [Config.ShardOwnership] chooses; every
-// relay of a schema must use the same one. Per-row claims (above, the
-// default) write a lease on every claimed row. With shard ownership each
-// relay worker is a member that leases hash shards of the aggregates (32
-// rows in outbox_shards: owner, epoch, lease expiry; members heartbeat in
-// outbox_relays). A member owns its fair share, the shards divided by the
-// live members rounded up. Between two batches, at most every quarter
-// second, a member renews its leases, gives back its surplus when another
-// member has arrived and takes free or expired shards when it has fewer;
-// it gives its shards back when it stops. It reads its shards in
-// event order, with the same oldest-unpublished-of-its-aggregate predicate,
-// and writes nothing until it marks: one statement per batch, fenced by the
-// epochs it read under. Every change of owner raises the shard's epoch, and
-// a mark or failure update joins the shard rows under those epochs with
-// FOR SHARE: a takeover passes over a shard while an update holds it (and
-// takes it at a later round), and a stale owner (paused past its lease)
-// changes nothing. Windows it adds:
-//
-//   - Owner dies: its leases expire (LeaseDuration) and live members take
-//     its shards over under new epochs (counted as TakenOver, per shard).
-//   - Owner paused past its lease while another took the shard over: both
-//     may publish an event of the shard once more (same ids: the stream's
-//     duplicate window or the inbox drops the copy), but its next renewal
-//     finds the shards gone and it reads them no more, and its marks and
-//     failure updates match no row.
-//   - Rebalance: a member gives a shard back only between its batches, and
-//     the next owner reads the shard's oldest unpublished events, so each
-//     aggregate's events still go out in sequence.
-//
-// Measured on the 2-core development machine over a 50,000-event backlog of
-// 1 KiB events (docs/performance.md), the database work alone ran at about
-// 23,000 events/s with per-row claims and about 51,000 with a shard owner's
-// read and mark, because a claim is one more row write. Per-row claims stay
-// the default: in the shop's benchmark (2026-12-02, same run) one
-// shard-owning relay drained 10,669 events/s against 11,538 for a
-// per-row one, since the broker and the database share the two cores and
-// the claim write was not what bounded it. What shard ownership does buy is
-// relays that do not contend: two of them reached 0.89× of one, against
-// 0.63× with per-row claims. Where each relay has cores of its own, that is
-// the mode to try.
+// Relays keep apart by a lease on every claimed row. The other design,
+// relays leasing hash shards of the aggregates and reading them without a
+// claim write, was built, held to this package's suite and measured
+// against it; it did not pay on the shop's machine, and was removed
+// (docs/architecture.md, "Relays that own shards instead").
 //
 // The sequence check in the claim makes a backlog of many events of one
 // aggregate drain one event per round trip; orders have a handful of events

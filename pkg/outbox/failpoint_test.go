@@ -64,7 +64,7 @@ func TestFailpointAfterClaim(t *testing.T) {
 	if fp.n.Load() < 2 {
 		t.Fatalf("failpoint hit %d times, want the failing claim and a later one", fp.n.Load())
 	}
-	if got := r.Counters(); (got.TakenOver != 2 && !*shards) || got.Published != 2 {
+	if got := r.Counters(); got.TakenOver != 2 || got.Published != 2 {
 		t.Fatalf("counters %+v: want both events taken over from the expired lease and published", got)
 	}
 	if got := streamMsgs(t, e.stream); got != 2 {
@@ -81,10 +81,9 @@ func TestFailpointBeforePublish(t *testing.T) {
 	fp := failOn(FailpointBeforePublish, 2)
 	cfg := fastLease(fp)
 	// One claim loop, so that the second hit is the second event of the
-	// batch that holds all three. With two, shard ownership may split the
-	// events between the loops, and the second hit may be the first event
-	// of the other loop's batch, with nothing stored before it (a CI run
-	// once failed on that).
+	// batch that holds all three: with two, the loops may split the events,
+	// and the second hit be the first event of the other loop's batch, with
+	// nothing stored before it.
 	cfg.Workers = 1
 	r := e.relay(t, cfg)
 	start(t, r)
@@ -114,7 +113,7 @@ func TestFailpointAfterAckBeforeMark(t *testing.T) {
 	if fp.n.Load() != 2 {
 		t.Fatalf("failpoint hit %d times, want 2 (the abandoned batch, the retry)", fp.n.Load())
 	}
-	if got := r.Counters(); got.Published != 1 || got.Duplicates != 1 || (got.TakenOver != 1 && !*shards) {
+	if got := r.Counters(); got.Published != 1 || got.Duplicates != 1 || got.TakenOver != 1 {
 		t.Fatalf("counters %+v: want the retry to be acked as a duplicate and marked once", got)
 	}
 	if got := streamMsgs(t, e.stream); got != 1 {

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -20,12 +19,6 @@ import (
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 )
-
-// shards runs every test's relays (those made by env.relay) with shard
-// ownership: go test ./pkg/outbox -args -outbox.shards. Counts of expired
-// leases taken over (Counters.TakenOver) are then not asserted: a shard's
-// owner reads again what it abandoned, with no lease to wait out.
-var shards = flag.Bool("outbox.shards", false, "run the relays of the tests with Config.ShardOwnership")
 
 type env struct {
 	db     *pgtest.Schema
@@ -66,7 +59,6 @@ func add(t testing.TB, pool *pgxpool.Pool, w *Writer, events ...Event) {
 func (e *env) relay(t testing.TB, cfg Config) *Relay {
 	t.Helper()
 	cfg.Logger = cmpLogger(cfg.Logger)
-	cfg.ShardOwnership = cfg.ShardOwnership || *shards
 	r, err := NewRelay(e.db.Pool, e.js, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -373,8 +365,6 @@ func TestRelayCrashAfterClaim(t *testing.T) {
 // a dead relay claimed go out within seconds. The claims of a relay that
 // is alive are left alone, whatever the lease.
 func TestDeadRelaysClaimsAreTakenOverBeforeTheirLease(t *testing.T) {
-	// Per-row claims in either run of the suite: shard owners write none
-	// (TestDeadRelaysShardsAreTakenOver is this test for them).
 	e := setup(t)
 	ctx := context.Background()
 	var w Writer
@@ -456,7 +446,7 @@ func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
 	eventually(t, 10*time.Second, "event marked by the survivor", func() (bool, error) {
 		return count(t, e.db.Pool, "published_at IS NOT NULL") == 1, nil
 	})
-	if got := survivor.Counters(); got.Duplicates != 1 || (got.TakenOver != 1 && !*shards) {
+	if got := survivor.Counters(); got.Duplicates != 1 || got.TakenOver != 1 {
 		t.Fatalf("survivor counted %d duplicate acks and %d expired leases taken over, want 1 and 1", got.Duplicates, got.TakenOver)
 	}
 	if got := streamMsgs(t, e.stream); got != 1 {
@@ -485,10 +475,10 @@ func TestStaleRelayIsFencedOff(t *testing.T) {
 	}
 
 	// The stale relay wakes and tries to mark and to fail the row.
-	if err := stale.settle(ctx, fence{token: staleToken}, batch, []result{{}}); err != nil {
+	if err := stale.settle(ctx, staleToken, batch, []result{{}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := stale.settle(ctx, fence{token: staleToken}, batch, []result{{err: errors.New("boom"), permanent: true}}); err != nil {
+	if err := stale.settle(ctx, staleToken, batch, []result{{err: errors.New("boom"), permanent: true}}); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := Get(ctx, e.db.Pool, batch[0].id)
@@ -501,7 +491,7 @@ func TestStaleRelayIsFencedOff(t *testing.T) {
 	if got := stale.Counters().LostLeases; got != 2 {
 		t.Fatalf("stale relay counted %d lost leases, want 2", got)
 	}
-	if err := fresh.settle(ctx, fence{token: freshToken}, batch, []result{{}}); err != nil {
+	if err := fresh.settle(ctx, freshToken, batch, []result{{}}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, e.db.Pool, "published_at IS NOT NULL"); n != 1 {
@@ -697,7 +687,7 @@ func TestTransientFailuresBackOffThenDie(t *testing.T) {
 		if err != nil || len(batch) != 1 {
 			t.Fatalf("attempt %d: claim %d rows, %v", attempt, len(batch), err)
 		}
-		if err := r.settle(ctx, fence{token: token}, batch, []result{{err: errTransient}}); err != nil {
+		if err := r.settle(ctx, token, batch, []result{{err: errTransient}}); err != nil {
 			t.Fatal(err)
 		}
 		rec, _ := Get(ctx, e.db.Pool, batch[0].id)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,8 +18,8 @@ import (
 )
 
 // Relay publishes committed outbox events to JetStream. Several relays, in
-// one process or many, may run against one schema: claims, or the leases
-// of shard ownership, keep them apart.
+// one process or many, may run against one schema: their claims keep them
+// apart.
 type Relay struct {
 	pool   *pgxpool.Pool
 	nc     *nats.Conn
@@ -46,8 +47,8 @@ type Counters struct {
 	Duplicates int64 // acks the broker flagged as duplicates (an earlier copy was stored)
 	Retried    int64 // transient failures scheduled for another attempt
 	Dead       int64 // events made dead
-	LostLeases int64 // acked events whose lease (or shard) had passed to another relay before marking
-	TakenOver  int64 // claims of events whose earlier lease had expired unsettled (a relay died or stalled); with ShardOwnership, shards taken from an expired owner
+	LostLeases int64 // acked events whose lease had passed to another relay before marking
+	TakenOver  int64 // claims of events whose earlier lease had expired unsettled (a relay died or stalled)
 	Outages    int64 // times the broker stopped taking anything (connection down, JetStream unavailable, no acks)
 	Deferred   int64 // events handed back without an attempt counted, because the broker took nothing
 }
@@ -142,30 +143,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		g.Go(func() error { r.listen(ctx); return nil })
 	}
 	g.Go(func() error { r.retain(ctx); return nil })
-	if !r.cfg.ShardOwnership {
-		g.Go(func() error { r.stayAlive(ctx); return nil })
-	}
-	for w := range r.cfg.Workers {
-		var m *member
-		if r.cfg.ShardOwnership {
-			m = newMember(r.cfg.Name, w)
-		}
-		g.Go(func() error { r.work(ctx, m); return nil })
+	g.Go(func() error { r.stayAlive(ctx); return nil })
+	for range r.cfg.Workers {
+		g.Go(func() error { r.work(ctx); return nil })
 	}
 	return g.Wait()
 }
 
-func (r *Relay) work(ctx context.Context, m *member) {
-	if m != nil {
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			r.leave(ctx, m)
-		}()
-	}
+func (r *Relay) work(ctx context.Context) {
 	failures, outages := 0, 0
 	for ctx.Err() == nil {
-		n, err := r.relayBatch(ctx, m)
+		n, err := r.relayBatch(ctx)
 		var down *unavailableError
 		switch {
 		case ctx.Err() != nil:
@@ -199,11 +187,10 @@ func (r *Relay) work(ctx context.Context, m *member) {
 	}
 }
 
-// relayBatch claims (or, as member m of the shard owners, reads),
-// publishes and marks one batch; it returns how many events it claimed,
+// relayBatch claims, publishes and marks one batch; it returns how many events it claimed,
 // and an *unavailableError when the broker took none of them for reasons
 // of its own.
-func (r *Relay) relayBatch(ctx context.Context, m *member) (int, error) {
+func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 	if st := r.nc.Status(); st != nats.CONNECTED {
 		// While the broker is unreachable every publish would fail; the
 		// events wait, unclaimed, in the outbox instead.
@@ -219,7 +206,8 @@ func (r *Relay) relayBatch(ctx context.Context, m *member) (int, error) {
 			return 0, &unavailableError{err}
 		}
 	}
-	batch, f, err := r.take(ctx, m)
+	token := uuid.New()
+	batch, err := r.claim(ctx, token)
 	if err != nil || len(batch) == 0 {
 		if err == nil && down {
 			r.brokerUp() // JetStream answers and there is nothing to send
@@ -240,7 +228,7 @@ func (r *Relay) relayBatch(ctx context.Context, m *member) (int, error) {
 	if err != nil {
 		return len(batch), err // "died" part way: nothing is settled, the lease expires
 	}
-	if err := r.settle(ctx, f, batch, results); err != nil {
+	if err := r.settle(ctx, token, batch, results); err != nil {
 		return len(batch), err
 	}
 	return len(batch), verdict(results)

@@ -1,4 +1,4 @@
--- Shard ownership (Config.ShardOwnership): relays lease hash shards of the
+-- Shard ownership (an opt-in relay mode, removed since: 00003 drops what it made but outbox_relays): relays lease hash shards of the
 -- aggregates instead of writing a claim on every row. Idempotent, like
 -- 00001: it also applies to a schema that already has the tables.
 

@@ -1,4 +1,4 @@
-// Package migrations holds the SQL that creates pkg/outbox's tables (outbox, outbox_sequences, and the shard tables outbox_shards and outbox_relays): goose migration
+// Package migrations holds the SQL that creates pkg/outbox's tables (outbox, outbox_sequences and outbox_relays, where relays say they are alive): goose migration
 // files, numbered from 00001, to apply in order in the schema that the outbox's Writer and Relay
 // use, with a version table of their own so that they never interleave
 // with the application's migrations. Every Up statement is idempotent, so
