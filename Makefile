@@ -22,6 +22,7 @@ test: lint-api
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
+	go vet -tags tracecheck ./internal/tracecheck
 
 # make trace-check — a demo order's trace as Jaeger shows it: Jaeger
 # v1.75.0 built from its module (tools/jaeger, a module of its own; the
@@ -34,7 +35,7 @@ test: lint-api
 trace-check:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	jaeger=$$(go -C tools/jaeger tool -n jaeger) && \
-	go test -count=1 -v -run '^TestJaegerShowsAnOrdersTraceCleanly$$' ./internal/tracecheck -jaeger="$$jaeger"
+	go test -tags tracecheck -count=1 -v -run '^TestJaegerShowsAnOrdersTraceCleanly$$' ./internal/tracecheck -jaeger="$$jaeger"
 
 # The chaos run: real shop processes (two of each service) on a three-node
 # NATS cluster (NODES=1: one node), under SIGKILLs, every failpoint,
@@ -59,6 +60,7 @@ lint: lint-api
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
 	go vet -tags shopbench ./...
+	go vet -tags tracecheck ./internal/tracecheck
 
 # api/openapi.yaml under redocly's recommended rules (strict: a warning
 # fails too; api/redocly.yaml) and spectral's oas ruleset (warnings fail;

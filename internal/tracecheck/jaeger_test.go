@@ -1,3 +1,5 @@
+//go:build tracecheck
+
 package tracecheck
 
 import (
@@ -24,7 +26,7 @@ import (
 	"github.com/shop-ref/shop/services"
 )
 
-var jaegerBin = flag.String("jaeger", "", "the Jaeger (v2) binary to run; empty skips the check (make trace-check builds one and passes it)")
+var jaegerBin = flag.String("jaeger", "", "the Jaeger (v2) binary to run (make trace-check builds one and passes it)")
 
 // jaegerConfig is the least a Jaeger v2 needs to take OTLP over HTTP and
 // answer its query API: memory storage, no UI config, no telemetry of its
@@ -71,7 +73,7 @@ exporters:
 // particular none of "clock skew adjustment".
 func TestJaegerShowsAnOrdersTraceCleanly(t *testing.T) {
 	if *jaegerBin == "" {
-		t.Skip("needs -jaeger=<binary>: make trace-check")
+		t.Fatal("needs -jaeger=<binary>: run make trace-check")
 	}
 	query := startJaeger(t)
 	otlp := "http://" + query.otlp
