@@ -101,7 +101,9 @@ type Config struct {
 	// SkipSequenceCheck turns off per-aggregate ordering: events are then
 	// deduplicated by id only and applied in whatever order they arrive.
 	SkipSequenceCheck bool
-	// Logger receives the consumer's logs; nil discards them.
+	// Logger receives the consumer's logs; default slog.Default(), as in
+	// pkg/outbox and pkg/saga: a consumer that drops its warnings hides the
+	// failures an operator must see.
 	Logger *slog.Logger
 	// TracerProvider makes the span of each delivery the consumer applies,
 	// a child of the producer's span named by the message's traceparent
@@ -128,7 +130,7 @@ func (c *Config) setDefaults() {
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, 2*time.Minute)
 	c.ReplayWindow = cmp.Or(c.ReplayWindow, 7*day)
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 	if c.TracerProvider == nil {
 		c.TracerProvider = noop.NewTracerProvider()

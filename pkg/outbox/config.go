@@ -33,7 +33,7 @@ type Config struct {
 	RetentionInterval time.Duration // how often to delete; default 1m
 	RetentionBatch    int           // rows per delete statement; default 1000
 
-	Logger *slog.Logger // default slog.Default()
+	Logger *slog.Logger // default slog.Default(), as in pkg/inbox and pkg/saga
 
 	// TracerProvider makes a span for each event the relay publishes, when
 	// the event carries a trace context (Writer.Add wrote its writer's): a

@@ -33,7 +33,8 @@ type ScannerConfig struct {
 	// postponed alone (RetryDelay) and holds none of the others back.
 	// Default 64; 1 fires one timeout per transaction.
 	BatchSize int
-	// Logger receives the scanner's logs; nil discards them.
+	// Logger receives the scanner's logs; default slog.Default(), as in
+	// pkg/outbox and pkg/inbox.
 	Logger *slog.Logger
 	// TracerProvider makes a span for each fired timeout, the parent of its
 	// transition's span and a child of the span that armed the timeout (its
@@ -82,7 +83,7 @@ func NewScanner(pool *pgxpool.Pool, cfg ScannerConfig, sagas ...*Saga) (*Scanner
 		return nil, fmt.Errorf("saga: ScannerConfig.BatchSize %d must be positive", cfg.BatchSize)
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+		cfg.Logger = slog.Default()
 	}
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = noop.NewTracerProvider()
