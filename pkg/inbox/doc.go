@@ -178,6 +178,6 @@
 //
 // [NewConsumer] refuses a Config that breaks it, and Run also checks the live
 // stream's duplicate window. A running Consumer deletes older rows every hour
-// ([Cleanup]). The inbox_sequences cursors are never deleted: one row per
+// (Retention ago and older). The inbox_sequences cursors are never deleted: one row per
 // aggregate, and with them even a replay older than Retention is skipped.
 package inbox

@@ -274,7 +274,7 @@ func TestReplayOlderThanRetentionSkippedBySequence(t *testing.T) {
 	e.publish(t, ev)
 	eventually(t, "the event is applied", func() bool { return len(e.seqs(t, "a")) == 1 })
 	// Retention has passed: the inbox row is gone, the cursor stays.
-	if _, err := Cleanup(context.Background(), e.db.Pool, testConsumer, 0, 10); err != nil {
+	if _, err := deleteProcessed(context.Background(), e.db.Pool, testConsumer, 0, 10); err != nil {
 		t.Fatal(err)
 	}
 	e.republish(t, ev)
@@ -670,7 +670,7 @@ func TestCleanupDeletesOldRowsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	deleted, err := Cleanup(ctx, e.db.Pool, testConsumer, 14*day, 2) // three batches
+	deleted, err := deleteProcessed(ctx, e.db.Pool, testConsumer, 14*day, 2) // three batches
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func (c *Consumer) maintain(ctx, work context.Context) {
 
 // cleanup may be cut off by shutdown: each batch is its own statement.
 func (c *Consumer) cleanup(ctx context.Context) {
-	n, err := Cleanup(ctx, c.pool, c.cfg.Name, c.cfg.Retention, 1000)
+	n, err := deleteProcessed(ctx, c.pool, c.cfg.Name, c.cfg.Retention, 1000)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Error("inbox cleanup failed", "err", err)
@@ -48,13 +48,13 @@ func (c *Consumer) cleanup(ctx context.Context) {
 	}
 }
 
-// Cleanup deletes the processed_events rows of consumer older than
+// deleteProcessed deletes the processed_events rows of consumer older than
 // olderThan, batch rows (default 1000) per statement so that no statement
 // holds many locks or runs long, and returns how many it deleted. olderThan
 // must respect the windows rule (see the package documentation); a running
-// Consumer calls Cleanup with its Retention every hour. inbox_sequences rows
+// Consumer calls it with its Retention every hour. inbox_sequences rows
 // are kept: they also catch replays older than the retention.
-func Cleanup(ctx context.Context, db DB, consumer string, olderThan time.Duration, batch int) (deleted int64, err error) {
+func deleteProcessed(ctx context.Context, db DB, consumer string, olderThan time.Duration, batch int) (deleted int64, err error) {
 	if batch <= 0 {
 		batch = 1000
 	}
