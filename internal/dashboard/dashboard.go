@@ -1,7 +1,8 @@
 // Package dashboard serves the shop's live web page: orders moving through
-// the saga's states, each service's outbox backlog, the latest published
-// events and the open dead letters, with buttons that place a demo order and
-// pay it. Clicking an order opens its journey (internal/journey): every
+// the saga's states (each card with its customer, items, total in euros and,
+// when CLOSED or REJECTED, the reason), each service's outbox backlog, the
+// latest published events and the open dead letters, with buttons that place
+// a demo order and pay it. Clicking an order opens its journey (internal/journey): every
 // event of the order committed, published and processed by each consumer,
 // with the time each hop took, and the saga's state changes.
 //
@@ -11,7 +12,8 @@
 // page shows is the system's own behaviour and not a shortcut around it.
 //
 // The page is plain HTML, CSS and a little JavaScript embedded in the binary
-// (no build step). It follows the state over server-sent events and falls
+// (no build step). Every time it prints is local, 24 h, to the millisecond
+// (HH:MM:SS.mmm), as its footer says. It follows the state over server-sent events and falls
 // back to polling where those do not get through.
 package dashboard
 

@@ -105,7 +105,10 @@ func TestState(t *testing.T) {
 				t.Fatalf("%s: %v %s", key, err, raw[key])
 			}
 		}
-		wantKeys(t, orders[0], "order_id", "status", "total", "updated_at")
+		wantKeys(t, orders[0], "order_id", "status", "total", "updated_at", "customer_id", "items", "reason")
+		if string(raw["currency"]) != `"EUR"` {
+			t.Errorf("currency = %s, want \"EUR\"", raw["currency"])
+		}
 		wantKeys(t, outbox[0], "service", "pending", "oldest_pending_seconds", "dead")
 		wantKeys(t, events[0], "service", "subject", "type", "published_at")
 	})

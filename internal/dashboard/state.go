@@ -29,6 +29,7 @@ type State struct {
 	At             time.Time      `json:"at"`
 	PaymentTimeout string         `json:"payment_timeout"` // PAYMENT_TIMEOUT, such as "15m0s"
 	CanPay         bool           `json:"can_pay"`         // the page may offer Pay (Config.CanPay)
+	Currency       string         `json:"currency"`        // the unit of every total: Currency
 	Counts         map[string]int `json:"counts"`          // orders per saga state; every state present
 	Orders         []Order        `json:"orders"`          // the most recently updated, newest first
 	Outbox         []Backlog      `json:"outbox"`          // one per service
@@ -36,12 +37,33 @@ type State struct {
 	DeadLetters    []DeadLetters  `json:"dead_letters"`    // one per service
 }
 
-// Order is one order as orders.orders holds it.
+// Currency is the unit of the shop's totals. The API carries money as an
+// integer number of cents with no currency field (api/openapi.yaml); the one
+// currency the shop trades in is inventory's DefaultCurrency, which an
+// OrderCreated without a currency field is in. The page prints totals in it
+// so that "12990" reads as €129.90, not as a bare number.
+const Currency = "EUR"
+
+// Order is one order as the order schema holds it: orders.orders, its
+// order_items, and for a CLOSED or REJECTED order the reason order_history
+// gives for that state.
 type Order struct {
-	ID        string    `json:"order_id"`
-	Status    string    `json:"status"`
-	Total     int64     `json:"total"` // cents
-	UpdatedAt time.Time `json:"updated_at"`
+	ID         string    `json:"order_id"`
+	Status     string    `json:"status"`
+	Total      int64     `json:"total"` // cents of Currency, as the API's totals
+	UpdatedAt  time.Time `json:"updated_at"`
+	CustomerID string    `json:"customer_id"`
+	Items      []Item    `json:"items"`
+	// Reason is why the order ended CLOSED or REJECTED (order_history's
+	// reason, such as "payment_timeout"); "" in the other states.
+	Reason string `json:"reason"`
+}
+
+// Item is one line of an order.
+type Item struct {
+	SKU       string `json:"sku"`
+	Quantity  int    `json:"quantity"`
+	UnitPrice int64  `json:"unit_price"` // cents
 }
 
 // Backlog is one service's outbox, from outbox.ReadStats.
@@ -79,6 +101,7 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 		At:             time.Now().UTC(),
 		PaymentTimeout: s.cfg.PaymentTimeout.String(),
 		CanPay:         s.cfg.CanPay,
+		Currency:       Currency,
 		Counts:         make(map[string]int, len(States)),
 		Orders:         []Order{},
 		Events:         []Event{},
@@ -98,8 +121,14 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Counts[status] = n; return nil }); err != nil {
 		return State{}, fmt.Errorf("count orders: %w", err)
 	}
-	rows, err = orders.Query(ctx, `SELECT order_id::text, status, total, updated_at FROM orders
-		ORDER BY updated_at DESC, order_id LIMIT $1`, recentOrders)
+	// The items and the reason are read per listed order through their
+	// indexes (order_items' key, order_history_order), 20 orders at most.
+	rows, err = orders.Query(ctx, `SELECT o.order_id::text, o.status, o.total, o.updated_at, o.customer_id,
+			coalesce((SELECT json_agg(json_build_object('sku', i.sku, 'quantity', i.quantity, 'unit_price', i.unit_price)
+				ORDER BY i.line) FROM order_items i WHERE i.order_id = o.order_id), '[]'),
+			CASE WHEN o.status IN ('CLOSED', 'REJECTED') THEN coalesce((SELECT h.reason FROM order_history h
+				WHERE h.order_id = o.order_id AND h.status = o.status ORDER BY h.id DESC LIMIT 1), '') ELSE '' END
+		FROM orders o ORDER BY o.updated_at DESC, o.order_id LIMIT $1`, recentOrders)
 	if err != nil {
 		return State{}, fmt.Errorf("list orders: %w", err)
 	}

@@ -31,14 +31,16 @@ function buildBoard() {
   }
 }
 
-const money = (cents) => (cents / 100).toFixed(2);
+// Every time on the page is local, 24 h, to the millisecond (HH:MM:SS.mmm),
+// so a card, an event and a journey hop can be compared at a glance.
+const clock = (t) => new Date(t).toLocaleTimeString("en-GB",
+  { hour12: false, hour: "2-digit", minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3 });
 
-function ago(iso) {
-  const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
-  if (s < 60) return s + "s ago";
-  if (s < 3600) return Math.floor(s / 60) + "m ago";
-  return Math.floor(s / 3600) + "h ago";
-}
+// Totals are integer cents, as the API carries them, in the state's
+// currency (the shop trades in one).
+let currency = "EUR";
+const money = (cents) => new Intl.NumberFormat("en", { style: "currency", currency }).format(cents / 100);
+const itemsText = (items) => (items || []).map((i) => i.quantity + "× " + i.sku).join(", ");
 
 function duration(seconds) {
   if (!seconds) return "–";
@@ -52,7 +54,9 @@ function card(o) {
     pay.addEventListener("click", (e) => { e.stopPropagation(); payOrder(o.order_id, pay); });
     c = el("li", { className: "card" },
       el("span", { className: "id", title: o.order_id, textContent: "…" + o.order_id.slice(-8) }),
-      el("span", { className: "total" }), pay, el("span", { className: "meta" }));
+      el("span", { className: "total" }), pay,
+      el("span", { className: "who" }), el("span", { className: "items" }),
+      el("span", { className: "reason" }), el("span", { className: "meta" }));
     c.dataset.orderId = o.order_id;
     c.title = "Show the journey of order " + o.order_id;
     c.addEventListener("click", () => openJourney(o.order_id));
@@ -62,7 +66,12 @@ function card(o) {
   c.classList.toggle("mine", mine.has(o.order_id));
   c.classList.toggle("open", journeyOf === o.order_id);
   c.querySelector(".total").textContent = money(o.total);
-  c.querySelector(".meta").textContent = "updated " + ago(o.updated_at);
+  c.querySelector(".who").textContent = o.customer_id;
+  c.querySelector(".items").textContent = itemsText(o.items);
+  const reason = c.querySelector(".reason");
+  reason.textContent = o.reason ? "reason: " + o.reason : "";
+  reason.hidden = !o.reason;
+  c.querySelector(".meta").textContent = "updated " + clock(o.updated_at);
   const pay = c.querySelector(".pay");
   pay.hidden = !canPay || o.status !== "WAIT_PAY";
   return c;
@@ -79,6 +88,7 @@ function td(text, className = "") {
 function render(st) {
   $("#timeout").textContent = st.payment_timeout;
   canPay = st.can_pay === true;
+  currency = st.currency || currency;
   const seen = new Set();
   const by = Object.fromEntries(STATES.map((s) => [s, []]));
   for (const o of st.orders) (by[o.status] ||= []).push(o);
@@ -104,7 +114,7 @@ function render(st) {
     td(d.parked, "num"), td(d.parked > 0 ? duration(d.oldest_parked_seconds) : "", "num"),
   ]);
   rows($("#events"), st.events, (e) => [
-    td(new Date(e.published_at).toLocaleTimeString()), td(e.subject), td(e.type),
+    td(clock(e.published_at)), td(e.subject), td(e.type),
   ]);
   if (journeyOf) loadJourney();
 }
@@ -113,9 +123,6 @@ function render(st) {
 
 let journeyOf = "";      // the order whose journey is open, "" when closed
 let journeyBusy = false; // a read is in flight: updates do not pile up
-
-const clock = (iso) => new Date(iso).toLocaleTimeString([],
-  { hour12: false, hour: "2-digit", minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3 });
 
 function span(seconds) {
   if (seconds === undefined || seconds === null) return "";
