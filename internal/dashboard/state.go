@@ -35,6 +35,7 @@ type State struct {
 	Outbox         []Backlog      `json:"outbox"`          // one per service
 	Events         []Event        `json:"events"`          // the most recently published, newest first
 	DeadLetters    []DeadLetters  `json:"dead_letters"`    // one per service
+	Health         []Health       `json:"health"`          // one per service of Config.ServiceURLs, once Run has asked
 }
 
 // Currency is the unit of the shop's totals. The API carries money as an
@@ -176,6 +177,9 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 		}
 		st.DeadLetters = append(st.DeadLetters, dl)
 	}
+	s.seriesMu.Lock()
+	st.Health = append([]Health{}, s.health...)
+	s.seriesMu.Unlock()
 	slices.SortStableFunc(st.Events, func(a, b Event) int { return b.PublishedAt.Compare(a.PublishedAt) })
 	st.Events = st.Events[:min(len(st.Events), recentEvents)]
 	return st, nil

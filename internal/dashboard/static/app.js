@@ -85,8 +85,23 @@ function td(text, className = "") {
   return el("td", { textContent: String(text), className });
 }
 
+// The health strip: one chip per service, from its GET /readyz as the
+// server last asked it (every few seconds).
+function renderHealth(health) {
+  if (!health || health.length === 0) return;
+  $("#health").replaceChildren(...health.map((h) => {
+    const li = el("li", { className: h.ok ? "ok" : "down", title: "GET /readyz at " + clock(h.at) },
+      el("b", { textContent: h.service }), " " + (h.ok ? "ok" : "not ready"),
+      el("span", { className: "detail", textContent: h.detail }));
+    li.dataset.service = h.service;
+    li.dataset.ok = h.ok;
+    return li;
+  }));
+}
+
 function render(st) {
   $("#timeout").textContent = st.payment_timeout;
+  renderHealth(st.health);
   canPay = st.can_pay === true;
   currency = st.currency || currency;
   const seen = new Set();
@@ -284,7 +299,82 @@ function follow() {
   };
 }
 
+// ---- the charts of the last minutes (uPlot, from /api/series) ----
+
+const PALETTE = ["#2563eb", "#15803d", "#b45309", "#b91c1c", "#7c3aed", "#0891b2", "#be185d"];
+const charts = {};      // id -> { plot, keys }
+window.chartData = {};  // the data each chart plots, for the browser test and the curious
+
+function chartWidth(id) {
+  return Math.max(240, document.getElementById(id).clientWidth);
+}
+
+// chart draws data (x first) in #id with the named series, made anew when
+// the series change (a service appears) and updated in place otherwise.
+function chart(id, names, data, unit) {
+  window.chartData[id] = data;
+  const key = names.join(",");
+  const have = charts[id];
+  if (have && have.key === key) {
+    have.plot.setData(data);
+    return;
+  }
+  if (have) have.plot.destroy();
+  const opts = {
+    width: chartWidth(id), height: 170,
+    scales: { x: { time: true } },
+    legend: { live: true },
+    series: [
+      { label: "time", value: (u, v) => (v == null ? "–" : clock(v * 1000)) },
+      ...names.map((n, i) => ({
+        label: n, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: false,
+        value: (u, v) => (v == null ? "–" : (Math.round(v * 10) / 10) + unit),
+      })),
+    ],
+    axes: [
+      // One time format: 24 h, local, as everywhere on the page.
+      { values: (u, splits) => splits.map((v) => clock(v * 1000).slice(0, 8)), space: 70 },
+      { size: 50 },
+    ],
+  };
+  const el = document.getElementById(id);
+  el.replaceChildren();
+  charts[id] = { key, plot: new uPlot(opts, data, el) };
+}
+
+function renderSeries(sr) {
+  $("#window").textContent = Math.round(sr.window_seconds / 60);
+  const t = sr.t;
+  chart("chart-completed", ["completed/s"], [t, sr.completed_per_second], "/s");
+  chart("chart-latency", ["p50", "p99"], [t, sr.latency_p50_ms, sr.latency_p99_ms], " ms");
+  const per = (m) => Object.keys(m).sort((a, b) => a.localeCompare(b));
+  const backlog = per(sr.backlog);
+  chart("chart-backlog", backlog, [t, ...backlog.map((n) => sr.backlog[n])], "");
+  const lag = per(sr.lag);
+  chart("chart-lag", lag, [t, ...lag.map((n) => sr.lag[n])], "");
+}
+
+let seriesBusy = false;
+async function loadSeries() {
+  if (seriesBusy) return;
+  seriesBusy = true;
+  try {
+    const res = await fetch("/api/series", { cache: "no-store" });
+    if (res.ok) renderSeries(await res.json());
+  } catch (e) {
+    /* the state's connection line already says when the server is away */
+  } finally {
+    seriesBusy = false;
+  }
+}
+
+window.addEventListener("resize", () => {
+  for (const [id, c] of Object.entries(charts)) c.plot.setSize({ width: chartWidth(id), height: 170 });
+});
+
 buildBoard();
+loadSeries();
+setInterval(loadSeries, 2000);
 $("#place").addEventListener("click", placeOrder);
 $("#journey-close").addEventListener("click", closeJourney);
 follow();
