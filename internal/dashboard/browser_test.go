@@ -135,11 +135,22 @@ func TestBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#col-COMPLETED ` + card + ` .id`)),
 		chromedp.WaitVisible(chromedp.CSS(`#journey`)),
 	}
+	// The table is folded under the waterfall: its rows are there, not shown.
 	for _, h := range hops {
-		journeyActions = append(journeyActions, chromedp.WaitVisible(chromedp.CSS(`#journey-entries tr`+h)))
+		journeyActions = append(journeyActions, chromedp.WaitReady(chromedp.CSS(`#journey-entries tr`+h)))
+	}
+	// The waterfall: a row per event, a bar per consumer, the states as marks.
+	for _, w := range []string{
+		`.wrow.event[data-event-type="OrderCreated"] .bar.publish`,
+		`.wrow.hop[data-event-type="OrderCreated"][data-consumer="inventory-orders"] .bar.processed`,
+		`.wrow.hop[data-event-type="ShipmentDelivered"][data-consumer="order-fulfillment"] .bar.processed`,
+		`.mark[data-state="PENDING"]`,
+		`.mark[data-state="COMPLETED"]`,
+	} {
+		journeyActions = append(journeyActions, chromedp.WaitVisible(chromedp.CSS(`#waterfall `+w)))
 	}
 	step("click the order and see its journey", journeyActions...)
-	timeline, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#journey`)))
+	timeline, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(`#journey`)))
 	if err != nil {
 		t.Fatal(err)
 	}

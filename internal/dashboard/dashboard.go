@@ -3,9 +3,10 @@
 // when CLOSED or REJECTED, the reason), each service's outbox backlog, the
 // latest published events and the open dead letters, with buttons that place
 // a demo order and pay it. Clicking an order opens its journey
-// (internal/journey): every event of the order committed, published and
-// processed by each consumer, with the time each hop took, and the saga's
-// state changes.
+// (internal/journey) as a waterfall on a time axis: a bar per event from its
+// commit to its publish, a bar per consumer from the publish to its
+// processing, and the saga's state changes as marks; the same entries, with
+// the time each hop took, fold out as a table.
 //
 // It is an operator's view, like `shop verify`: it reads every service's
 // schema directly, read-only, for display. To act it goes through the

@@ -201,9 +201,93 @@ function renderJourney(j) {
     if (e.state) tr.dataset.state = e.state;
     return tr;
   }));
+  renderWaterfall(j.entries);
   const notes = j.notes.slice();
   for (const t of j.timeouts) notes.push("the saga's " + t.name + " timeout is armed: due " + clock(t.due_at));
   $("#journey-notes").replaceChildren(...notes.map((n) => el("li", { textContent: n })));
+}
+
+// renderWaterfall draws the journey on a time axis: a row per event with a
+// bar from its commit to its publish, under it a row per consumer with a
+// bar from the publish (or the commit, when the consumer was first) to its
+// processing, and the order's states as marks across all rows.
+function renderWaterfall(entries) {
+  const wf = $("#waterfall");
+  if (entries.length === 0) { wf.replaceChildren(); return; }
+  const ms = (e) => Date.parse(e.at);
+  const t0 = Math.min(...entries.map(ms));
+  const t1 = Math.max(...entries.map(ms));
+  const spanMs = Math.max(t1 - t0, 1);
+  const pct = (t) => ((t - t0) / spanMs) * 100;
+  const rows = [];  // { label, sub, bars: [{from, to, kind, title}] }
+  const byEvent = new Map();
+  for (const e of entries) {
+    if (e.kind === "committed") {
+      const r = { label: e.event_type, sub: e.service, bars: [], kids: [] };
+      r.commit = ms(e);
+      byEvent.set(e.event_id, r);
+      rows.push(r);
+    }
+  }
+  for (const e of entries) {
+    const r = byEvent.get(e.event_id);
+    if (!r) continue;
+    if (e.kind === "published" || e.kind === "dead") {
+      r.bars.push({ from: r.commit, to: ms(e), kind: e.kind === "published" ? "publish" : "failing", title: e.what + " · " + span(e.hop_seconds) });
+    } else if (["processed", "failing", "dead_letter", "parked"].includes(e.kind)) {
+      const to = ms(e);
+      const from = e.hop_seconds != null ? to - e.hop_seconds * 1000 : to;
+      r.kids.push({ label: "→ " + e.consumer, sub: e.service, consumer: e.consumer,
+        bars: [{ from, to, kind: e.kind === "processed" ? "processed" : "failing",
+          title: e.what + (e.hop_from ? " · " + span(e.hop_seconds) + " after " + e.hop_from : "") }] });
+    }
+  }
+  const track = (bars) => el("div", { className: "track" }, ...bars.map((b) => {
+    const bar = el("span", { className: "bar " + b.kind, title: b.title });
+    bar.style.left = pct(b.from) + "%";
+    bar.style.width = Math.max(pct(b.to) - pct(b.from), 0) + "%";
+    return bar;
+  }));
+  const out = [];
+  for (const r of rows) {
+    const row = el("div", { className: "wrow event" },
+      el("div", { className: "wlabel" }, el("b", { textContent: r.label }), " ", el("span", { className: "sub", textContent: r.sub })),
+      track(r.bars));
+    row.dataset.eventType = r.label;
+    out.push(row);
+    for (const k of r.kids) {
+      const kid = el("div", { className: "wrow hop" }, el("div", { className: "wlabel", textContent: k.label }), track(k.bars));
+      kid.dataset.eventType = r.label;
+      kid.dataset.consumer = k.consumer;
+      out.push(kid);
+    }
+  }
+  // The axis: ticks at a round step, labelled from the order's first entry.
+  const steps = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000, 300000, 600000];
+  const step = steps.find((s) => spanMs / s <= 8) || 600000;
+  const axis = el("div", { className: "track axis" });
+  for (let t = 0; t <= spanMs; t += step) {
+    const tick = el("span", { className: "tick", textContent: t === 0 ? "0" : "+" + span(t / 1000) });
+    tick.style.left = pct(t0 + t) + "%";
+    axis.append(tick);
+  }
+  const head = el("div", { className: "wrow head" }, el("div", { className: "wlabel", textContent: "from " + clock(t0) }), axis);
+  // State marks span every row.
+  const marks = el("div", { className: "marks" });
+  let n = 0;
+  for (const e of entries) {
+    if (e.kind !== "state") continue;
+    const m = el("span", { className: "mark", title: clock(e.at) + " " + e.what });
+    m.style.left = pct(ms(e)) + "%";
+    m.dataset.state = e.state;
+    // States a few ms apart would print over each other: the labels step down.
+    const label = el("span", { className: "mlabel", textContent: e.state });
+    label.style.top = (n++ % 3) * 1.3 + "em";
+    m.append(label);
+    marks.append(m);
+  }
+  const body = el("div", { className: "wbody" }, ...out, marks);
+  wf.replaceChildren(head, body);
 }
 
 function say(text, error = false, orderId = "") {
