@@ -69,6 +69,7 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[str
 		CanPay:         setting[bool](cfg, "PAYMENT_FAKE_PROVIDER"),
 		ServiceURLs:    services,
 		Consumers:      dashboardConsumers(cfg),
+		TraceUIURL:     cfg.TraceUIURL,
 		Logger:         log,
 	})
 	if err != nil {

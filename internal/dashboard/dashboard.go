@@ -98,6 +98,12 @@ type Config struct {
 	// Consumers are the shop's inbox consumers, whose lag the charts plot
 	// per consuming service. Default: none, and no lag chart.
 	Consumers []Consumer
+	// TraceUIURL, when set, links each order to its trace: a URL template
+	// where "{trace_id}" stands for the trace id, such as
+	// "http://localhost:16686/trace/{trace_id}" for Jaeger (TRACE_UI_URL).
+	// The id is the one the order's first event was written under (the
+	// traceparent its outbox row keeps). Empty, the default: no links.
+	TraceUIURL string
 	// SampleInterval is how often Run samples the charts (default 1s),
 	// HealthInterval how often it asks every /readyz (default 3s), and
 	// Window how far back the charts go (default 10m).
@@ -135,6 +141,8 @@ func (c *Config) validate() error {
 		return errors.New("dashboard: Pools must hold the order service's pool")
 	case c.OrderURL == "" || c.PaymentURL == "":
 		return errors.New("dashboard: OrderURL and PaymentURL are required")
+	case c.TraceUIURL != "" && !strings.Contains(c.TraceUIURL, "{trace_id}"):
+		return fmt.Errorf("dashboard: TraceUIURL %q has no {trace_id} to put the trace id in", c.TraceUIURL)
 	}
 	return nil
 }

@@ -3,8 +3,10 @@ package dashboard
 import (
 	"cmp"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +60,13 @@ type Order struct {
 	// Reason is why the order ended CLOSED or REJECTED (order_history's
 	// reason, such as "payment_timeout"); "" in the other states.
 	Reason string `json:"reason"`
+	// TraceURL opens the order's trace in the trace UI of
+	// Config.TraceUIURL; "" when none is configured or the order's first
+	// event carries no trace context.
+	TraceURL string `json:"trace_url,omitempty"`
+	// traceparent is the W3C trace context the order's first outbox row
+	// keeps in its headers (pkg/outbox writes the writer's there).
+	traceparent string
 }
 
 // Item is one line of an order.
@@ -128,14 +137,23 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 			coalesce((SELECT json_agg(json_build_object('sku', i.sku, 'quantity', i.quantity, 'unit_price', i.unit_price)
 				ORDER BY i.line) FROM order_items i WHERE i.order_id = o.order_id), '[]'),
 			CASE WHEN o.status IN ('CLOSED', 'REJECTED') THEN coalesce((SELECT h.reason FROM order_history h
-				WHERE h.order_id = o.order_id AND h.status = o.status ORDER BY h.id DESC LIMIT 1), '') ELSE '' END
+				WHERE h.order_id = o.order_id AND h.status = o.status ORDER BY h.id DESC LIMIT 1), '') ELSE '' END,
+			coalesce((SELECT x.headers->>'traceparent' FROM outbox x WHERE x.aggregate_type = 'order'
+				AND x.aggregate_id = o.order_id::text ORDER BY x.aggregate_seq LIMIT 1), '')
 		FROM orders o ORDER BY o.updated_at DESC, o.order_id LIMIT $1`, recentOrders)
 	if err != nil {
 		return State{}, fmt.Errorf("list orders: %w", err)
 	}
-	st.Orders, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Order])
+	st.Orders, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Order, error) {
+		var o Order
+		err := r.Scan(&o.ID, &o.Status, &o.Total, &o.UpdatedAt, &o.CustomerID, &o.Items, &o.Reason, &o.traceparent)
+		return o, err
+	})
 	if err != nil {
 		return State{}, fmt.Errorf("list orders: %w", err)
+	}
+	for i := range st.Orders {
+		st.Orders[i].TraceURL = traceURL(s.cfg.TraceUIURL, st.Orders[i].traceparent)
 	}
 
 	for _, name := range s.services {
@@ -183,6 +201,21 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 	slices.SortStableFunc(st.Events, func(a, b Event) int { return b.PublishedAt.Compare(a.PublishedAt) })
 	st.Events = st.Events[:min(len(st.Events), recentEvents)]
 	return st, nil
+}
+
+// traceURL is template with the trace id of traceparent in place of
+// {trace_id}, or "" when either is missing or the traceparent is not a
+// valid W3C one ("00-<32 hex trace id>-<16 hex span id>-<2 hex flags>").
+func traceURL(template, traceparent string) string {
+	parts := strings.Split(traceparent, "-")
+	if template == "" || len(parts) != 4 || len(parts[1]) != 32 {
+		return ""
+	}
+	id := strings.ToLower(parts[1])
+	if _, err := hex.DecodeString(id); err != nil || id == strings.Repeat("0", 32) {
+		return "" // the all-zero id is invalid: no trace was recorded
+	}
+	return strings.ReplaceAll(template, "{trace_id}", id)
 }
 
 // serviceNames returns the services of pools in a fixed order: the given

@@ -9,6 +9,7 @@
 const STATES = ["PENDING", "WAIT_PAY", "PAID", "FULFILLING", "COMPLETED", "REJECTED", "CLOSED"];
 const $ = (sel) => document.querySelector(sel);
 const cards = new Map(); // order id -> <li>
+const traceURLs = new Map(); // order id -> its trace in the trace UI (TRACE_UI_URL), when known
 const mine = new Set();  // orders placed from this page
 let canPay = false;      // the payment service's fake provider is on (state.can_pay)
 const columns = {};
@@ -56,7 +57,10 @@ function card(o) {
       el("span", { className: "id", title: o.order_id, textContent: "…" + o.order_id.slice(-8) }),
       el("span", { className: "total" }), pay,
       el("span", { className: "who" }), el("span", { className: "items" }),
-      el("span", { className: "reason" }), el("span", { className: "meta" }));
+      el("span", { className: "reason" }), el("span", { className: "meta" }),
+      el("a", { className: "trace", target: "_blank", rel: "noopener", textContent: "trace ↗", hidden: true }));
+    // The link opens the trace UI; it must not also open the journey.
+    c.querySelector(".trace").addEventListener("click", (e) => e.stopPropagation());
     c.dataset.orderId = o.order_id;
     c.title = "Show the journey of order " + o.order_id;
     c.addEventListener("click", () => openJourney(o.order_id));
@@ -72,6 +76,10 @@ function card(o) {
   reason.textContent = o.reason ? "reason: " + o.reason : "";
   reason.hidden = !o.reason;
   c.querySelector(".meta").textContent = "updated " + clock(o.updated_at);
+  if (o.trace_url) traceURLs.set(o.order_id, o.trace_url);
+  const trace = c.querySelector(".trace");
+  trace.hidden = !o.trace_url;
+  if (o.trace_url) { trace.href = o.trace_url; trace.title = "Open the trace of order " + o.order_id; }
   const pay = c.querySelector(".pay");
   pay.hidden = !canPay || o.status !== "WAIT_PAY";
   return c;
@@ -189,6 +197,9 @@ async function loadJourney() {
 function renderJourney(j) {
   $("#journey-problem").hidden = true;
   $("#journey-status").textContent = j.status || "(no order row)";
+  const trace = $("#journey-trace");
+  trace.hidden = !traceURLs.has(j.order_id);
+  if (!trace.hidden) trace.href = traceURLs.get(j.order_id);
   const tbody = $("#journey-entries");
   tbody.replaceChildren(...j.entries.map((e, i) => {
     const hop = e.hop_from ? span(e.hop_seconds) + " after " + e.hop_from : "";
