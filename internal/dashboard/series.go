@@ -92,25 +92,24 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	askHealth()
 	asking := true
+	s.takeSample(ctx)
 	for {
-		s.takeSample(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-sample.C:
+			s.takeSample(ctx)
 		case h := <-healthDone:
 			s.seriesMu.Lock()
 			s.health = h
 			s.seriesMu.Unlock()
 			asking = false
-			continue
 		case <-health.C:
 			// A check still in flight (a hung service) is not doubled.
 			if !asking {
 				askHealth()
 				asking = true
 			}
-			continue
 		}
 	}
 }

@@ -294,6 +294,7 @@ function renderWaterfall(entries) {
     // States a few ms apart would print over each other: the labels step down.
     const label = el("span", { className: "mlabel", textContent: e.state });
     label.style.top = (n++ % 3) * 1.3 + "em";
+    if (pct(ms(e)) > 85) { label.style.left = "auto"; label.style.right = "3px"; } // stays inside the panel
     m.append(label);
     marks.append(m);
   }
@@ -406,7 +407,7 @@ function chartWidth(id) {
 
 // chart draws data (x first) in #id with the named series, made anew when
 // the series change (a service appears) and updated in place otherwise.
-function chart(id, names, data, unit) {
+function chart(id, names, data, unit, floor = 1) {
   window.chartData[id] = data;
   const key = names.join(",");
   const have = charts[id];
@@ -417,7 +418,13 @@ function chart(id, names, data, unit) {
   if (have) have.plot.destroy();
   const opts = {
     width: chartWidth(id), height: 170,
-    scales: { x: { time: true } },
+    // At least a minute across, so the first samples are not stretched
+    // over the whole width as if they were the window.
+    // Counts start at 0 and a quiet shop's flat zero sits at the bottom.
+    scales: {
+      x: { time: true, range: (u, min, max) => [Math.min(min, max - 60), max] },
+      y: { range: (u, min, max) => [0, Math.max(max ?? 0, floor) * 1.1] },
+    },
     legend: { live: true },
     series: [
       { label: "time", value: (u, v) => (v == null ? "–" : clock(v * 1000)) },
@@ -441,12 +448,12 @@ function renderSeries(sr) {
   $("#window").textContent = Math.round(sr.window_seconds / 60);
   const t = sr.t;
   chart("chart-completed", ["completed/s"], [t, sr.completed_per_second], "/s");
-  chart("chart-latency", ["p50", "p99"], [t, sr.latency_p50_ms, sr.latency_p99_ms], " ms");
+  chart("chart-latency", ["p50", "p99"], [t, sr.latency_p50_ms, sr.latency_p99_ms], " ms", 100);
   const per = (m) => Object.keys(m).sort((a, b) => a.localeCompare(b));
   const backlog = per(sr.backlog);
-  chart("chart-backlog", backlog, [t, ...backlog.map((n) => sr.backlog[n])], "");
+  chart("chart-backlog", backlog, [t, ...backlog.map((n) => sr.backlog[n])], "", 5);
   const lag = per(sr.lag);
-  chart("chart-lag", lag, [t, ...lag.map((n) => sr.lag[n])], "");
+  chart("chart-lag", lag, [t, ...lag.map((n) => sr.lag[n])], "", 5);
 }
 
 let seriesBusy = false;
