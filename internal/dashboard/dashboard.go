@@ -179,7 +179,7 @@ func New(cfg Config) (*Server, error) {
 		mux:      http.NewServeMux(),
 	}
 	s.sampler.ring = make([]Sample, max(1, int(cfg.Window/cfg.SampleInterval)))
-	s.sampler.failing = map[string]error{}
+	s.sampler.failing, s.sampler.read = map[string]error{}, map[string]bool{}
 	for name, db := range cfg.Pools {
 		s.journeys[name] = db
 	}
