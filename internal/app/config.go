@@ -87,6 +87,10 @@ type Config struct {
 	// empty, the default: no spans, nothing exported. A ServiceConfig's
 	// own TracerProvider takes precedence.
 	TracesEndpoint string
+	// TraceUIURL links each order on the dashboard to its trace
+	// (TRACE_UI_URL): a URL template with {trace_id}, such as
+	// http://localhost:16686/trace/{trace_id} for Jaeger. Empty: no links.
+	TraceUIURL string
 }
 
 // ServiceConfig is what differs between services.
@@ -136,6 +140,7 @@ func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, e
 		// Read here only to know whether to export: the exporter reads
 		// these and the other OTEL_* variables itself, as specified.
 		TracesEndpoint: cmp.Or(getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
+		TraceUIURL:     getenv("TRACE_UI_URL"),
 	}
 	if v := getenv("NATS_STREAM_MAX_AGE"); v != "" {
 		d, err := time.ParseDuration(v)

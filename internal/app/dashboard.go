@@ -56,6 +56,10 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[str
 	for name, p := range shop.Pools {
 		pools[name] = p
 	}
+	services := map[string]string{} // urls also holds the dashboard's own, which has no /readyz
+	for _, name := range cfg.Registry.Names() {
+		services[name] = urls[name]
+	}
 	d, err := dashboard.New(dashboard.Config{
 		Services:       cfg.Registry.Names(),
 		Pools:          pools,
@@ -63,11 +67,15 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[str
 		PaymentURL:     urls["payment"],
 		PaymentTimeout: setting[time.Duration](cfg, "PAYMENT_TIMEOUT"),
 		CanPay:         setting[bool](cfg, "PAYMENT_FAKE_PROVIDER"),
+		ServiceURLs:    services,
+		Consumers:      dashboardConsumers(cfg),
+		TraceUIURL:     cfg.TraceUIURL,
 		Logger:         log,
 	})
 	if err != nil {
 		return err
 	}
+	go func() { _ = d.Run(ctx) }() // it ends with ctx; a failed sample is logged and retried
 	limits := defaultHTTPLimits()
 	limits.write = 0 // the page's event stream is open as long as the page: a write deadline would cut it
 	srv, err := newHTTPServer(d, limits, log)
@@ -88,4 +96,22 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[str
 		return fmt.Errorf("dashboard: serve http: %w", err)
 	}
 	return nil
+}
+
+// dashboardConsumers lists the registry's consumers with the service that
+// runs each and the service whose stream it reads, for the lag chart.
+func dashboardConsumers(cfg Config) []dashboard.Consumer {
+	source := map[string]string{} // stream -> the service that publishes to it
+	for _, e := range cfg.Registry {
+		source[e.Stream] = e.Name
+	}
+	var out []dashboard.Consumer
+	for _, e := range cfg.Registry {
+		for _, c := range e.Consumers {
+			if src, ok := source[c.Stream]; ok {
+				out = append(out, dashboard.Consumer{Name: c.Name, Service: e.Name, Source: src, Types: c.Types})
+			}
+		}
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +23,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/database"
@@ -35,10 +38,11 @@ import (
 // click it to see its journey: every hop of its events, each consumer's
 // included, and the saga's states.
 //
-// Set DASHBOARD_SCREENSHOT=/tmp/dashboard.png to keep a picture of the page
-// at the end, JOURNEY_SCREENSHOT=docs/journey.png (a path relative to this
-// package's directory, or an absolute one) one of the journey panel: that
-// is how the README's picture is taken.
+// Set DASHBOARD_SCREENSHOT=$PWD/docs/dashboard.png to keep a picture of the
+// page at the end, with its charts and health strip, and
+// JOURNEY_SCREENSHOT=$PWD/docs/journey.png one of the journey panel's
+// waterfall (a relative path is relative to this package's directory): that
+// is how the README's pictures are taken.
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := findChromium(t)
@@ -96,6 +100,15 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#conn.live`)),
 		chromedp.WaitVisible(chromedp.CSS(`#col-CLOSED li[data-order-id]`)), // restock's probe order
 	)
+	healthy := []chromedp.Action[chromedp.Void]{}
+	for _, name := range services.All.Names() {
+		healthy = append(healthy, chromedp.WaitVisible(chromedp.CSS(`#health li.ok[data-service="`+name+`"]`)))
+	}
+	step("see every service ready in the health strip", healthy...)
+	probe, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#col-CLOSED li[data-order-id] .reason`)))
+	if err != nil || probe != "reason: customer_cancel" {
+		t.Errorf("the cancelled probe order's card says %q (%v), want its reason", probe, err)
+	}
 	step(`click "Place an order"`,
 		chromedp.Click(chromedp.CSS(`#place`)),
 		chromedp.WaitVisible(chromedp.CSS(`#message[data-order-id]:not([data-order-id=""])`)),
@@ -112,6 +125,10 @@ func TestBrowser(t *testing.T) {
 	step("wait for COMPLETED",
 		chromedp.WaitVisible(chromedp.CSS(`#col-COMPLETED `+card)),
 	)
+	href, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`#col-COMPLETED `+card+` a.trace`), "href"))
+	if err != nil || !regexp.MustCompile(`^http://traces\.example/trace/[0-9a-f]{32}$`).MatchString(href.Value) {
+		t.Errorf("the order's trace link is %q (%v), want TRACE_UI_URL with its trace id", href.Value, err)
+	}
 	message, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#message`)))
 	if err != nil || !strings.Contains(message, "Paid order "+orderID) {
 		t.Errorf("message %q (%v): want it to say the order was paid", message, err)
@@ -135,11 +152,22 @@ func TestBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#col-COMPLETED ` + card + ` .id`)),
 		chromedp.WaitVisible(chromedp.CSS(`#journey`)),
 	}
+	// The table is folded under the waterfall: its rows are there, not shown.
 	for _, h := range hops {
-		journeyActions = append(journeyActions, chromedp.WaitVisible(chromedp.CSS(`#journey-entries tr`+h)))
+		journeyActions = append(journeyActions, chromedp.WaitReady(chromedp.CSS(`#journey-entries tr`+h)))
+	}
+	// The waterfall: a row per event, a bar per consumer, the states as marks.
+	for _, w := range []string{
+		`.wrow.event[data-event-type="OrderCreated"] .bar.publish`,
+		`.wrow.hop[data-event-type="OrderCreated"][data-consumer="inventory-orders"] .bar.processed`,
+		`.wrow.hop[data-event-type="ShipmentDelivered"][data-consumer="order-fulfillment"] .bar.processed`,
+		`.mark[data-state="PENDING"]`,
+		`.mark[data-state="COMPLETED"]`,
+	} {
+		journeyActions = append(journeyActions, chromedp.WaitVisible(chromedp.CSS(`#waterfall `+w)))
 	}
 	step("click the order and see its journey", journeyActions...)
-	timeline, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#journey`)))
+	timeline, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(`#journey`)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +178,8 @@ func TestBrowser(t *testing.T) {
 		}
 	}
 	if path := os.Getenv("JOURNEY_SCREENSHOT"); path != "" {
+		// Unfolded, the table would make the picture a scroll; the
+		// waterfall is what it shows.
 		png, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS(`#journey`)))
 		if err == nil {
 			err = os.WriteFile(path, png, 0o644)
@@ -158,6 +188,44 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("journey screenshot: %v", err)
 		}
 	}
+	step("close the journey", chromedp.Click(chromedp.CSS(`#journey-close`)))
+
+	// A few more orders, placed and paid with clicks, so that the charts
+	// have completions to draw.
+	for i := range 3 {
+		step(fmt.Sprintf("place and pay order %d more", i+1),
+			chromedp.Click(chromedp.CSS(`#place`)),
+			chromedp.WaitVisible(chromedp.CSS(`#message[data-order-id]:not([data-order-id="`+orderID+`"])`)),
+		)
+		attr, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`#message`), "data-order-id"))
+		if err != nil || attr.Value == "" {
+			t.Fatalf("the page names no placed order: %v", err)
+		}
+		orderID = attr.Value
+		card := `li[data-order-id="` + orderID + `"]`
+		step("pay it and see it COMPLETED",
+			chromedp.Click(chromedp.CSS(`#col-WAIT_PAY `+card+` button.pay`)),
+			chromedp.WaitVisible(chromedp.CSS(`#col-COMPLETED `+card)),
+		)
+	}
+	// The charts: a canvas each, and the data they plot (window.chartData,
+	// what uPlot was given) holds completions, their latency, and a backlog
+	// and a lag series per service, all read by the dashboard's sampler.
+	step("see the charts drawn with data",
+		chromedp.WaitVisible(chromedp.CSS(`#chart-completed canvas`)),
+		chromedp.WaitVisible(chromedp.CSS(`#chart-latency canvas`)),
+		chromedp.WaitVisible(chromedp.CSS(`#chart-backlog canvas`)),
+		chromedp.WaitVisible(chromedp.CSS(`#chart-lag canvas`)),
+		chromedp.Poll[chromedp.Void](`(() => {
+			const d = window.chartData || {};
+			const some = (col, f) => Array.isArray(col) && col.some(f);
+			return some((d["chart-completed"] || [])[1], (v) => v > 0)
+				&& some((d["chart-latency"] || [])[1], (v) => v > 0)
+				&& some((d["chart-latency"] || [])[2], (v) => v > 0)
+				&& (d["chart-backlog"] || []).length === 5 && some(d["chart-backlog"][1], (v) => v !== null)
+				&& (d["chart-lag"] || []).length === 5 && some(d["chart-lag"][1], (v) => v !== null);
+		})()`, chromedp.WithPollingInterval(200*time.Millisecond)),
+	)
 	if path := os.Getenv("DASHBOARD_SCREENSHOT"); path != "" {
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		if err == nil {
@@ -205,6 +273,7 @@ func startShop(t *testing.T) shopURLs {
 		"FULFILLMENT_DELAY":     "200ms",
 		"DASHBOARD_ADDR":        freeAddr(t),
 		"PAYMENT_FAKE_PROVIDER": "true", // the page's Pay button
+		"TRACE_UI_URL":          "http://traces.example/trace/{trace_id}",
 	}
 	for _, name := range services.All.Names() {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr(t)
@@ -213,6 +282,11 @@ func startShop(t *testing.T) shopURLs {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The order service records spans (kept in memory, exported nowhere),
+	// so its outbox rows carry a traceparent and the page links the trace.
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	cfg.Services["order"].TracerProvider = tp
 	log := slog.New(slog.DiscardHandler)
 	if os.Getenv("DASHBOARD_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -1,18 +1,33 @@
 // Package dashboard serves the shop's live web page: orders moving through
-// the saga's states, each service's outbox backlog, the latest published
-// events and the open dead letters, with buttons that place a demo order and
-// pay it. Clicking an order opens its journey (internal/journey): every
-// event of the order committed, published and processed by each consumer,
-// with the time each hop took, and the saga's state changes.
+// the saga's states (each card with its customer, items, total in euros and,
+// when CLOSED or REJECTED, the reason), each service's outbox backlog, the
+// latest published events and the open dead letters, with buttons that place
+// a demo order and pay it. Clicking an order opens its journey
+// (internal/journey) as a waterfall on a time axis: a bar per event from its
+// commit to its publish, a bar per consumer from the publish to its
+// processing, and the saga's state changes as marks; the same entries, with
+// the time each hop took, fold out as a table.
 //
 // It is an operator's view, like `shop verify`: it reads every service's
 // schema directly, read-only, for display. To act it goes through the
 // services' public HTTP APIs only, exactly as a client would, so what the
 // page shows is the system's own behaviour and not a shortcut around it.
 //
+// Over time it shows charts of the last minutes (Config.Window): orders
+// completed per second, order → COMPLETED latency (p50, p99), each
+// service's outbox backlog and each consuming service's lag, and a strip
+// with every service's /readyz. Run gathers them: once a second one query
+// per schema into a small ring in this process, every few seconds the
+// /readyz answers; GET /api/series serves the ring. Nothing else is kept.
+//
 // The page is plain HTML, CSS and a little JavaScript embedded in the binary
-// (no build step). It follows the state over server-sent events and falls
-// back to polling where those do not get through.
+// (no build step). Every time it prints is local, 24 h, to the millisecond
+// (HH:MM:SS.mmm), as its footer says. The charts are drawn by uPlot
+// (static/vendor, MIT): about 50 KB with no dependencies, served as the
+// file it ships (no build step), drawing on a canvas, so ten minutes of
+// samples per series cost the page little, and maintained. It follows the
+// state over server-sent events and falls back to polling where those do
+// not get through.
 package dashboard
 
 import (
@@ -76,6 +91,23 @@ type Config struct {
 	// Interval is how often the server-sent events push the state (default
 	// 1s).
 	Interval time.Duration
+	// ServiceURLs are the base URLs of every service's API, by name, whose
+	// GET /readyz the health strip shows. Default: the order and payment
+	// services', from OrderURL and PaymentURL.
+	ServiceURLs map[string]string
+	// Consumers are the shop's inbox consumers, whose lag the charts plot
+	// per consuming service. Default: none, and no lag chart.
+	Consumers []Consumer
+	// TraceUIURL, when set, links each order to its trace: a URL template
+	// where "{trace_id}" stands for the trace id, such as
+	// "http://localhost:16686/trace/{trace_id}" for Jaeger (TRACE_UI_URL).
+	// The id is the one the order's first event was written under (the
+	// traceparent its outbox row keeps). Empty, the default: no links.
+	TraceUIURL string
+	// SampleInterval is how often Run samples the charts (default 1s),
+	// HealthInterval how often it asks every /readyz (default 3s), and
+	// Window how far back the charts go (default 10m).
+	SampleInterval, HealthInterval, Window time.Duration
 	// Client calls the services (default: a client with a 10s timeout).
 	Client *http.Client
 	// Logger logs failed reads and calls (default: discard).
@@ -95,6 +127,12 @@ func (c *Config) setDefaults() {
 	}
 	c.OrderURL = strings.TrimRight(c.OrderURL, "/")
 	c.PaymentURL = strings.TrimRight(c.PaymentURL, "/")
+	if c.ServiceURLs == nil {
+		c.ServiceURLs = map[string]string{"order": c.OrderURL, "payment": c.PaymentURL}
+	}
+	c.SampleInterval = cmp.Or(c.SampleInterval, time.Second)
+	c.HealthInterval = cmp.Or(c.HealthInterval, 3*time.Second)
+	c.Window = cmp.Or(c.Window, 10*time.Minute)
 }
 
 func (c *Config) validate() error {
@@ -103,6 +141,8 @@ func (c *Config) validate() error {
 		return errors.New("dashboard: Pools must hold the order service's pool")
 	case c.OrderURL == "" || c.PaymentURL == "":
 		return errors.New("dashboard: OrderURL and PaymentURL are required")
+	case c.TraceUIURL != "" && !strings.Contains(c.TraceUIURL, "{trace_id}"):
+		return fmt.Errorf("dashboard: TraceUIURL %q has no {trace_id} to put the trace id in", c.TraceUIURL)
 	}
 	return nil
 }
@@ -119,6 +159,11 @@ type Server struct {
 	mu     sync.Mutex
 	cached State
 	readAt time.Time
+
+	// What Run gathers: the charts' ring and the last health checks.
+	seriesMu sync.Mutex
+	sampler  sampler
+	health   []Health
 }
 
 // New returns a dashboard configured by cfg. It does no I/O.
@@ -133,6 +178,8 @@ func New(cfg Config) (*Server, error) {
 		journeys: make(map[string]journey.DB, len(cfg.Pools)),
 		mux:      http.NewServeMux(),
 	}
+	s.sampler.ring = make([]Sample, max(1, int(cfg.Window/cfg.SampleInterval)))
+	s.sampler.failing, s.sampler.read = map[string]error{}, map[string]bool{}
 	for name, db := range cfg.Pools {
 		s.journeys[name] = db
 	}
@@ -141,6 +188,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(files)))
 	s.mux.HandleFunc("GET /api/state", s.handleState)
 	s.mux.HandleFunc("GET /api/events", s.handleEvents)
+	s.mux.HandleFunc("GET /api/series", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.series()) })
 	s.mux.HandleFunc("GET /api/orders/{id}/journey", s.handleJourney)
 	s.mux.HandleFunc("POST /api/demo/order", s.handleOrder)
 	s.mux.HandleFunc("POST /api/demo/pay/{id}", s.handlePay)

@@ -105,7 +105,10 @@ func TestState(t *testing.T) {
 				t.Fatalf("%s: %v %s", key, err, raw[key])
 			}
 		}
-		wantKeys(t, orders[0], "order_id", "status", "total", "updated_at")
+		wantKeys(t, orders[0], "order_id", "status", "total", "updated_at", "customer_id", "items", "reason")
+		if string(raw["currency"]) != `"EUR"` {
+			t.Errorf("currency = %s, want \"EUR\"", raw["currency"])
+		}
 		wantKeys(t, outbox[0], "service", "pending", "oldest_pending_seconds", "dead")
 		wantKeys(t, events[0], "service", "subject", "type", "published_at")
 	})
@@ -353,6 +356,62 @@ func TestNewValidates(t *testing.T) {
 	}
 	if _, err := dashboard.New(dashboard.Config{Pools: map[string]dashboard.DB{"order": failingDB{}}}); err == nil {
 		t.Error("no service URLs: want an error")
+	}
+	if _, err := dashboard.New(dashboard.Config{Pools: map[string]dashboard.DB{"order": failingDB{}},
+		OrderURL: "http://o", PaymentURL: "http://p", TraceUIURL: "http://jaeger/trace/"}); err == nil {
+		t.Error("a TraceUIURL without {trace_id}: want an error")
+	}
+}
+
+// TestTraceLink: with TraceUIURL set, an order whose first event was written
+// under a trace links to that trace; an order with no trace context in its
+// events links nowhere; without TraceUIURL nothing links.
+func TestTraceLink(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pools := map[string]dashboard.DB{}
+	for name, p := range shoptest.Schemas(t, services.All).Pools {
+		pools[name] = p
+	}
+	traced, untraced := uuid.NewString(), uuid.NewString()
+	for _, id := range []string{traced, untraced} {
+		if _, err := pools["order"].Exec(ctx, `INSERT INTO orders (order_id, customer_id, status, total, created_at, updated_at)
+			VALUES ($1, 'c-1', 'PENDING', 1999, now(), now())`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	event := func(id string, seq int, headers string) {
+		t.Helper()
+		if _, err := pools["order"].Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+			schema_version, subject, payload, headers) VALUES ($1, 'order', $2, $3, 'OrderCreated', 1, 'orders.x.OrderCreated', '{}', $4)`,
+			uuid.Must(uuid.NewV7()), id, seq, headers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	event(traced, 1, `{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`)
+	event(traced, 2, `{"traceparent":"00-11111111111111111111111111111111-00f067aa0ba902b7-01"}`) // a later event's: not the order's first
+	event(untraced, 1, `{}`)
+
+	for _, tc := range []struct {
+		template string
+		want     map[string]string
+	}{
+		{"http://localhost:16686/trace/{trace_id}", map[string]string{
+			traced: "http://localhost:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736", untraced: ""}},
+		{"", map[string]string{traced: "", untraced: ""}},
+	} {
+		d, err := dashboard.New(dashboard.Config{Pools: pools, OrderURL: "http://o", PaymentURL: "http://p", TraceUIURL: tc.template})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(d)
+		st := getState(t, srv.URL)
+		srv.Close()
+		for _, o := range st.Orders {
+			if o.TraceURL != tc.want[o.ID] {
+				t.Errorf("template %q: order %s links to %q, want %q", tc.template, o.ID, o.TraceURL, tc.want[o.ID])
+			}
+		}
 	}
 }
 

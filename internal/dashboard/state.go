@@ -3,8 +3,10 @@ package dashboard
 import (
 	"cmp"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,19 +31,49 @@ type State struct {
 	At             time.Time      `json:"at"`
 	PaymentTimeout string         `json:"payment_timeout"` // PAYMENT_TIMEOUT, such as "15m0s"
 	CanPay         bool           `json:"can_pay"`         // the page may offer Pay (Config.CanPay)
+	Currency       string         `json:"currency"`        // the unit of every total: Currency
 	Counts         map[string]int `json:"counts"`          // orders per saga state; every state present
 	Orders         []Order        `json:"orders"`          // the most recently updated, newest first
 	Outbox         []Backlog      `json:"outbox"`          // one per service
 	Events         []Event        `json:"events"`          // the most recently published, newest first
 	DeadLetters    []DeadLetters  `json:"dead_letters"`    // one per service
+	Health         []Health       `json:"health"`          // one per service of Config.ServiceURLs, once Run has asked
 }
 
-// Order is one order as orders.orders holds it.
+// Currency is the unit of the shop's totals. The API carries money as an
+// integer number of cents with no currency field (api/openapi.yaml); the one
+// currency the shop trades in is inventory's DefaultCurrency, which an
+// OrderCreated without a currency field is in. The page prints totals in it
+// so that "12990" reads as €129.90, not as a bare number.
+const Currency = "EUR"
+
+// Order is one order as the order schema holds it: orders.orders, its
+// order_items, and for a CLOSED or REJECTED order the reason order_history
+// gives for that state.
 type Order struct {
-	ID        string    `json:"order_id"`
-	Status    string    `json:"status"`
-	Total     int64     `json:"total"` // cents
-	UpdatedAt time.Time `json:"updated_at"`
+	ID         string    `json:"order_id"`
+	Status     string    `json:"status"`
+	Total      int64     `json:"total"` // cents of Currency, as the API's totals
+	UpdatedAt  time.Time `json:"updated_at"`
+	CustomerID string    `json:"customer_id"`
+	Items      []Item    `json:"items"`
+	// Reason is why the order ended CLOSED or REJECTED (order_history's
+	// reason, such as "payment_timeout"); "" in the other states.
+	Reason string `json:"reason"`
+	// TraceURL opens the order's trace in the trace UI of
+	// Config.TraceUIURL; "" when none is configured or the order's first
+	// event carries no trace context.
+	TraceURL string `json:"trace_url,omitempty"`
+	// traceparent is the W3C trace context the order's first outbox row
+	// keeps in its headers (pkg/outbox writes the writer's there).
+	traceparent string
+}
+
+// Item is one line of an order.
+type Item struct {
+	SKU       string `json:"sku"`
+	Quantity  int    `json:"quantity"`
+	UnitPrice int64  `json:"unit_price"` // cents
 }
 
 // Backlog is one service's outbox, from outbox.ReadStats.
@@ -79,6 +111,7 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 		At:             time.Now().UTC(),
 		PaymentTimeout: s.cfg.PaymentTimeout.String(),
 		CanPay:         s.cfg.CanPay,
+		Currency:       Currency,
 		Counts:         make(map[string]int, len(States)),
 		Orders:         []Order{},
 		Events:         []Event{},
@@ -98,14 +131,29 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Counts[status] = n; return nil }); err != nil {
 		return State{}, fmt.Errorf("count orders: %w", err)
 	}
-	rows, err = orders.Query(ctx, `SELECT order_id::text, status, total, updated_at FROM orders
-		ORDER BY updated_at DESC, order_id LIMIT $1`, recentOrders)
+	// The items and the reason are read per listed order through their
+	// indexes (order_items' key, order_history_order), 20 orders at most.
+	rows, err = orders.Query(ctx, `SELECT o.order_id::text, o.status, o.total, o.updated_at, o.customer_id,
+			coalesce((SELECT json_agg(json_build_object('sku', i.sku, 'quantity', i.quantity, 'unit_price', i.unit_price)
+				ORDER BY i.line) FROM order_items i WHERE i.order_id = o.order_id), '[]'),
+			CASE WHEN o.status IN ('CLOSED', 'REJECTED') THEN coalesce((SELECT h.reason FROM order_history h
+				WHERE h.order_id = o.order_id AND h.status = o.status ORDER BY h.id DESC LIMIT 1), '') ELSE '' END,
+			coalesce((SELECT x.headers->>'traceparent' FROM outbox x WHERE x.aggregate_type = 'order'
+				AND x.aggregate_id = o.order_id::text ORDER BY x.aggregate_seq LIMIT 1), '')
+		FROM orders o ORDER BY o.updated_at DESC, o.order_id LIMIT $1`, recentOrders)
 	if err != nil {
 		return State{}, fmt.Errorf("list orders: %w", err)
 	}
-	st.Orders, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Order])
+	st.Orders, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Order, error) {
+		var o Order
+		err := r.Scan(&o.ID, &o.Status, &o.Total, &o.UpdatedAt, &o.CustomerID, &o.Items, &o.Reason, &o.traceparent)
+		return o, err
+	})
 	if err != nil {
 		return State{}, fmt.Errorf("list orders: %w", err)
+	}
+	for i := range st.Orders {
+		st.Orders[i].TraceURL = traceURL(s.cfg.TraceUIURL, st.Orders[i].traceparent)
 	}
 
 	for _, name := range s.services {
@@ -147,9 +195,27 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 		}
 		st.DeadLetters = append(st.DeadLetters, dl)
 	}
+	s.seriesMu.Lock()
+	st.Health = append([]Health{}, s.health...)
+	s.seriesMu.Unlock()
 	slices.SortStableFunc(st.Events, func(a, b Event) int { return b.PublishedAt.Compare(a.PublishedAt) })
 	st.Events = st.Events[:min(len(st.Events), recentEvents)]
 	return st, nil
+}
+
+// traceURL is template with the trace id of traceparent in place of
+// {trace_id}, or "" when either is missing or the traceparent is not a
+// valid W3C one ("00-<32 hex trace id>-<16 hex span id>-<2 hex flags>").
+func traceURL(template, traceparent string) string {
+	parts := strings.Split(traceparent, "-")
+	if template == "" || len(parts) != 4 || len(parts[1]) != 32 {
+		return ""
+	}
+	id := strings.ToLower(parts[1])
+	if _, err := hex.DecodeString(id); err != nil || id == strings.Repeat("0", 32) {
+		return "" // the all-zero id is invalid: no trace was recorded
+	}
+	return strings.ReplaceAll(template, "{trace_id}", id)
 }
 
 // serviceNames returns the services of pools in a fixed order: the given

@@ -1,0 +1,137 @@
+package dashboard_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/shop-ref/shop/internal/dashboard"
+	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services"
+)
+
+// TestSeries runs the sampler over freshly migrated schemas: an order that
+// completes after the dashboard started shows in the completion rate and
+// the latency; one completed before does not; a pending outbox row is
+// backlog; an event published by order and not processed by its consumer
+// is lag; and the health strip says which service is ready.
+func TestSeries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pools := map[string]dashboard.DB{}
+	for name, p := range shoptest.Schemas(t, services.All).Pools {
+		pools[name] = p
+	}
+	exec := func(service, sql string, args ...any) {
+		t.Helper()
+		if _, err := pools[service].Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", service, err)
+		}
+	}
+	complete := func(created time.Time) {
+		t.Helper()
+		id := uuid.NewString()
+		exec("order", `INSERT INTO orders (order_id, customer_id, status, total, created_at, updated_at)
+			VALUES ($1, 'c-1', 'COMPLETED', 1999, $2, now())`, id, created)
+		exec("order", `INSERT INTO order_history (order_id, status, at) VALUES ($1, 'COMPLETED', $2)`, id, created.Add(1500*time.Millisecond))
+	}
+	complete(time.Now().Add(-time.Hour)) // before the dashboard: no rate
+	ev := uuid.Must(uuid.NewV7())
+	exec("order", `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+		schema_version, subject, payload, published_at) VALUES ($1, 'order', 'o-1', 1, 'OrderCreated', 1, 'orders.o-1.OrderCreated', '{}', now())`, ev)
+	exec("inventory", `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
+		schema_version, subject, payload) VALUES ($1, 'x', 'x-1', 1, 'InventoryReserved', 1, 'inventory.x-1.InventoryReserved', '{}')`, uuid.Must(uuid.NewV7()))
+
+	ready := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok","dependencies":{"database":{"status":"up"},"nats":{"status":"up"}}}`))
+	}))
+	t.Cleanup(ready.Close)
+	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"status":"unavailable","dependencies":{"database":{"status":"down","error":"no route"}}}`))
+	}))
+	t.Cleanup(notReady.Close)
+
+	d, err := dashboard.New(dashboard.Config{Pools: pools, OrderURL: ready.URL, PaymentURL: notReady.URL,
+		Consumers: []dashboard.Consumer{
+			{Name: "inventory-orders", Service: "inventory", Source: "order"},
+			{Name: "fulfillment-orders", Service: "fulfillment", Source: "order", Types: []string{"OrderPaid"}},
+		},
+		SampleInterval: 100 * time.Millisecond, HealthInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	srv := httptest.NewServer(d)
+	t.Cleanup(srv.Close)
+
+	var sr dashboard.Series
+	read := func() dashboard.Series {
+		t.Helper()
+		res, err := http.Get(srv.URL + "/api/series")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var s dashboard.Series
+		if err := json.NewDecoder(res.Body).Decode(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	last := func(col []*float64) float64 {
+		if len(col) == 0 || col[len(col)-1] == nil {
+			return -1
+		}
+		return *col[len(col)-1]
+	}
+	shoptest.WaitFor(t, "a first sample", 10*time.Second, func() bool { sr = read(); return len(sr.T) > 0 })
+	if got := last(sr.Completed); got != 0 {
+		t.Errorf("completed/s before any order completed under the dashboard = %v, want 0", got)
+	}
+	if got := last(sr.Backlog["inventory"]); got != 1 {
+		t.Errorf("inventory backlog = %v, want 1", got)
+	}
+	if got, other := last(sr.Lag["inventory"]), last(sr.Lag["fulfillment"]); got != 1 || other != 0 {
+		t.Errorf("lag: inventory %v (want 1: OrderCreated unprocessed), fulfillment %v (want 0: it is delivered OrderPaid only)", got, other)
+	}
+	exec("inventory", `INSERT INTO processed_events (consumer_name, event_id) VALUES ('inventory-orders', $1)`, ev)
+	complete(time.Now().Add(-1500 * time.Millisecond))
+	shoptest.WaitFor(t, "the completion in the charts", 10*time.Second, func() bool {
+		sr = read()
+		for i, c := range sr.Completed {
+			if c != nil && *c > 0 && sr.P50[i] != nil && last(sr.Lag["inventory"]) == 0 {
+				return true
+			}
+		}
+		return false
+	})
+	if p := last(sr.P99); p < 1400 || p > 1600 {
+		t.Errorf("p99 = %v ms, want about 1500", p)
+	}
+
+	var st dashboard.State
+	shoptest.WaitFor(t, "the health strip", 10*time.Second, func() bool {
+		st = getState(t, srv.URL)
+		return len(st.Health) == 2
+	})
+	h := map[string]dashboard.Health{}
+	for _, x := range st.Health {
+		h[x.Service] = x
+	}
+	if !h["order"].OK || h["order"].Detail != "database up · nats up" {
+		t.Errorf("order health: %+v", h["order"])
+	}
+	if h["payment"].OK || h["payment"].Detail != "database down (no route)" {
+		t.Errorf("payment health: %+v", h["payment"])
+	}
+}
