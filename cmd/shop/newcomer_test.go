@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"os"
 	"os/exec"
 	"regexp"
@@ -29,7 +28,8 @@ const (
 // -demo`, then paste the banner's blocks, and the README quick start's, in
 // order into sh (dash) and into bash. Each paste must end with the order
 // COMPLETED, every run a new order (a key that is not unique would
-// silently return the first one). The banner's blocks are run as printed;
+// silently return the first one), and the start-up log must say what the
+// demo turned on. The banner's blocks are run as printed;
 // the README's with only the two base URLs changed to the demo's.
 func TestNewcomer(t *testing.T) {
 	t.Parallel()
@@ -44,9 +44,9 @@ func TestNewcomer(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out syncBuffer
+	var out, logs syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"all", "-demo"}, env(vars), &out, io.Discard) }()
+	go func() { done <- run(ctx, []string{"all", "-demo"}, env(vars), &out, &logs) }()
 	defer func() {
 		cancel()
 		<-done
@@ -59,6 +59,12 @@ func TestNewcomer(t *testing.T) {
 		}
 		return strings.Contains(out.String(), "Or watch and click")
 	})
+	// The start-up log tells what runs: it said payment_fake_provider=false,
+	// then warned that the fake provider was on.
+	starting := regexp.MustCompile(`(?m)^.*msg=starting .*$`).FindString(logs.String())
+	if !strings.Contains(starting, "payment_fake_provider=true") {
+		t.Errorf("the start-up log does not say the demo's fake provider is on:\n%s", starting)
+	}
 	banner := out.String()
 	_, blocks, _ := strings.Cut(banner, "pasting each block in order:\n")
 	blocks, _, _ = strings.Cut(blocks, "\nOr watch and click")

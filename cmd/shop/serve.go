@@ -22,6 +22,12 @@ func serveAll(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	if demo {
+		// Before the configuration is logged, so the log shows what runs.
+		if err := app.DemoSettings(cfg); err != nil {
+			return err
+		}
+	}
 	log.Info("starting", "services", cfg.Registry.Names(), "config", cfg)
 	if demo {
 		return app.RunDemo(ctx, cfg, log, stdout)
