@@ -37,7 +37,8 @@ Usage:
   shop verify [-wait 30s] [-repair] [-streams=false]
                            check the contract's invariants against the live schemas and
                            every service's stream on NATS_URL (each published event still
-                           there); exit 0 when they hold, 1 with a report when not; -repair
+                           there); exit 0 when they hold, 1 with a report when not, 1 and one
+                           line when there is no shop there (no schemas, not its NATS); -repair
                            first reconciles (stuck orders, unrefunded payments, held stock,
                            events a stream lost) and republishes lost events
   shop outbox <command>    operator commands: status, dead, show <event-id>, requeue <event-id>,
