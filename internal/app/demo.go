@@ -23,10 +23,11 @@ var demoCatalogue = []struct {
 
 // seedDemo stocks the demo catalogue through the inventory service's public
 // API (an operator's restock, so the order service learns it from
-// ProductUpdated events like any other SKU), and prints three curl commands
-// that place an order, pay it and watch it complete. urls are the base URLs
-// this process's services really listen on (see RunDemo), so it never
-// stocks another process that happens to answer on a configured address.
+// ProductUpdated events like any other SKU), and prints the three shell
+// blocks of DemoCommands that place an order, pay it and watch it complete.
+// urls are the base URLs this process's services really listen on (see
+// RunDemo), so it never stocks another process that happens to answer on a
+// configured address.
 // A restock is an operator's call: with a token set, it is sent.
 func seedDemo(ctx context.Context, urls map[string]string, operatorToken string, out io.Writer) error {
 	inv, ord, pay := urls["inventory"], urls["order"], urls["payment"]
@@ -86,24 +87,24 @@ func listenerURL(ln net.Listener) string {
 // order-not-payable): the payment intent is opened by an event, not by POST
 // /orders. Step 3 polls until a final state, printing each change it sees.
 func DemoCommands(order, payment string) string {
-	return strings.NewReplacer("ORDER_URL", order, "PAYMENT_URL", payment).Replace(demoCommands)
+	return strings.NewReplacer("{order}", order, "{payment}", payment).Replace(demoCommands)
 }
 
 const demoCommands = `  # 1. place an order (a unique Idempotency-Key: a retry with the same key gets the same order)
-  ORDER=$(curl -s -X POST ORDER_URL/orders -H 'Content-Type: application/json' \
+  ORDER=$(curl -s -X POST {order}/orders -H 'Content-Type: application/json' \
     -H "Idempotency-Key: demo-$(date +%s)-$$" \
     -d '{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":2}]}' |
     sed -n 's/.*"order_id":"\([^"]*\)".*/\1/p'); echo "order $ORDER"
 
   # 2. wait until it says WAIT_PAY (up to 30s), then pay it through the fake provider
-  i=0; until curl -s ORDER_URL/orders/$ORDER | grep -q '^[^[]*"status":"WAIT_PAY"' || [ $i -ge 30 ]; do
+  i=0; until curl -s {order}/orders/$ORDER | grep -q '^[^[]*"status":"WAIT_PAY"' || [ $i -ge 30 ]; do
     i=$((i+1)); sleep 1; done
-  curl -s -X POST PAYMENT_URL/payments/$ORDER/simulate -H 'Content-Type: application/json' \
+  curl -s -X POST {payment}/payments/$ORDER/simulate -H 'Content-Type: application/json' \
     -d '{"outcome":"succeeded"}'; echo
 
   # 3. watch it go WAIT_PAY → PAID → FULFILLING → COMPLETED: each change, up to 60s
   LAST=; i=0; while [ $i -lt 60 ]; do
-    S=$(curl -s ORDER_URL/orders/$ORDER | sed -n 's/^[^[]*"status":"\([A-Z_]*\)".*/\1/p')
+    S=$(curl -s {order}/orders/$ORDER | sed -n 's/^[^[]*"status":"\([A-Z_]*\)".*/\1/p')
     [ "$S" = "$LAST" ] || { echo "$S"; LAST=$S; }
     case $S in COMPLETED|CLOSED|REJECTED) break;; esac
     i=$((i+1)); sleep 1; done
