@@ -31,13 +31,16 @@ Usage:
                            a live dashboard on DASHBOARD_ADDR (default :8080)
   shop order | inventory | payment | fulfillment
                            one service: HTTP, its consumers and its outbox relay
+  shop dashboard           the live dashboard alone, on DASHBOARD_ADDR: reads the services'
+                           schemas, places and pays orders through ORDER_URL and PAYMENT_URL
   shop migrate [-roles] [service…]
                            apply the migrations of each service's schema (default: all), then exit;
                            -roles also creates each service's least-privilege database role
   shop verify [-wait 30s] [-repair] [-streams=false]
                            check the contract's invariants against the live schemas and
                            every service's stream on NATS_URL (each published event still
-                           there); exit 0 when they hold, 1 with a report when not; -repair
+                           there); exit 0 when they hold, 1 with a report when not, 1 and one
+                           line when there is no shop there (no schemas, not its NATS); -repair
                            first reconciles (stuck orders, unrefunded payments, held stock,
                            events a stream lost) and republishes lost events
   shop outbox <command>    operator commands: status, dead, show <event-id>, requeue <event-id>,
@@ -51,7 +54,8 @@ Usage:
                            then print throughput and latency percentiles
 
 Configuration comes from the environment: DATABASE_URL, ORDER_DATABASE_URL (and
-INVENTORY_, PAYMENT_, FULFILLMENT_), NATS_URL, ORDER_ADDR (and the others).
+INVENTORY_, PAYMENT_, FULFILLMENT_), NATS_URL, ORDER_ADDR (and the others),
+DASHBOARD_ADDR, ORDER_URL and PAYMENT_URL (shop dashboard).
 SHOP_FAILPOINTS (testing only) arms crash points, e.g. outbox.after_claim=crash@3.
 Flags override it; "shop <command> -h" lists them.
 `
@@ -66,12 +70,13 @@ type command func(ctx context.Context, args []string, getenv func(string) string
 func commands() map[string]command {
 	op := operator.Shop{Services: services.All}
 	cmds := map[string]command{
-		"all":     serveAll,
-		"migrate": op.Migrate,
-		"verify":  op.Verify,
-		"outbox":  op.Outbox,
-		"trace":   op.Trace,
-		"loadgen": loadgen.Run,
+		"all":       serveAll,
+		"dashboard": serveDashboard,
+		"migrate":   op.Migrate,
+		"verify":    op.Verify,
+		"outbox":    op.Outbox,
+		"trace":     op.Trace,
+		"loadgen":   loadgen.Run,
 	}
 	for _, name := range services.All.Names() {
 		cmds[name] = serveOne(name)

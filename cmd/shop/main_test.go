@@ -59,7 +59,7 @@ func TestUsage(t *testing.T) {
 // unknown command.
 func TestEveryCommandIsDispatched(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"all", "order", "inventory", "payment", "fulfillment", "migrate", "verify", "outbox", "trace", "loadgen"} {
+	for _, name := range []string{"all", "dashboard", "order", "inventory", "payment", "fulfillment", "migrate", "verify", "outbox", "trace", "loadgen"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			var out strings.Builder

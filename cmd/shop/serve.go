@@ -22,11 +22,29 @@ func serveAll(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	if demo {
+		// Before the configuration is logged, so the log shows what runs.
+		if err := app.DemoSettings(cfg); err != nil {
+			return err
+		}
+	}
 	log.Info("starting", "services", cfg.Registry.Names(), "config", cfg)
 	if demo {
 		return app.RunDemo(ctx, cfg, log, stdout)
 	}
 	return app.Run(ctx, cfg, cfg.Registry.Names(), log)
+}
+
+// serveDashboard is `shop dashboard`: the live dashboard alone, against the
+// services' schemas and public URLs (app.RunDashboard); Compose runs it as
+// a service of its own.
+func serveDashboard(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, log, err := startUp("dashboard", args, getenv, stderr, nil)
+	if err != nil {
+		return err
+	}
+	log.Info("starting", "services", []string{"dashboard"}, "config", cfg)
+	return app.RunDashboard(ctx, cfg, log)
 }
 
 // serveOne returns `shop <service>`: one service (HTTP, its consumers, its

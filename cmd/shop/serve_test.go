@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -212,4 +213,57 @@ func TestAllDemo(t *testing.T) {
 			return true
 		})
 	})
+}
+
+// `shop dashboard` serves the dashboard alone, as Compose runs it: it reads
+// the services' schemas and places an order through ORDER_URL.
+func TestDashboard(t *testing.T) {
+	t.Parallel()
+	s := shoptest.Start(t)
+	s.Restock(t, "SKU-1", 10, 100)
+	vars := map[string]string{"DASHBOARD_ADDR": shoptest.FreeAddr(t), "ORDER_URL": s.URLs["order"], "PAYMENT_URL": s.URLs["payment"]}
+	for k, v := range s.Env {
+		if strings.HasSuffix(k, "DATABASE_URL") {
+			vars[k] = v
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"dashboard"}, env(vars), io.Discard, io.Discard) }()
+	base := "http://" + vars["DASHBOARD_ADDR"]
+	var placed struct {
+		OrderID string `json:"order_id"`
+	}
+	shoptest.WaitFor(t, "the dashboard places an order", 30*time.Second, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("shop dashboard returned: %v", err)
+		default:
+		}
+		res, err := http.Post(base+"/api/demo/order", "application/json", nil)
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		return res.StatusCode == http.StatusCreated && json.NewDecoder(res.Body).Decode(&placed) == nil && placed.OrderID != ""
+	})
+	shoptest.WaitFor(t, "the order on the dashboard", 30*time.Second, func() bool {
+		res, err := http.Get(base + "/api/state")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode == http.StatusOK && strings.Contains(string(b), placed.OrderID)
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("shop dashboard: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("shop dashboard did not stop within 20s of cancel")
+	}
 }

@@ -1,17 +1,17 @@
 package app
 
 // There is no Docker engine where these tests run, so they check the
-// deployment files against the code instead: docker-compose.yml (read with a
-// small parser of the restricted layout its header describes, to need no
-// YAML library), the Dockerfile, deploy/nats/cluster.conf (with nats-server's
+// deployment files against the code instead: docker-compose.yml (loaded
+// with compose-go, the parser of Compose v2, as `docker compose` loads it),
+// the Dockerfile, deploy/nats/cluster.conf (with nats-server's
 // own parser) and deploy/seed.sh. The shop binary is built the way the
 // Dockerfile builds it and asked about each command the file runs.
 
 import (
-	"bufio"
+	"context"
 	"debug/elf"
-	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -24,6 +24,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -38,107 +40,24 @@ const repoRoot = "../.."
 // importable): the operator commands and one per service. The test checks the
 // services against the registry and each command the compose file runs against the
 // built binary itself.
-var shopCommands = []string{"all", "migrate", "verify", "outbox", "loadgen", "order", "inventory", "payment", "fulfillment"}
+var shopCommands = []string{"all", "dashboard", "migrate", "verify", "outbox", "loadgen", "order", "inventory", "payment", "fulfillment"}
 
 // operatorCommands are the commands of shopCommands that are not a service.
-var operatorCommands = []string{"all", "migrate", "verify", "outbox", "loadgen"}
+var operatorCommands = []string{"all", "dashboard", "migrate", "verify", "outbox", "loadgen"}
 
 // oneShot are the compose services that run to completion; every other one
 // is long-running and must have a health check.
 var oneShot = []string{"migrate", "seed"}
 
-// composeNode is one key of the compose file: a scalar, a list (a one-line
-// JSON array) or a mapping of further keys.
-type composeNode struct {
-	line   int
-	scalar string
-	list   []string
-	isList bool
-	keys   []string // of kids, in file order
-	kids   map[string]*composeNode
-}
-
-func (n *composeNode) child(key string) *composeNode {
-	if n == nil {
-		return nil
-	}
-	return n.kids[key]
-}
-
-// parseCompose reads the restricted YAML layout documented at the top of
-// docker-compose.yml into a tree, and fails on anything outside it rather
-// than misreading it.
-func parseCompose(data string) (*composeNode, error) {
-	root := &composeNode{kids: map[string]*composeNode{}}
-	type open struct {
-		indent int
-		node   *composeNode
-	}
-	stack := []open{{-2, root}}
-	sc := bufio.NewScanner(strings.NewReader(data))
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
-		trimmed := strings.TrimSpace(line)
-		if trimmed == "" || strings.HasPrefix(trimmed, "#") {
-			continue
-		}
-		if strings.ContainsRune(line, '\t') {
-			return nil, fmt.Errorf("line %d: tab (indent with two spaces)", n)
-		}
-		indent := len(line) - len(strings.TrimLeft(line, " "))
-		if strings.HasPrefix(trimmed, "-") {
-			return nil, fmt.Errorf("line %d: block sequence item (write lists as one-line JSON arrays)", n)
-		}
-		key, rest, ok := strings.Cut(trimmed, ":")
-		if !ok || key == "" || strings.ContainsAny(key, " \"'[]{}#&*!|>") || (rest != "" && rest[0] != ' ') {
-			return nil, fmt.Errorf("line %d: want `key:` or `key: value`, got %q", n, trimmed)
-		}
-		rest = strings.TrimSpace(rest)
-		for stack[len(stack)-1].indent >= indent {
-			stack = stack[:len(stack)-1]
-		}
-		parent := stack[len(stack)-1]
-		if indent != parent.indent+2 {
-			return nil, fmt.Errorf("line %d: indented %d spaces under a key indented %d (want two more)", n, indent, parent.indent)
-		}
-		if parent.node.scalar != "" || parent.node.isList {
-			return nil, fmt.Errorf("line %d: key under a key that has a value", n)
-		}
-		if _, dup := parent.node.kids[key]; dup {
-			return nil, fmt.Errorf("line %d: duplicate key %q", n, key)
-		}
-		node := &composeNode{line: n, kids: map[string]*composeNode{}}
-		parent.node.kids[key] = node
-		parent.node.keys = append(parent.node.keys, key)
-		switch {
-		case rest == "":
-			stack = append(stack, open{indent, node})
-		case rest[0] == '[':
-			node.isList = true
-			if err := json.Unmarshal([]byte(rest), &node.list); err != nil {
-				return nil, fmt.Errorf("line %d: list %s is not a one-line JSON array of strings: %v", n, rest, err)
-			}
-		case rest[0] == '"':
-			if err := json.Unmarshal([]byte(rest), &node.scalar); err != nil {
-				return nil, fmt.Errorf("line %d: %s is not a JSON string: %v", n, rest, err)
-			}
-		case strings.ContainsAny(rest[:1], "'{&*!|>%@`") || strings.Contains(rest, " #"):
-			return nil, fmt.Errorf("line %d: value %q is outside the layout (plain or JSON-quoted, no trailing comment)", n, rest)
-		default:
-			node.scalar = rest
-		}
-	}
-	return root, sc.Err()
-}
-
-// composeService is what the checks need of one compose service.
+// composeService is what the checks need of one compose service, as
+// compose-go (the parser of Compose v2) loads it: lists as strings in the
+// file's short forms ("8081:8081", "nats:/data", "./x:/y:ro").
 type composeService struct {
 	name                                       string
-	line                                       int
 	build, image, restart                      string
 	command, entrypoint, ports, volumes, profs []string
 	env                                        map[string]string
-	envKeys                                    []string
+	envKeys                                    []string // sorted
 	healthcheck                                []string // its test
 	dependsOn                                  map[string]composeDep
 }
@@ -148,82 +67,68 @@ type composeDep struct {
 	required  bool
 }
 
-var composeServiceKeys = []string{"build", "image", "restart", "command", "entrypoint", "ports", "volumes", "profiles", "environment", "healthcheck", "depends_on"}
-
-// loadCompose parses docker-compose.yml into its services, in file order, and
-// the names of its top-level volumes.
-func loadCompose(t *testing.T) (services []*composeService, byName map[string]*composeService, volumes []string) {
+// loadCompose loads docker-compose.yml with compose-go, every profile on,
+// its variables interpolated from environ alone (nil: every variable unset,
+// as `docker compose up` runs it on a machine that sets none), and returns
+// its services in name order, by name, and its top-level volumes. A file
+// that Compose v2 would reject fails here.
+func loadCompose(t *testing.T, environ map[string]string) (services []*composeService, byName map[string]*composeService, volumes []string) {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(repoRoot, "docker-compose.yml"))
+	path, err := filepath.Abs(filepath.Join(repoRoot, "docker-compose.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := parseCompose(string(data))
+	project, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
+		WorkingDir:  filepath.Dir(path),
+		ConfigFiles: []types.ConfigFile{{Filename: path}},
+		Environment: types.Mapping(maps.Clone(environ)),
+	}, func(o *loader.Options) {
+		o.SetProjectName("shop", true)
+		o.Profiles = []string{"*"}
+		o.ResolvePaths = false // keep ./deploy/… as the file writes it
+	})
 	if err != nil {
-		t.Fatalf("docker-compose.yml breaks its layout rules: %v", err)
+		t.Fatalf("docker-compose.yml does not load as Compose v2 loads it: %v", err)
 	}
-	for _, k := range root.keys {
-		if k != "services" && k != "volumes" {
-			t.Errorf("docker-compose.yml: unexpected top-level key %q", k)
-		}
+	for name := range project.Volumes {
+		volumes = append(volumes, name)
 	}
-	if v := root.child("volumes"); v != nil {
-		volumes = v.keys
-	}
-	list := func(s *composeService, n *composeNode, key string) []string {
-		c := n.child(key)
-		if c == nil {
-			return nil
-		}
-		if !c.isList {
-			t.Errorf("service %s: %s (line %d) is not a one-line JSON array", s.name, key, c.line)
-		}
-		return c.list
-	}
+	slices.Sort(volumes)
 	byName = map[string]*composeService{}
-	svcs := root.child("services")
-	if svcs == nil {
-		t.Fatal("docker-compose.yml has no services")
-	}
-	for _, name := range svcs.keys {
-		n := svcs.kids[name]
-		s := &composeService{name: name, line: n.line, env: map[string]string{}, dependsOn: map[string]composeDep{}}
-		for _, k := range n.keys {
-			if !slices.Contains(composeServiceKeys, k) {
-				t.Errorf("service %s: key %q (line %d) is unknown to the parser in compose_test.go: teach it first", name, k, n.kids[k].line)
-			}
+	for _, name := range slices.Sorted(maps.Keys(project.Services)) {
+		sc := project.Services[name]
+		s := &composeService{name: name, image: sc.Image, restart: sc.Restart, profs: sc.Profiles,
+			command: sc.Command, entrypoint: sc.Entrypoint, env: map[string]string{}, dependsOn: map[string]composeDep{}}
+		if sc.Build != nil {
+			s.build = sc.Build.Context
 		}
-		s.build = n.child("build").scalarOr("")
-		s.image = n.child("image").scalarOr("")
-		s.restart = n.child("restart").scalarOr("")
-		s.command = list(s, n, "command")
-		s.entrypoint = list(s, n, "entrypoint")
-		s.ports = list(s, n, "ports")
-		s.volumes = list(s, n, "volumes")
-		s.profs = list(s, n, "profiles")
-		if env := n.child("environment"); env != nil {
-			for _, k := range env.keys {
-				if env.kids[k].isList || len(env.kids[k].keys) > 0 {
-					t.Errorf("service %s: environment %s (line %d) is not a scalar", name, k, env.kids[k].line)
-				}
-				s.env[k] = env.kids[k].scalar
-				s.envKeys = append(s.envKeys, k)
-			}
+		for _, p := range sc.Ports {
+			s.ports = append(s.ports, p.Published+":"+strconv.Itoa(int(p.Target)))
 		}
-		if hc := n.child("healthcheck"); hc != nil {
-			s.healthcheck = list(s, hc, "test")
+		for _, v := range sc.Volumes {
+			spec := v.Source + ":" + v.Target
+			if v.ReadOnly {
+				spec += ":ro"
+			}
+			s.volumes = append(s.volumes, spec)
+		}
+		for k, v := range sc.Environment {
+			if v == nil {
+				t.Errorf("service %s: environment %s has no value", name, k)
+				continue
+			}
+			s.env[k] = *v
+			s.envKeys = append(s.envKeys, k)
+		}
+		slices.Sort(s.envKeys)
+		if hc := sc.HealthCheck; hc != nil && !hc.Disable {
+			s.healthcheck = hc.Test
 			if len(s.healthcheck) == 0 {
-				t.Errorf("service %s: healthcheck (line %d) without a test", name, hc.line)
+				t.Errorf("service %s: healthcheck without a test", name)
 			}
 		}
-		if deps := n.child("depends_on"); deps != nil {
-			for _, d := range deps.keys {
-				dn := deps.kids[d]
-				s.dependsOn[d] = composeDep{
-					condition: dn.child("condition").scalarOr(""),
-					required:  dn.child("required").scalarOr("true") == "true",
-				}
-			}
+		for d, dep := range sc.DependsOn {
+			s.dependsOn[d] = composeDep{condition: dep.Condition, required: dep.Required}
 		}
 		services = append(services, s)
 		byName[name] = s
@@ -231,25 +136,9 @@ func loadCompose(t *testing.T) (services []*composeService, byName map[string]*c
 	return services, byName, volumes
 }
 
-func (n *composeNode) scalarOr(def string) string {
-	if n == nil || n.scalar == "" {
-		return def
-	}
-	return n.scalar
-}
-
 // isShop reports whether the service runs the image built from this
 // repository: a shop process.
 func (s *composeService) isShop() bool { return s.build == "." }
-
-// interpolation matches Compose's ${VAR}, ${VAR-default} and ${VAR:-default}.
-var interpolation = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}`)
-
-// interpolationDefault resolves each interpolation in v to its default, as
-// `docker compose up` does with the variables unset.
-func interpolationDefault(v string) string {
-	return interpolation.ReplaceAllString(v, "$2")
-}
 
 // portOf returns the port of a listen address such as ":8081".
 func portOf(t *testing.T, addr string) string {
@@ -304,7 +193,7 @@ func TestComposeEnvVars(t *testing.T) {
 }
 
 func TestComposeServices(t *testing.T) {
-	composed, byName, volumes := loadCompose(t)
+	composed, byName, volumes := loadCompose(t, nil)
 
 	// The shop's commands: the test's list against the code's services.
 	for _, name := range services.All.Names() {
@@ -318,7 +207,7 @@ func TestComposeServices(t *testing.T) {
 		}
 	}
 
-	for _, want := range append([]string{"postgres", "nats", "migrate", "seed", "nats-1", "nats-2", "nats-3"}, services.All.Names()...) {
+	for _, want := range append([]string{"postgres", "nats", "migrate", "seed", "nats-1", "nats-2", "nats-3", "jaeger", "dashboard"}, services.All.Names()...) {
 		if byName[want] == nil {
 			t.Errorf("docker-compose.yml has no service %s", want)
 		}
@@ -332,7 +221,7 @@ func TestComposeServices(t *testing.T) {
 	for _, s := range composed {
 		// Long-running services report their health; one-shots do not run long.
 		if !slices.Contains(oneShot, s.name) && len(s.healthcheck) == 0 {
-			t.Errorf("service %s (line %d) runs for good but has no healthcheck", s.name, s.line)
+			t.Errorf("service %s runs for good but has no healthcheck", s.name)
 		}
 		if slices.Contains(oneShot, s.name) && s.restart != "" && s.restart != "no" {
 			t.Errorf("one-shot service %s restarts (%s)", s.name, s.restart)
@@ -382,7 +271,7 @@ func TestComposeServices(t *testing.T) {
 		}
 		env := map[string]string{}
 		for k, v := range s.env {
-			env[k] = interpolationDefault(v)
+			env[k] = v
 		}
 		cfg, err := LoadConfig(func(k string) string { return env[k] })
 		if err != nil {
@@ -404,6 +293,10 @@ func TestComposeServices(t *testing.T) {
 			if len(s.ports) > 0 || len(s.healthcheck) > 0 {
 				t.Errorf("service migrate is a one-shot: no ports, no healthcheck")
 			}
+			continue
+		}
+		if name == "dashboard" {
+			checkComposeDashboard(t, s, cfg, byName)
 			continue
 		}
 		if !slices.Contains(services.All.Names(), name) {
@@ -494,8 +387,107 @@ func TestComposeServices(t *testing.T) {
 	}
 }
 
+// checkComposeDashboard checks the dashboard service: `shop dashboard` on
+// its own port, calling the order and payment services by their compose
+// names, offering "Pay" exactly when the payment service's fake provider
+// is on, and started once they are healthy.
+func checkComposeDashboard(t *testing.T, s *composeService, cfg Config, byName map[string]*composeService) {
+	t.Helper()
+	port := portOf(t, cfg.DashboardAddr)
+	if want := "${SHOP_DASHBOARD_PORT:-8080}"; !slices.Contains(s.ports, "8080:"+port) {
+		t.Errorf("service dashboard: ports %q, want %s on the host to %s", s.ports, want, port)
+	}
+	if want := "http://127.0.0.1:" + port + "/api/state"; len(s.healthcheck) < 2 || s.healthcheck[1] != "curl" || s.healthcheck[len(s.healthcheck)-1] != want {
+		t.Errorf("service dashboard: healthcheck %q, want [CMD curl … %s]", s.healthcheck, want)
+	}
+	for name, got := range map[string]string{"order": cfg.OrderURL, "payment": cfg.PaymentURL} {
+		u, err := url.Parse(got)
+		if err != nil || u.Hostname() != name || u.Port() != portOf(t, defaultAddr(t, name)) {
+			t.Errorf("service dashboard: %s_URL %q, want the %s service at %s:%s", strings.ToUpper(name), got, name, name, portOf(t, defaultAddr(t, name)))
+		}
+		if dep := s.dependsOn[name]; dep.condition != "service_healthy" || !dep.required {
+			t.Errorf("service dashboard: depends_on %s %+v, want service_healthy", name, dep)
+		}
+	}
+	if dep := s.dependsOn["migrate"]; dep.condition != "service_completed_successfully" {
+		t.Errorf("service dashboard: depends_on migrate %+v, want service_completed_successfully", dep)
+	}
+	if got, want := s.env["PAYMENT_FAKE_PROVIDER"], byName["payment"].env["PAYMENT_FAKE_PROVIDER"]; got != want {
+		t.Errorf("service dashboard: PAYMENT_FAKE_PROVIDER %q, the payment service's %q: the Pay button would lie", got, want)
+	}
+	if got, want := s.env["PAYMENT_TIMEOUT"], byName["order"].env["PAYMENT_TIMEOUT"]; got != want {
+		t.Errorf("service dashboard: PAYMENT_TIMEOUT %q, the order service's %q", got, want)
+	}
+	if s.restart == "" || s.restart == "no" {
+		t.Error("service dashboard does not restart after a crash")
+	}
+}
+
+// TestComposePorts holds the ports docker-compose.yml publishes on the host:
+// Postgres and NATS (and its monitoring port) and the dashboard behind
+// variables, with defaults that leave a Postgres (5432) or NATS (4222,
+// 8222) of the machine alone; no host port published twice; a variable
+// that is set moves its port.
+func TestComposePorts(t *testing.T) {
+	vars := map[string]struct {
+		service, def, target string
+	}{
+		"SHOP_POSTGRES_PORT":     {"postgres", "15432", "5432"},
+		"SHOP_NATS_PORT":         {"nats", "14222", "4222"},
+		"SHOP_NATS_MONITOR_PORT": {"nats", "18222", "8222"},
+		"SHOP_DASHBOARD_PORT":    {"dashboard", "8080", "8080"},
+	}
+	composed, byName, _ := loadCompose(t, nil)
+	published := map[string]string{}
+	for _, s := range composed {
+		for _, p := range s.ports {
+			host, _, _ := strings.Cut(p, ":")
+			if other, dup := published[host]; dup {
+				t.Errorf("host port %s is published by %s and %s", host, other, s.name)
+			}
+			published[host] = s.name
+		}
+	}
+	for _, taken := range []string{"5432", "4222", "8222"} {
+		if s, ok := published[taken]; ok {
+			t.Errorf("service %s publishes %s, which a Postgres or NATS of the machine holds", s, taken)
+		}
+	}
+	for v, p := range vars {
+		if want := p.def + ":" + p.target; !slices.Contains(byName[p.service].ports, want) {
+			t.Errorf("service %s: ports %q lack %s (%s unset)", p.service, byName[p.service].ports, want, v)
+		}
+	}
+	set := map[string]string{}
+	for v := range vars {
+		set[v] = strconv.Itoa(40000 + len(set))
+	}
+	_, byName, _ = loadCompose(t, set)
+	for v, p := range vars {
+		if want := set[v] + ":" + p.target; !slices.Contains(byName[p.service].ports, want) {
+			t.Errorf("service %s: ports %q lack %s (%s=%s)", p.service, byName[p.service].ports, want, v, set[v])
+		}
+	}
+
+	// The README names the ports and the Compose version the file needs.
+	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Compose 2.20", "unsupported option: 'required'"} {
+		if !strings.Contains(string(readme), want) {
+			t.Errorf("README.md does not say %q", want)
+		}
+	}
+	for v := range vars {
+		if !strings.Contains(string(readme), v) {
+			t.Errorf("README.md does not name %s", v)
+		}
+	}
+}
+
 func TestComposeSeed(t *testing.T) {
-	_, byName, _ := loadCompose(t)
+	_, byName, _ := loadCompose(t, nil)
 	seed := byName["seed"]
 	if seed == nil {
 		t.Fatal("no seed service")
@@ -538,7 +530,7 @@ func TestComposeSeed(t *testing.T) {
 }
 
 func TestComposeNATSCluster(t *testing.T) {
-	_, byName, _ := loadCompose(t)
+	_, byName, _ := loadCompose(t, nil)
 	setNATSPasswords(t, byName["nats-1"])
 	nodes := []string{"nats-1", "nats-2", "nats-3"}
 	var routes []string
@@ -595,7 +587,7 @@ func TestComposeNATSCluster(t *testing.T) {
 // of the cluster profile (deploy/nats/cluster.conf) syncs before it
 // acknowledges too. A file that drops or changes `sync_interval` fails here.
 func TestComposeNATSSync(t *testing.T) {
-	_, byName, _ := loadCompose(t)
+	_, byName, _ := loadCompose(t, nil)
 	setNATSPasswords(t, byName["nats"])
 	srv, err := broker.Embedded("127.0.0.1", -1, t.TempDir())
 	if err != nil {
@@ -705,7 +697,7 @@ func TestComposeBinary(t *testing.T) {
 		t.Errorf("the binary links %v: not static", libs)
 	}
 
-	composed, _, _ := loadCompose(t)
+	composed, _, _ := loadCompose(t, nil)
 	for _, s := range composed {
 		if !s.isShop() || len(s.command) == 0 {
 			continue
@@ -713,7 +705,7 @@ func TestComposeBinary(t *testing.T) {
 		cmd := exec.Command(bin, append(slices.Clone(s.command), "-h")...)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 		for k, v := range s.env {
-			cmd.Env = append(cmd.Env, k+"="+interpolationDefault(v))
+			cmd.Env = append(cmd.Env, k+"="+v)
 		}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -746,7 +738,7 @@ func TestComposeBinary(t *testing.T) {
 // exactly the users and permissions of broker.Users (what the embedded
 // server of `shop all` runs).
 func TestComposeNATSUsers(t *testing.T) {
-	_, byName, _ := loadCompose(t)
+	_, byName, _ := loadCompose(t, nil)
 	users := []string{broker.AuditUser, broker.StreamsUser}
 	for _, a := range services.All.Access() {
 		users = append(users, a.User)
@@ -759,13 +751,13 @@ func TestComposeNATSUsers(t *testing.T) {
 		}
 		for _, u := range users {
 			v, ok := s.env[broker.PasswordVar(u)]
-			if !ok || interpolationDefault(v) == "" {
+			if !ok || v == "" {
 				t.Errorf("service %s: %s is not set (nats-server refuses to start without it)", name, broker.PasswordVar(u))
 			}
-			if d, seen := defaults[u]; seen && d != interpolationDefault(v) {
-				t.Errorf("service %s: %s defaults to %q, another NATS server's to %q", name, broker.PasswordVar(u), interpolationDefault(v), d)
+			if d, seen := defaults[u]; seen && d != v {
+				t.Errorf("service %s: %s defaults to %q, another NATS server's to %q", name, broker.PasswordVar(u), v, d)
 			}
-			defaults[u] = interpolationDefault(v)
+			defaults[u] = v
 		}
 	}
 	for _, name := range services.All.Names() {
@@ -777,8 +769,8 @@ func TestComposeNATSUsers(t *testing.T) {
 			switch {
 			case mine && !ok:
 				t.Errorf("service %s has no %s NATS user: set %s", name, u, broker.PasswordVar(u))
-			case mine && interpolationDefault(v) != defaults[u]:
-				t.Errorf("service %s: %s defaults to %q, the NATS servers' to %q", name, broker.PasswordVar(u), interpolationDefault(v), defaults[u])
+			case mine && v != defaults[u]:
+				t.Errorf("service %s: %s defaults to %q, the NATS servers' to %q", name, broker.PasswordVar(u), v, defaults[u])
 			case !mine && ok:
 				t.Errorf("service %s is given %s, another user's password", name, broker.PasswordVar(u))
 			}
@@ -818,7 +810,7 @@ func setNATSPasswords(t *testing.T, s *composeService) {
 	t.Helper()
 	for k, v := range s.env {
 		if strings.HasSuffix(k, "_NATS_PASSWORD") {
-			t.Setenv(k, interpolationDefault(v))
+			t.Setenv(k, v)
 		}
 	}
 }

@@ -77,9 +77,14 @@ type Config struct {
 	// ReconcileInterval is how often the reconciler runs where the order
 	// service does (RECONCILE_INTERVAL, default ReconcileInterval).
 	ReconcileInterval time.Duration
-	// DashboardAddr is where `shop all` serves the live dashboard
-	// (DASHBOARD_ADDR, default :8080).
+	// DashboardAddr is where `shop all` and `shop dashboard` serve the live
+	// dashboard (DASHBOARD_ADDR, default :8080).
 	DashboardAddr string
+	// OrderURL and PaymentURL are the order and payment services' public
+	// base URLs, which `shop dashboard` calls to place and pay an order
+	// (ORDER_URL, PAYMENT_URL; default: http://127.0.0.1 on the service's
+	// port). `shop all` calls its own listeners and ignores them.
+	OrderURL, PaymentURL string
 	// TracesEndpoint is where traces go over OTLP/HTTP
 	// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT).
 	// Set, each service of the process gets a tracer provider of its own
@@ -137,6 +142,8 @@ func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, e
 		NATSReplicas:        1,
 		StreamLimits:        broker.DefaultLimits,
 		DashboardAddr:       cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
+		OrderURL:            getenv("ORDER_URL"),
+		PaymentURL:          getenv("PAYMENT_URL"),
 		// Read here only to know whether to export: the exporter reads
 		// these and the other OTEL_* variables itself, as specified.
 		TracesEndpoint: cmp.Or(getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
@@ -218,7 +225,9 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
 	fs.DurationVar(&cfg.StreamLimits.MaxAge, "nats-stream-max-age", cfg.StreamLimits.MaxAge, "how long each stream keeps a message; 0: for ever (NATS_STREAM_MAX_AGE)")
 	fs.Int64Var(&cfg.StreamLimits.MaxBytes, "nats-stream-max-bytes", cfg.StreamLimits.MaxBytes, "bound of each stream's size; 0: none (NATS_STREAM_MAX_BYTES)")
-	fs.StringVar(&cfg.DashboardAddr, "dashboard-addr", cfg.DashboardAddr, "HTTP listen `address` of the dashboard of shop all (DASHBOARD_ADDR)")
+	fs.StringVar(&cfg.DashboardAddr, "dashboard-addr", cfg.DashboardAddr, "HTTP listen `address` of the dashboard of shop all and shop dashboard (DASHBOARD_ADDR)")
+	fs.StringVar(&cfg.OrderURL, "order-url", cfg.OrderURL, "base `URL` of the order service that shop dashboard calls (ORDER_URL)")
+	fs.StringVar(&cfg.PaymentURL, "payment-url", cfg.PaymentURL, "base `URL` of the payment service that shop dashboard calls (PAYMENT_URL)")
 	cfg.Settings.RegisterFlags(fs)
 }
 
@@ -249,6 +258,8 @@ func (cfg Config) LogValue() slog.Value {
 		slog.Duration("nats_stream_max_age", cfg.StreamLimits.MaxAge),
 		slog.Int64("nats_stream_max_bytes", cfg.StreamLimits.MaxBytes),
 		slog.String("dashboard_addr", cfg.DashboardAddr),
+		slog.String("order_url", cmp.Or(cfg.OrderURL, "(default)")),
+		slog.String("payment_url", cmp.Or(cfg.PaymentURL, "(default)")),
 	}
 	if cfg.Settings != nil {
 		attrs = append(attrs, slog.Any("settings", cfg.Settings))

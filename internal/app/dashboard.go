@@ -40,6 +40,37 @@ func listenDashboard(cfg Config, log *slog.Logger) (net.Listener, error) {
 	return ln, nil
 }
 
+// RunDashboard is `shop dashboard`: the live dashboard alone, on
+// cfg.DashboardAddr, for a shop whose services run elsewhere (Compose, one
+// process per service). It reads the services' schemas (DATABASE_URL,
+// <SERVICE>_DATABASE_URL) and places and pays orders through cfg.OrderURL
+// and cfg.PaymentURL. Unlike `shop all` it does not move to a free port
+// when its address is taken: it is the process's only job, and where it
+// listens is what the operator asked for.
+func RunDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
+	urls := map[string]string{}
+	for name, u := range map[string]string{"order": cfg.OrderURL, "payment": cfg.PaymentURL} {
+		if u == "" {
+			sc := cfg.Services[name]
+			if sc == nil {
+				return fmt.Errorf("dashboard: no %s service in the registry", name)
+			}
+			_, port, err := net.SplitHostPort(sc.Addr)
+			if err != nil {
+				return fmt.Errorf("dashboard: the %s service's address %q: %w", name, sc.Addr, err)
+			}
+			u = "http://127.0.0.1:" + port
+		}
+		urls[name] = u
+	}
+	ln, err := net.Listen("tcp", cfg.DashboardAddr)
+	if err != nil {
+		return fmt.Errorf("dashboard: listen: %w", err)
+	}
+	log.Info("dashboard calls", "order", urls["order"], "payment", urls["payment"])
+	return runDashboard(ctx, ln, cfg, urls, log)
+}
+
 // runDashboard serves the live dashboard on ln until ctx ends. It reads
 // every service's schema through a small pool of its own (connected lazily,
 // so reads simply fail until the services have migrated) and acts through

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 )
 
 // demoCatalogue is what `shop all -demo` stocks: SKU, units, price in cents.
@@ -22,10 +23,11 @@ var demoCatalogue = []struct {
 
 // seedDemo stocks the demo catalogue through the inventory service's public
 // API (an operator's restock, so the order service learns it from
-// ProductUpdated events like any other SKU), and prints three curl commands
-// that place an order, pay it and watch it complete. urls are the base URLs
-// this process's services really listen on (see RunDemo), so it never
-// stocks another process that happens to answer on a configured address.
+// ProductUpdated events like any other SKU), and prints the three shell
+// blocks of DemoCommands that place an order, pay it and watch it complete.
+// urls are the base URLs this process's services really listen on (see
+// RunDemo), so it never stocks another process that happens to answer on a
+// configured address.
 // A restock is an operator's call: with a token set, it is sent.
 func seedDemo(ctx context.Context, urls map[string]string, operatorToken string, out io.Writer) error {
 	inv, ord, pay := urls["inventory"], urls["order"], urls["payment"]
@@ -50,22 +52,12 @@ func seedDemo(ctx context.Context, urls map[string]string, operatorToken string,
 	}
 	fmt.Fprintf(out, `
 The demo shop is up, with SKU-1 (19.99), SKU-2 (12.99) and SKU-3 (4.99) in stock.
-Try, in another terminal:
+Try, in another terminal (sh or bash), pasting each block in order:
 
-  # 1. place an order (the Idempotency-Key makes a retry safe)
-  ORDER=$(curl -s -X POST %[1]s/orders -H 'Content-Type: application/json' -H "Idempotency-Key: demo-$(date +%%s)-$$" \
-    -d '{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":2}]}' | sed -n 's/.*"order_id":"\([^"]*\)".*/\1/p'); echo $ORDER
+%s
+Or watch and click in the dashboard: %s
 
-  # 2. the moment it says WAIT_PAY, pay it through the built-in fake provider (it calls the signed webhook)
-  for i in $(seq 50); do curl -s %[1]s/orders/$ORDER | grep -q '"status":"WAIT_PAY"' && break; sleep 0.2; done
-  curl -s -X POST %[2]s/payments/$ORDER/simulate -H 'Content-Type: application/json' -d '{"outcome":"succeeded"}'
-
-  # 3. watch it go PENDING → WAIT_PAY → PAID → FULFILLING → COMPLETED
-  curl -s %[1]s/orders/$ORDER
-
-Or watch and click in the dashboard: %[3]s
-
-`, ord, pay, urls["dashboard"])
+`, DemoCommands(ord, pay), urls["dashboard"])
 	return nil
 }
 
@@ -81,3 +73,39 @@ func listenerURL(ln net.Listener) string {
 	}
 	return "http://" + net.JoinHostPort(host, port)
 }
+
+// DemoCommands is the banner's three shell blocks, order's and payment's
+// base URLs filled in; the README's quick start shows the same blocks with
+// the default ports, and cmd/shop's TestNewcomer runs both in sh and bash.
+// They use only curl and POSIX tools (no $RANDOM, which sh lacks, so every
+// run would send the same key and get the first order back; no jq, no seq),
+// and each loop is bounded, so a paste never hangs a terminal. The order's
+// own status is the first "status" before the items' "[" (its history
+// repeats every status it had).
+//
+// Step 2 waits for WAIT_PAY because a payment before it is refused (409
+// order-not-payable): the payment intent is opened by an event, not by POST
+// /orders. Step 3 polls until a final state, printing each change it sees.
+func DemoCommands(order, payment string) string {
+	return strings.NewReplacer("{order}", order, "{payment}", payment).Replace(demoCommands)
+}
+
+const demoCommands = `  # 1. place an order (a unique Idempotency-Key: a retry with the same key gets the same order)
+  ORDER=$(curl -s -X POST {order}/orders -H 'Content-Type: application/json' \
+    -H "Idempotency-Key: demo-$(date +%s)-$$" \
+    -d '{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":2}]}' |
+    sed -n 's/.*"order_id":"\([^"]*\)".*/\1/p'); echo "order $ORDER"
+
+  # 2. wait until it says WAIT_PAY (up to 30s), then pay it through the fake provider
+  i=0; until curl -s {order}/orders/$ORDER | grep -q '^[^[]*"status":"WAIT_PAY"' || [ $i -ge 30 ]; do
+    i=$((i+1)); sleep 1; done
+  curl -s -X POST {payment}/payments/$ORDER/simulate -H 'Content-Type: application/json' \
+    -d '{"outcome":"succeeded"}'; echo
+
+  # 3. watch it go WAIT_PAY → PAID → FULFILLING → COMPLETED: each change, up to 60s
+  LAST=; i=0; while [ $i -lt 60 ]; do
+    S=$(curl -s {order}/orders/$ORDER | sed -n 's/^[^[]*"status":"\([A-Z_]*\)".*/\1/p')
+    [ "$S" = "$LAST" ] || { echo "$S"; LAST=$S; }
+    case $S in COMPLETED|CLOSED|REJECTED) break;; esac
+    i=$((i+1)); sleep 1; done
+`

@@ -12,6 +12,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/services"
 )
@@ -211,8 +212,7 @@ func TestVerifyStreams(t *testing.T) {
 	t.Run("NATS unreachable", func(t *testing.T) {
 		down := shopCLI{t, env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": "nats://" + shoptest.FreeAddr(t)})}
 		out, _, err := down.run("verify")
-		if !errors.Is(err, ErrViolations) || !strings.Contains(out, "FAIL invariant 3: every stream holds every event marked published") ||
-			!strings.Contains(out, "not audited: cannot reach NATS at nats://127.0.0.1:") {
+		if !errors.Is(err, ErrNoShop) || !strings.Contains(err.Error(), "cannot reach NATS at nats://127.0.0.1:") || out != "" {
 			t.Errorf("verify without NATS: err = %v\n%s", err, out)
 		}
 		out, _, err = down.run("verify", "-streams=false")
@@ -222,6 +222,55 @@ func TestVerifyStreams(t *testing.T) {
 		}
 		if _, _, err := down.run("outbox", "republish", "--lost"); err == nil || !strings.Contains(err.Error(), "cannot reach NATS") {
 			t.Errorf("republish --lost without NATS: err = %v", err)
+		}
+	})
+}
+
+// Where there is no shop (the demo stopped, the machine's own NATS on the
+// address), verify says so in one line and fails, with no report of checks
+// that had nothing to read.
+func TestVerifyWithNoShop(t *testing.T) {
+	t.Parallel()
+	dbURL := shoptest.NewDatabaseURL(t)
+	natsURL, _ := shopStreams(t)
+	oneLine := func(t *testing.T, c shopCLI, want string) {
+		t.Helper()
+		out, errOut, err := c.run("verify")
+		if !errors.Is(err, ErrNoShop) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("verify: err = %v, want ErrNoShop with %q", err, want)
+		}
+		if out != "" || errOut != "" {
+			t.Errorf("verify printed more than its one line:\nstdout:\n%s\nstderr:\n%s", out, errOut)
+		}
+	}
+
+	t.Run("no database on DATABASE_URL", func(t *testing.T) {
+		oneLine(t, shopCLI{t, env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": natsURL})}, "does not exist")
+	})
+	t.Run("no schemas on DATABASE_URL", func(t *testing.T) {
+		oneLine(t, shopCLI{t, env(map[string]string{"DATABASE_URL": pgtest.NewDatabase(t, "shop_empty_").URL, "NATS_URL": natsURL})},
+			"the database has no schema inventory, orders, payment, fulfillment")
+	})
+
+	migrated := shopCLI{t, env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": natsURL})}
+	migrated.ok("migrate")
+
+	t.Run("a NATS server without the shop's streams", func(t *testing.T) {
+		other := natstest.New(t)
+		oneLine(t, shopCLI{t, env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": other.URL()})},
+			"has none of the shop's streams")
+	})
+
+	t.Run("a NATS server without the shop's users", func(t *testing.T) {
+		// A server of the machine with users of its own, none of them the shop's audit user.
+		other, _ := natstest.NewSecuredFor(t, []broker.Access{{User: "someone", Stream: "THEIRS", Subjects: []string{"theirs.>"}}})
+		oneLine(t, shopCLI{t, env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": other.URL(), "AUDIT_NATS_PASSWORD": "a-password"})},
+			"cannot reach NATS")
+	})
+
+	t.Run("the shop's server and schemas", func(t *testing.T) {
+		if out := migrated.ok("verify"); !strings.Contains(out, "all invariants hold") {
+			t.Errorf("verify:\n%s", out)
 		}
 	})
 }

@@ -16,7 +16,8 @@ import (
 )
 
 // admission sheds new orders while the saga cannot keep up. Every order
-// starts a chain of about 17 deliveries across the four services; accepting
+// starts a chain of 15 deliveries across the four services (counted in
+// docs/architecture.md, "Backpressure"); accepting
 // orders faster than that chain is worked off only grows a backlog, and the
 // CPU spent taking the surplus is taken from the orders already in flight,
 // so fewer of them complete, not more. While the saga's streams hold more
