@@ -32,7 +32,8 @@ Usage:
   shop order | inventory | payment | fulfillment
                            one service: HTTP, its consumers and its outbox relay
   shop dashboard           the live dashboard alone, on DASHBOARD_ADDR: reads the services'
-                           schemas, places and pays orders through ORDER_URL and PAYMENT_URL
+                           schemas, places and pays orders through ORDER_URL and PAYMENT_URL,
+                           shows each service's /readyz from its <SERVICE>_URL
   shop migrate [-roles] [service…]
                            apply the migrations of each service's schema (default: all), then exit;
                            -roles also creates each service's least-privilege database role
@@ -55,7 +56,7 @@ Usage:
 
 Configuration comes from the environment: DATABASE_URL, ORDER_DATABASE_URL (and
 INVENTORY_, PAYMENT_, FULFILLMENT_), NATS_URL, ORDER_ADDR (and the others),
-DASHBOARD_ADDR, ORDER_URL and PAYMENT_URL (shop dashboard).
+DASHBOARD_ADDR and ORDER_URL (and the others; shop dashboard).
 SHOP_FAILPOINTS (testing only) arms crash points, e.g. outbox.after_claim=crash@3.
 Flags override it; "shop <command> -h" lists them.
 `

@@ -400,11 +400,16 @@ func checkComposeDashboard(t *testing.T, s *composeService, cfg Config, byName m
 	if want := "http://127.0.0.1:" + port + "/api/state"; len(s.healthcheck) < 2 || s.healthcheck[1] != "curl" || s.healthcheck[len(s.healthcheck)-1] != want {
 		t.Errorf("service dashboard: healthcheck %q, want [CMD curl … %s]", s.healthcheck, want)
 	}
-	for name, got := range map[string]string{"order": cfg.OrderURL, "payment": cfg.PaymentURL} {
+	// Every service's URL, for the health strip; the order and payment
+	// services' before the page starts, for it places and pays orders.
+	for _, name := range cfg.Registry.Names() {
+		got := cfg.Services[name].URL
 		u, err := url.Parse(got)
 		if err != nil || u.Hostname() != name || u.Port() != portOf(t, defaultAddr(t, name)) {
 			t.Errorf("service dashboard: %s_URL %q, want the %s service at %s:%s", strings.ToUpper(name), got, name, name, portOf(t, defaultAddr(t, name)))
 		}
+	}
+	for _, name := range []string{"order", "payment"} {
 		if dep := s.dependsOn[name]; dep.condition != "service_healthy" || !dep.required {
 			t.Errorf("service dashboard: depends_on %s %+v, want service_healthy", name, dep)
 		}
@@ -424,7 +429,7 @@ func checkComposeDashboard(t *testing.T, s *composeService, cfg Config, byName m
 }
 
 // TestComposePorts holds the ports docker-compose.yml publishes on the host:
-// Postgres and NATS (and its monitoring port) and the dashboard behind
+// Postgres and NATS (and its monitoring port), the dashboard and Jaeger behind
 // variables, with defaults that leave a Postgres (5432) or NATS (4222,
 // 8222) of the machine alone; no host port published twice; a variable
 // that is set moves its port.
@@ -436,6 +441,8 @@ func TestComposePorts(t *testing.T) {
 		"SHOP_NATS_PORT":         {"nats", "14222", "4222"},
 		"SHOP_NATS_MONITOR_PORT": {"nats", "18222", "8222"},
 		"SHOP_DASHBOARD_PORT":    {"dashboard", "8080", "8080"},
+		"SHOP_JAEGER_UI_PORT":    {"jaeger", "16686", "16686"},
+		"SHOP_JAEGER_OTLP_PORT":  {"jaeger", "4318", "4318"},
 	}
 	composed, byName, _ := loadCompose(t, nil)
 	published := map[string]string{}

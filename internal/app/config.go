@@ -80,11 +80,6 @@ type Config struct {
 	// DashboardAddr is where `shop all` and `shop dashboard` serve the live
 	// dashboard (DASHBOARD_ADDR, default :8080).
 	DashboardAddr string
-	// OrderURL and PaymentURL are the order and payment services' public
-	// base URLs, which `shop dashboard` calls to place and pay an order
-	// (ORDER_URL, PAYMENT_URL; default: http://127.0.0.1 on the service's
-	// port). `shop all` calls its own listeners and ignores them.
-	OrderURL, PaymentURL string
 	// TracesEndpoint is where traces go over OTLP/HTTP
 	// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT).
 	// Set, each service of the process gets a tracer provider of its own
@@ -106,6 +101,12 @@ type ServiceConfig struct {
 	// Addr is the HTTP listen address (ORDER_ADDR, …; default the entry's
 	// Addr, :8081 to :8084).
 	Addr string
+	// URL is the service's public base URL as another process reaches it
+	// (ORDER_URL, …; default http://127.0.0.1 on Addr's port): `shop
+	// dashboard` places and pays orders through the order and payment
+	// services' and reads every service's /readyz there. `shop all` calls
+	// its own listeners and ignores it.
+	URL string
 	// TracerProvider, when set, makes the service's spans instead of the
 	// provider Config.TracesEndpoint would make: tests and embedders pass
 	// their own. It is never shut down by the service.
@@ -142,8 +143,6 @@ func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, e
 		NATSReplicas:        1,
 		StreamLimits:        broker.DefaultLimits,
 		DashboardAddr:       cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
-		OrderURL:            getenv("ORDER_URL"),
-		PaymentURL:          getenv("PAYMENT_URL"),
 		// Read here only to know whether to export: the exporter reads
 		// these and the other OTEL_* variables itself, as specified.
 		TracesEndpoint: cmp.Or(getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
@@ -183,6 +182,7 @@ func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, e
 		cfg.Services[e.Name] = &ServiceConfig{
 			DatabaseURL:  getenv(prefix + "_DATABASE_URL"),
 			Addr:         cmp.Or(getenv(prefix+"_ADDR"), e.Addr),
+			URL:          getenv(prefix + "_URL"),
 			NATSPassword: getenv(broker.PasswordVar(e.Name)),
 		}
 		// Each service reads its own settings, here, once: a bad value
@@ -221,13 +221,12 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 		sc, env := cfg.Services[name], strings.ToUpper(name)
 		fs.Var(secretFlag{&sc.DatabaseURL}, name+"-database-url", fmt.Sprintf("database `URL` of the %s service (%s_DATABASE_URL)", name, env))
 		fs.StringVar(&sc.Addr, name+"-addr", sc.Addr, fmt.Sprintf("HTTP listen `address` of the %s service (%s_ADDR)", name, env))
+		fs.StringVar(&sc.URL, name+"-url", sc.URL, fmt.Sprintf("base `URL` of the %s service that shop dashboard calls (%s_URL)", name, env))
 	}
 	fs.IntVar(&cfg.NATSReplicas, "nats-replicas", cfg.NATSReplicas, "copies JetStream keeps of each stream (NATS_REPLICAS)")
 	fs.DurationVar(&cfg.StreamLimits.MaxAge, "nats-stream-max-age", cfg.StreamLimits.MaxAge, "how long each stream keeps a message; 0: for ever (NATS_STREAM_MAX_AGE)")
 	fs.Int64Var(&cfg.StreamLimits.MaxBytes, "nats-stream-max-bytes", cfg.StreamLimits.MaxBytes, "bound of each stream's size; 0: none (NATS_STREAM_MAX_BYTES)")
 	fs.StringVar(&cfg.DashboardAddr, "dashboard-addr", cfg.DashboardAddr, "HTTP listen `address` of the dashboard of shop all and shop dashboard (DASHBOARD_ADDR)")
-	fs.StringVar(&cfg.OrderURL, "order-url", cfg.OrderURL, "base `URL` of the order service that shop dashboard calls (ORDER_URL)")
-	fs.StringVar(&cfg.PaymentURL, "payment-url", cfg.PaymentURL, "base `URL` of the payment service that shop dashboard calls (PAYMENT_URL)")
 	cfg.Settings.RegisterFlags(fs)
 }
 
@@ -258,8 +257,6 @@ func (cfg Config) LogValue() slog.Value {
 		slog.Duration("nats_stream_max_age", cfg.StreamLimits.MaxAge),
 		slog.Int64("nats_stream_max_bytes", cfg.StreamLimits.MaxBytes),
 		slog.String("dashboard_addr", cfg.DashboardAddr),
-		slog.String("order_url", cmp.Or(cfg.OrderURL, "(default)")),
-		slog.String("payment_url", cmp.Or(cfg.PaymentURL, "(default)")),
 	}
 	if cfg.Settings != nil {
 		attrs = append(attrs, slog.Any("settings", cfg.Settings))

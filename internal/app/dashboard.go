@@ -43,18 +43,17 @@ func listenDashboard(cfg Config, log *slog.Logger) (net.Listener, error) {
 // RunDashboard is `shop dashboard`: the live dashboard alone, on
 // cfg.DashboardAddr, for a shop whose services run elsewhere (Compose, one
 // process per service). It reads the services' schemas (DATABASE_URL,
-// <SERVICE>_DATABASE_URL) and places and pays orders through cfg.OrderURL
-// and cfg.PaymentURL. Unlike `shop all` it does not move to a free port
+// <SERVICE>_DATABASE_URL), places and pays orders through the order and
+// payment services' URLs and shows every service's /readyz from its URL
+// (ServiceConfig.URL: ORDER_URL, …). Unlike `shop all` it does not move to a free port
 // when its address is taken: it is the process's only job, and where it
 // listens is what the operator asked for.
 func RunDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
 	urls := map[string]string{}
-	for name, u := range map[string]string{"order": cfg.OrderURL, "payment": cfg.PaymentURL} {
+	for _, name := range cfg.Registry.Names() {
+		sc := cfg.Services[name]
+		u := sc.URL
 		if u == "" {
-			sc := cfg.Services[name]
-			if sc == nil {
-				return fmt.Errorf("dashboard: no %s service in the registry", name)
-			}
 			_, port, err := net.SplitHostPort(sc.Addr)
 			if err != nil {
 				return fmt.Errorf("dashboard: the %s service's address %q: %w", name, sc.Addr, err)
@@ -67,7 +66,7 @@ func RunDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("dashboard: listen: %w", err)
 	}
-	log.Info("dashboard calls", "order", urls["order"], "payment", urls["payment"])
+	log.Info("dashboard calls", "services", urls)
 	return runDashboard(ctx, ln, cfg, urls, log)
 }
 
