@@ -1,13 +1,11 @@
 package dashboard_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -29,6 +27,7 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -227,6 +226,19 @@ func TestBrowser(t *testing.T) {
 		})()`, chromedp.WithPollingInterval(200*time.Millisecond)),
 	)
 	if path := os.Getenv("DASHBOARD_SCREENSHOT"); path != "" {
+		// The README's picture: charts with something to show, and an
+		// order's journey open, so that one picture has the health strip,
+		// the charts and the waterfall.
+		traffic(t, sh, 30)
+		step("see the traffic completed on the page",
+			chromedp.Poll[chromedp.Void](`Number(document.querySelector("#col-COMPLETED .count").textContent) >= 34
+				&& ((window.chartData || {})["chart-completed"] || [[], []])[1].some((v) => v >= 5)`,
+				chromedp.WithPollingInterval(200*time.Millisecond)),
+		)
+		step("open a journey for the picture",
+			chromedp.Click(chromedp.CSS(`#col-COMPLETED li[data-order-id] .id`)),
+			chromedp.WaitVisible(chromedp.CSS(`#waterfall .mark[data-state="COMPLETED"]`)),
+		)
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		if err == nil {
 			err = os.WriteFile(path, png, 0o644)
@@ -319,18 +331,18 @@ func startShop(t *testing.T) shopURLs {
 // order that gets through is cancelled.
 func restock(t *testing.T, sh shopURLs, sku string) {
 	t.Helper()
-	if status, body := call(t, "PUT", sh.inventory+"/stock/"+sku, nil, `{"on_hand":100,"price":1999}`); status != http.StatusOK {
+	if status, body := shoptest.Call(t, "PUT", sh.inventory+"/stock/"+sku, nil, `{"on_hand":100,"price":1999}`); status != http.StatusOK {
 		t.Fatalf("restock %s: %d %s", sku, status, body)
 	}
 	var probe struct {
 		OrderID string `json:"order_id"`
 	}
 	waitFor(t, 10*time.Second, "the order service knows "+sku, func() bool {
-		status, body := call(t, "POST", sh.order+"/orders", map[string]string{"Idempotency-Key": "probe-" + randHex()},
+		status, body := shoptest.Call(t, "POST", sh.order+"/orders", map[string]string{"Idempotency-Key": "probe-" + randHex()},
 			`{"customer_id":"c-1","items":[{"sku":"`+sku+`","quantity":1}]}`)
 		return status == http.StatusCreated && json.Unmarshal(body, &probe) == nil
 	})
-	if status, body := call(t, "POST", sh.order+"/orders/"+probe.OrderID+"/cancel", nil, ""); status != http.StatusAccepted {
+	if status, body := shoptest.Call(t, "POST", sh.order+"/orders/"+probe.OrderID+"/cancel", nil, ""); status != http.StatusAccepted {
 		t.Fatalf("cancel the probe order: %d %s", status, body)
 	}
 }
@@ -366,27 +378,6 @@ func throwawayDatabase(t *testing.T) string {
 	return u.String()
 }
 
-func call(t *testing.T, method, url string, header map[string]string, body string) (int, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, bytes.TrimSpace(b)
-}
-
 func get(url string) int {
 	res, err := http.Get(url)
 	if err != nil {
@@ -415,6 +406,36 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// traffic places n orders through the dashboard's own demo API, as its
+// button does, and pays each once the order service says WAIT_PAY, as the
+// page's Pay button does: completions for the charts to draw.
+func traffic(t *testing.T, sh shopURLs, n int) {
+	t.Helper()
+	var ids []string
+	for range n {
+		status, body := shoptest.Call(t, "POST", sh.dashboard+"/api/demo/order", nil, "")
+		var o struct {
+			OrderID string `json:"order_id"`
+		}
+		if status != http.StatusCreated || json.Unmarshal(body, &o) != nil {
+			t.Fatalf("place an order through the dashboard: %d %s", status, body)
+		}
+		ids = append(ids, o.OrderID)
+	}
+	for _, id := range ids {
+		waitFor(t, 30*time.Second, "order "+id+" says WAIT_PAY", func() bool {
+			_, body := shoptest.Call(t, "GET", sh.order+"/orders/"+id, nil, "")
+			var o struct {
+				Status string `json:"status"`
+			}
+			return json.Unmarshal(body, &o) == nil && o.Status == "WAIT_PAY"
+		})
+		if status, body := shoptest.Call(t, "POST", sh.dashboard+"/api/demo/pay/"+id, nil, ""); status != http.StatusOK {
+			t.Fatalf("pay %s through the dashboard: %d %s", id, status, body)
+		}
+	}
 }
 
 func randHex() string {

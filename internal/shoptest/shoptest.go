@@ -262,6 +262,33 @@ func (s *Shop) Complete(t testing.TB, customer, sku string, quantity int) (id st
 	return o.OrderID, o.Total
 }
 
+// Call sends a request as a client would (a JSON body when body is not
+// empty, the given headers) and returns the status and the answer's body,
+// trimmed; it fails t when the request cannot be sent.
+func Call(t testing.TB, method, url string, header map[string]string, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read the answer: %v", method, url, err)
+	}
+	return res.StatusCode, bytes.TrimSpace(b)
+}
+
 // doJSON sends req and decodes a JSON answer into v (when not nil); it
 // returns the status, 0 when the request failed.
 func (s *Shop) doJSON(t testing.TB, req *http.Request, v any) int {

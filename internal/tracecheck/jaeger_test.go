@@ -298,29 +298,15 @@ func waitStatus(t *testing.T, shop *shoptest.Shop, id, want string) {
 	})
 }
 
-// call sends a JSON request and decodes the answer into into (when not
-// nil); it returns the status.
+// call sends a request (shoptest.Call) and decodes a 2xx answer into into
+// (when not nil); it returns the status.
 func call(t *testing.T, method, url string, header map[string]string, body string, into any) int {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	if into != nil && res.StatusCode < 300 {
-		if err := json.NewDecoder(res.Body).Decode(into); err != nil {
+	status, b := shoptest.Call(t, method, url, header, body)
+	if into != nil && status < 300 {
+		if err := json.Unmarshal(b, into); err != nil {
 			t.Fatalf("%s %s: %v", method, url, err)
 		}
 	}
-	return res.StatusCode
+	return status
 }
