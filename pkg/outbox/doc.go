@@ -140,17 +140,13 @@
 //     the next owner reads the shard's oldest unpublished events, so each
 //     aggregate's events still go out in sequence.
 //
-// Measured on the 2-core development machine over a 50,000-event backlog of
-// 1 KiB events (docs/performance.md), the database work alone ran at about
-// 23,000 events/s with per-row claims and about 51,000 with a shard owner's
-// read and mark, because a claim is one more row write. Per-row claims stay
-// the default: in the shop's benchmark (2026-12-02, same run) one
-// shard-owning relay drained 10,669 events/s against 11,538 for a
-// per-row one, since the broker and the database share the two cores and
-// the claim write was not what bounded it. What shard ownership does buy is
-// relays that do not contend: two of them reached 0.89× of one, against
-// 0.63× with per-row claims. Where each relay has cores of its own, that is
-// the mode to try.
+// Per-row claims stay the default. A shard owner writes one row less per
+// event, so its database work alone is faster, but where the relay shares
+// its cores with the broker and the database the claim write is not what
+// bounds it; what shard ownership buys is relays that do not contend with
+// each other, so it is the mode to try where each relay has cores of its
+// own. The figures are in docs/performance.md ("Design choices the
+// figures justify").
 //
 // The sequence check in the claim makes a backlog of many events of one
 // aggregate drain one event per round trip; orders have a handful of events
