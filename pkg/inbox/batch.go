@@ -33,8 +33,7 @@ import (
 // the dead-letter store.
 
 // take collects, after first, what else is waiting in q, up to the batch
-// size, without waiting. It reports false when q is closed (first is then
-// the last delivery).
+// size, without waiting. When q is closed it returns what it has collected.
 func (c *Consumer) take(first *delivery, q <-chan *delivery) []*delivery {
 	batch := []*delivery{first}
 	for len(batch) < c.cfg.BatchSize {

@@ -19,7 +19,7 @@ type Config struct {
 	Workers        int           // claim-publish-mark loops per relay, overlapping their round trips; default 2
 	PollInterval   time.Duration // fallback when no NOTIFY arrives; default 1s
 	LeaseDuration  time.Duration // how long a claim lasts; default 15s
-	PublishTimeout time.Duration // wait for a batch's acks; default 3s, at most half the lease
+	PublishTimeout time.Duration // wait for a batch's acks; default 3s or LeaseDuration/3, whichever is shorter; NewRelay refuses more than LeaseDuration/2
 	BackoffBase    time.Duration // first retry delay after a transient failure; default 250ms
 	BackoffMax     time.Duration // cap of the exponential backoff; default 30s
 	MaxAttempts    int           // failures of an event's own before it is dead; default 10
