@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"regexp"
@@ -42,23 +43,8 @@ func TestNewcomer(t *testing.T) {
 	for _, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
 		vars[name+"_ADDR"] = "127.0.0.1:0"
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var out, logs syncBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"all", "-demo"}, env(vars), &out, &logs) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	shoptest.WaitFor(t, "the demo banner", time.Minute, func() bool {
-		select {
-		case err := <-done:
-			t.Fatalf("shop all -demo returned: %v", err)
-		default:
-		}
-		return strings.Contains(out.String(), "Or watch and click")
-	})
+	startDemo(t, vars, &out, &logs)
 	// The start-up log tells what runs: it said payment_fake_provider=false,
 	// then warned that the fake provider was on.
 	starting := regexp.MustCompile(`(?m)^.*msg=starting .*$`).FindString(logs.String())
@@ -83,7 +69,7 @@ func TestNewcomer(t *testing.T) {
 	} {
 		for _, shell := range []string{"sh", "bash"} {
 			t.Run(tc.name+" in "+shell, func(t *testing.T) {
-				ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+				ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 				defer cancel()
 				// Read from stdin, as a paste is: line by line, in one shell.
 				cmd := exec.CommandContext(ctx, shell, "-s")
@@ -145,6 +131,30 @@ func dedent(s string) string {
 
 // TestREADMECommandsNameBinShop: the README runs the binary make builds: bin/shop, not ./shop or a
 // bare shop that a newcomer's PATH does not have.
+// startDemo runs `shop all -demo` with vars as its environment until the
+// test ends, writing to out and logs, and waits for its banner, as a
+// newcomer waits for the lines to paste.
+func startDemo(t *testing.T, vars map[string]string, out, logs io.Writer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"all", "-demo"}, env(vars), out, logs) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	printed := out.(interface{ String() string })
+	shoptest.WaitFor(t, "the demo banner", time.Minute, func() bool {
+		select {
+		case err := <-done:
+			done <- err // for the cleanup
+			t.Fatalf("shop all -demo returned: %v", err)
+		default:
+		}
+		return strings.Contains(printed.String(), "Or watch and click")
+	})
+}
+
 func TestREADMECommandsNameBinShop(t *testing.T) {
 	t.Parallel()
 	b, err := os.ReadFile("../../README.md")

@@ -52,23 +52,8 @@ func TestReadmeTryItByHand(t *testing.T) {
 		vars[name+"_ADDR"] = shoptest.FreeAddr(t)
 		replace = append(replace, "localhost:808"+string(rune('1'+i)), vars[name+"_ADDR"])
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out syncBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"all", "-demo"}, env(vars), &out, io.Discard) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	shoptest.WaitFor(t, "the demo banner", time.Minute, func() bool {
-		select {
-		case err := <-done:
-			t.Fatalf("shop all -demo returned: %v", err)
-		default:
-		}
-		return strings.Contains(out.String(), "Or watch and click")
-	})
+	startDemo(t, vars, &syncBuffer{}, io.Discard)
+	ctx := t.Context()
 	block := strings.NewReplacer(append(replace, "bin/shop", bin)...).Replace(readmeBlock(t, "## Try it by hand"))
 	// One command a line: a line ending in \ goes on.
 	var cmds []string
