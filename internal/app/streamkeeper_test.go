@@ -128,6 +128,23 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 			_, err := admin.Stream(ctx, "ORDERS")
 			return err == nil
 		})
+		// And its consumers, as `nats consumer ls` shows them: the
+		// embedded nats-server (v2.15.3) races, under -race, a stream update
+		// against a consumer being created on that stream (filestore
+		// UpdateConfig against addConsumerWithAssignment), which failed CI
+		// once. A tamperer racing the process's start is not what this test
+		// is about.
+		waitFor(t, "inventory's consumers created", func() bool {
+			for _, r := range services.All.Readers() {
+				if r.Service != "inventory" {
+					continue
+				}
+				if _, err := admin.Consumer(ctx, r.Stream, r.Name); err != nil {
+					return false
+				}
+			}
+			return true
+		})
 		cfg := streamConfig(t, admin, "ORDERS")
 		cfg.RePublish = &jetstream.RePublish{Source: ">", Destination: "inventory.stolen.>"}
 		if _, err := admin.UpdateStream(ctx, cfg); err != nil {
