@@ -22,23 +22,29 @@ import (
 	"github.com/shop-ref/shop/services"
 )
 
+// schemas migrates every service's schema for one test and returns them as
+// the dashboard reads them, with an exec that fails t on an error.
+func schemas(t *testing.T) (map[string]dashboard.DB, func(service, sql string, args ...any)) {
+	t.Helper()
+	pools := map[string]dashboard.DB{}
+	for name, p := range shoptest.Schemas(t, services.All).Pools {
+		pools[name] = p
+	}
+	return pools, func(service, sql string, args ...any) {
+		t.Helper()
+		if _, err := pools[service].Exec(context.Background(), sql, args...); err != nil {
+			t.Fatalf("%s: %v", service, err)
+		}
+	}
+}
+
 // setupState returns a dashboard over four freshly migrated service schemas
 // holding: two PENDING orders and one COMPLETED, two published events in the
 // order outbox and one in payment's, one pending event in inventory's outbox
 // and one open dead letter in fulfillment's.
 func setupState(t *testing.T) (*httptest.Server, []string) {
 	t.Helper()
-	ctx := context.Background()
-	pools := map[string]dashboard.DB{}
-	for name, p := range shoptest.Schemas(t, services.All).Pools {
-		pools[name] = p
-	}
-	exec := func(service, sql string, args ...any) {
-		t.Helper()
-		if _, err := pools[service].Exec(ctx, sql, args...); err != nil {
-			t.Fatalf("%s: %v", service, err)
-		}
-	}
+	pools, exec := schemas(t)
 	now := time.Now()
 	var ids []string
 	for i, status := range []string{"PENDING", "PENDING", "COMPLETED"} {
@@ -369,10 +375,7 @@ func TestNewValidates(t *testing.T) {
 func TestTraceLink(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pools := map[string]dashboard.DB{}
-	for name, p := range shoptest.Schemas(t, services.All).Pools {
-		pools[name] = p
-	}
+	pools, _ := schemas(t)
 	traced, untraced := uuid.NewString(), uuid.NewString()
 	for _, id := range []string{traced, untraced} {
 		if _, err := pools["order"].Exec(ctx, `INSERT INTO orders (order_id, customer_id, status, total, created_at, updated_at)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/shop-ref/shop/internal/dashboard"
 	"github.com/shop-ref/shop/internal/shoptest"
-	"github.com/shop-ref/shop/services"
 )
 
 // TestSeries runs the sampler over freshly migrated schemas: an order that
@@ -23,16 +22,7 @@ import (
 func TestSeries(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pools := map[string]dashboard.DB{}
-	for name, p := range shoptest.Schemas(t, services.All).Pools {
-		pools[name] = p
-	}
-	exec := func(service, sql string, args ...any) {
-		t.Helper()
-		if _, err := pools[service].Exec(ctx, sql, args...); err != nil {
-			t.Fatalf("%s: %v", service, err)
-		}
-	}
+	pools, exec := schemas(t)
 	complete := func(created time.Time) {
 		t.Helper()
 		id := uuid.NewString()
