@@ -113,7 +113,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 	s := &Service{pool: d.Pool, cfg: cfg, outbox: outbox.Writer{Prefix: prefix}}
 	// d.Inbox gives the consumer the shop's windows, logger, tracer and
 	// hooks; the declaration gives it its name, stream and types.
-	c, err := inbox.NewConsumer(d.Pool, d.JetStream, d.Inbox(ordersConsumer, s.handle))
+	c, err := inbox.NewConsumer(d.Pool, d.JetStream, d.Inbox(ordersConsumer, inbox.Each(s.handle)))
 	if err != nil {
 		return nil, fmt.Errorf("loyalty: %w", err)
 	}

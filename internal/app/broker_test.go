@@ -129,7 +129,7 @@ func TestCheckWindows(t *testing.T) {
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
 	c, err := inbox.NewConsumer(pgtest.New(t).Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
-		Handler: func(context.Context, pgx.Tx, inbox.Message) error { return nil }, Retention: time.Hour, PublishHorizon: time.Minute, DuplicateWindow: time.Minute, ReplayWindow: time.Minute})
+		Handler: func(context.Context, pgx.Tx, []inbox.Batched) error { return nil }, Retention: time.Hour, PublishHorizon: time.Minute, DuplicateWindow: time.Minute, ReplayWindow: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestCheckLimits(t *testing.T) {
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
 	c, err := inbox.NewConsumer(pgtest.New(t).Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
-		Handler: func(context.Context, pgx.Tx, inbox.Message) error { return nil }})
+		Handler: func(context.Context, pgx.Tx, []inbox.Batched) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -814,7 +814,10 @@ func consumerDrain(b *testing.B, sz sizes, kept bool) measuredRuns {
 			publishEvents(tb, e.js, sz.consumed)
 			var processed atomic.Int64
 			c, err := inbox.NewConsumer(pool, e.js, inbox.Config{Name: name, Stream: "EV", Logger: quietLogger(),
-				Handler: func(context.Context, pgx.Tx, inbox.Message) error { processed.Add(1); return nil }})
+				Handler: func(_ context.Context, _ pgx.Tx, batch []inbox.Batched) error {
+					processed.Add(int64(len(batch)))
+					return nil
+				}})
 			if err != nil {
 				tb.Fatal(err)
 			}
@@ -913,12 +916,12 @@ func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int)
 		var inHandler sync.Map
 		pool := e.db.NewPool(tb, 12)
 		c, err := inbox.NewConsumer(pool, e.js, inbox.Config{Name: "lat", Stream: "EV", Logger: quietLogger(), BatchSize: batch,
-			Handler: func(_ context.Context, _ pgx.Tx, m inbox.Message) error {
+			Handler: inbox.Each(func(_ context.Context, _ pgx.Tx, m inbox.Message) error {
 				ids, _ := inHandler.Load(goid())
 				list, _ := ids.([]string)
 				inHandler.Store(goid(), append(list, m.EventID.String()))
 				return nil
-			},
+			}),
 			Hooks: inbox.Hooks{FailpointFunc: func(name string) error {
 				if name != inbox.FailpointAfterCommitBeforeAck {
 					return nil

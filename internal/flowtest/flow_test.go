@@ -128,7 +128,7 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 		}
 		run(t, "relay", relay.Run)
 		c, err := inbox.NewConsumer(consumer.NewPool(t, 6), js, inbox.Config{
-			Name: "effects", Stream: "EV", Handler: recordEffect, Workers: 4,
+			Name: "effects", Stream: "EV", Handler: inbox.Each(recordEffect), Workers: 4,
 			Logger: quiet,
 		})
 		if err != nil {
@@ -217,7 +217,7 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // past the duplicate window
 
 	c, err := inbox.NewConsumer(consumer.Pool, js, inbox.Config{
-		Name: "effects", Stream: "EV", Handler: recordEffect, Logger: quiet,
+		Name: "effects", Stream: "EV", Handler: inbox.Each(recordEffect), Logger: quiet,
 		DuplicateWindow: 100 * time.Millisecond,
 	})
 	if err != nil {

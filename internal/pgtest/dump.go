@@ -9,7 +9,7 @@ import (
 
 // Dump runs queries on the schema and returns their rows as text, one line
 // per row: what a test compares when two schemas must end up the same (a
-// batch handler's against the one-at-a-time handler's, say). The queries
+// batches of random sizes against batches of one, say). The queries
 // should order their rows and leave out what differs by nature (times,
 // generated ids).
 func (s *Schema) Dump(t testing.TB, queries ...string) string {

@@ -89,11 +89,11 @@ func (s *lostShop) startConsumers() (consumers []*inbox.Consumer, stop func()) {
 		c, err := inbox.NewConsumer(pool, s.js, inbox.Config{
 			Name: name, Stream: "ORDERS", Workers: 2, DuplicateWindow: broker.DuplicateWindow,
 			Logger: slog.New(slog.DiscardHandler),
-			Handler: func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+			Handler: inbox.Each(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 				_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, aggregate, seq) VALUES ($1, $2, $3, $4)`,
 					name, m.EventID, m.AggregateID, m.Seq)
 				return err
-			},
+			}),
 		})
 		if err != nil {
 			s.t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/google/uuid"
@@ -202,23 +201,10 @@ func (c *Consumer) transactBatch(ctx context.Context, batch []*delivery, metas [
 	return outs, nil
 }
 
-// applyHandlers runs the handlers of the batch's applied deliveries in
-// stream order, one call each or, with Config.BatchHandler, one call for
-// them all, and clears the failure records of those that had failed before.
+// applyHandlers hands the batch's applied deliveries of the types it
+// handles to the handler in one call, in stream order, and clears the
+// failure records of those that had failed before.
 func (c *Consumer) applyHandlers(ctx context.Context, tx pgx.Tx, batch []*delivery, metas []*jetstream.MsgMetadata, spans []trace.Span, outs []outcome) error {
-	if c.cfg.BatchHandler == nil {
-		for i, d := range batch {
-			if outs[i] != applied {
-				continue
-			}
-			// The handler sees its own delivery's span: the events it writes
-			// continue its producer's trace, not a neighbour's.
-			if err := c.applyHandler(trace.ContextWithSpan(ctx, spans[i]), tx, d.m, metas[i].NumDelivered > 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	var (
 		handled []Batched
 		retried []uuid.UUID
@@ -228,6 +214,8 @@ func (c *Consumer) applyHandlers(ctx context.Context, tx pgx.Tx, batch []*delive
 			continue
 		}
 		if c.handles(d.m.Type) {
+			// The handler sees each delivery's own span: the events it
+			// writes continue their producer's trace, not a neighbour's.
 			handled = append(handled, Batched{Message: d.m, Ctx: trace.ContextWithSpan(ctx, spans[i])})
 		}
 		if metas[i].NumDelivered > 1 {
@@ -235,7 +223,7 @@ func (c *Consumer) applyHandlers(ctx context.Context, tx pgx.Tx, batch []*delive
 		}
 	}
 	if len(handled) > 0 {
-		if err := c.callBatchHandler(ctx, tx, handled); err != nil {
+		if err := c.callHandler(ctx, tx, handled); err != nil {
 			return attemptError{err}
 		}
 	}
@@ -245,20 +233,6 @@ func (c *Consumer) applyHandlers(ctx context.Context, tx pgx.Tx, batch []*delive
 			c.cfg.Name, retried); err != nil {
 			return fmt.Errorf("clear inbox failures: %w", err)
 		}
-	}
-	return nil
-}
-
-// callBatchHandler calls Config.BatchHandler, turning a panic into an
-// error: the batch is then rolled back and its deliveries handled alone.
-func (c *Consumer) callBatchHandler(ctx context.Context, tx pgx.Tx, handled []Batched) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("batch handler panic: %v\n%s", r, debug.Stack())
-		}
-	}()
-	if err := c.cfg.BatchHandler(ctx, tx, handled); err != nil {
-		return fmt.Errorf("handle a batch of %d events: %w", len(handled), err)
 	}
 	return nil
 }

@@ -62,45 +62,24 @@ func TestPoisonInABatchIsIsolated(t *testing.T) {
 	wantSeqs(t, e, "b-3", 1)
 }
 
-// A crash after a batch's commit, before its acks: JetStream redelivers
-// every delivery of it, and each is absorbed as a duplicate.
+// A crash after the commit of a batch of several deliveries, before the
+// acks: every redelivered copy is absorbed by its processed_events row, not
+// handed to the handler again.
 func TestCrashAfterBatchCommitIsAbsorbed(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	backlog(t, e, 10, 5)
 	cfg := e.config(t, record(""))
 	cfg.AckWait = time.Second // the redelivery comes after AckWait
-	c := e.consumer(t, e.pool, e.js, cfg)
-	var crashes atomic.Int32
-	c.crash = func(p crashPoint, m Message) bool { return p == afterCommit && crashes.Add(1) == 1 }
-	run(t, c)
-	eventually(t, "everything applied and settled", func() bool {
-		return e.count(t, `SELECT count(*) FROM effects`) == 50 && e.settled(t)
-	})
-	if n := e.count(t, `SELECT count(*) FROM (SELECT event_id FROM effects GROUP BY event_id HAVING count(*) > 1) d`); n != 0 {
-		t.Fatalf("%d events applied twice", n)
-	}
-	if got := c.Counters(); got.Duplicates < 1 {
-		t.Errorf("counters %+v, want the crashed commit's deliveries absorbed as duplicates", got)
-	}
-}
-
-// The same window with a batch handler: the batch it applied commits, the
-// process "dies" before the acks, and every redelivered copy is absorbed
-// by its processed_events row, not handed to a handler again.
-func TestCrashAfterBatchHandlerCommitIsAbsorbed(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	backlog(t, e, 10, 5)
-	cfg := e.config(t, record(""))
-	cfg.AckWait = time.Second // the redelivery comes after AckWait
-	var batched sync.Map      // event ids the batch handler applied
-	cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, batch []Batched) error {
+	var batched sync.Map      // event ids applied in a batch of several
+	cfg.Handler = func(ctx context.Context, tx pgx.Tx, batch []Batched) error {
 		for _, b := range batch {
 			if err := record("")(b.Ctx, tx, b.Message); err != nil {
 				return err
 			}
-			batched.Store(b.EventID, true)
+			if len(batch) > 1 {
+				batched.Store(b.EventID, true)
+			}
 		}
 		return nil
 	}
@@ -118,7 +97,7 @@ func TestCrashAfterBatchHandlerCommitIsAbsorbed(t *testing.T) {
 		t.Fatalf("%d events applied twice", n)
 	}
 	if crashes.Load() == 0 {
-		t.Fatal("no batch handler's commit crashed; the test proves nothing")
+		t.Fatal("no batch's commit crashed; the test proves nothing")
 	}
 	if got := c.Counters(); got.Duplicates < 1 {
 		t.Errorf("counters %+v, want the crashed commit's deliveries absorbed as duplicates", got)
@@ -241,16 +220,15 @@ func TestFilteredDeliveriesRideInTheBatch(t *testing.T) {
 	}
 }
 
-// With Config.BatchHandler, a batch's events go to it in one call, in
-// stream order, each with a context of its own; lone deliveries still go
-// to Handler.
-func TestBatchHandlerTakesTheBatchInOrder(t *testing.T) {
+// The handler takes a batch's events in one call, in stream order, each
+// with a context of its own.
+func TestHandlerTakesTheBatchInOrder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	backlog(t, e, 20, 10)
 	cfg := e.config(t, record(""))
 	var calls, widest atomic.Int32
-	cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, batch []Batched) error {
+	cfg.Handler = func(ctx context.Context, tx pgx.Tx, batch []Batched) error {
 		calls.Add(1)
 		if n := int32(len(batch)); n > widest.Load() {
 			widest.Store(n) // one batch at a time per worker is enough for a maximum here
@@ -275,31 +253,33 @@ func TestBatchHandlerTakesTheBatchInOrder(t *testing.T) {
 		t.Errorf("counters %+v, want 200 processed, no duplicates, no retries", got)
 	}
 	if calls.Load() == 0 || widest.Load() < 2 {
-		t.Errorf("the batch handler was called %d times, with at most %d events; want batches", calls.Load(), widest.Load())
+		t.Errorf("the handler was called %d times, with at most %d events; want batches", calls.Load(), widest.Load())
 	}
 }
 
-// A batch handler that fails (here it panics, every time) rolls its batch
-// back, and Handler then applies the same deliveries one at a time: a
-// poison event among them is dead-lettered alone, the rest are applied
-// once.
-func TestFailingBatchHandlerFallsBackToHandler(t *testing.T) {
+// A batch that fails (here the handler panics on every batch of several)
+// is rolled back, and the same handler then applies the same deliveries one
+// at a time: a poison event among them is dead-lettered alone, the rest are
+// applied once.
+func TestAFailingBatchIsAppliedOneDeliveryAtATime(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	backlog(t, e, 10, 5)
-	cfg := e.config(t, func(ctx context.Context, tx pgx.Tx, m Message) error {
+	cfg := e.config(t, record(""))
+	var batches atomic.Int32
+	cfg.Handler = func(ctx context.Context, tx pgx.Tx, batch []Batched) error {
+		if len(batch) > 1 {
+			batches.Add(1)
+			if err := record("")(ctx, tx, batch[0].Message); err != nil { // rolled back with the panic
+				return err
+			}
+			panic("handler bug on batches")
+		}
+		m := batch[0].Message
 		if m.AggregateID == "b-3" && m.Seq == 2 {
 			return Poison(errors.New("cannot apply this one"))
 		}
-		return record("")(ctx, tx, m)
-	})
-	var calls atomic.Int32
-	cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, batch []Batched) error {
-		calls.Add(1)
-		if err := record("")(ctx, tx, batch[0].Message); err != nil { // rolled back with the panic
-			return err
-		}
-		panic("batch handler bug")
+		return record("")(batch[0].Ctx, tx, m)
 	}
 	c := e.consumer(t, e.pool, e.js, cfg)
 	run(t, c)
@@ -312,7 +292,7 @@ func TestFailingBatchHandlerFallsBackToHandler(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM (SELECT event_id FROM effects GROUP BY event_id HAVING count(*) > 1) d`); n != 0 {
 		t.Fatalf("%d events applied twice", n)
 	}
-	if calls.Load() == 0 {
-		t.Error("the batch handler was never called; the test proves nothing")
+	if batches.Load() == 0 {
+		t.Error("the handler never got a batch of several; the test proves nothing")
 	}
 }

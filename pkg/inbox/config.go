@@ -26,15 +26,10 @@ type Config struct {
 	// (filter by producer, never by event type), or the first skipped
 	// sequence would hold the aggregate back for ever.
 	FilterSubjects []string
-	// Handler applies one event. Required.
+	// Handler applies the events, a batch at a time (a lone delivery is a
+	// batch of one; see [HandlerFunc], and [Each] for a handler that takes
+	// one event at a time). Required.
 	Handler HandlerFunc
-	// BatchHandler, when set, applies the handled events of a batch (see
-	// BatchSize) in one call, where Handler is called once per event; it
-	// must have the same effect (see [BatchHandlerFunc]). Handler is still
-	// required: a lone delivery, a batch rolled back to be applied one
-	// delivery at a time, a parked event and a requeued dead letter go
-	// through it. Default: none, Handler is called for each event.
-	BatchHandler BatchHandlerFunc
 	// Handles lists the event types Handler applies. An event of any other
 	// type is only recorded (its cursor advanced, its processed_events row
 	// inserted), without calling Handler, in no transaction of its own: by
@@ -50,12 +45,12 @@ type Config struct {
 	// BatchSize is how many deliveries a worker may apply in one
 	// transaction: those already waiting for it, never waiting for more
 	// (see the package documentation). 1 turns batching off. Default 64.
-	// A batch holds every lock its handlers take until it commits: a
+	// A batch holds every lock its handler takes until it commits: a
 	// handler that locks rows shared across aggregates (stock per SKU, say)
-	// in an order of its own deadlocks with other workers' batches, and
-	// each deadlock redoes the batch one delivery at a time. Such a
-	// consumer sets BatchHandler, which takes all of a batch's shared locks
-	// in one statement, in one global order.
+	// one event at a time, each in an order of its own, deadlocks with other
+	// workers' batches, and each deadlock redoes the batch one delivery at a
+	// time. Such a handler takes all of a batch's shared locks in one
+	// statement, in one global order (see [HandlerFunc]).
 	BatchSize int
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.

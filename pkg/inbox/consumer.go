@@ -163,17 +163,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return err
 }
 
-// callHandler runs the handler and turns a panic into an error, so that one
-// bad event is retried and dead-lettered instead of crashing the process
-// again on every redelivery.
-func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, m Message) (err error) {
+// callHandler runs the handler on batch and turns a panic into an error,
+// so that one bad event is retried and dead-lettered instead of crashing
+// the process again on every redelivery.
+func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, batch []Batched) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panic: %v\n%s", r, debug.Stack())
 		}
 	}()
-	if err := c.cfg.Handler(ctx, tx, m); err != nil {
-		return fmt.Errorf("handle %s %s: %w", m.Type, m.EventID, err)
+	if err := c.cfg.Handler(ctx, tx, batch); err != nil {
+		if len(batch) == 1 {
+			return fmt.Errorf("handle %s %s: %w", batch[0].Type, batch[0].EventID, err)
+		}
+		return fmt.Errorf("handle a batch of %d events: %w", len(batch), err)
 	}
 	return nil
 }

@@ -27,35 +27,33 @@
 // of (producer, aggregate id): one aggregate's events are handled one at a
 // time, different aggregates in parallel.
 //
-// Under load a worker applies the deliveries it already has waiting (up to
-// Config.BatchSize, never waiting for more) in one transaction: steps 1 for
-// all of them in one pipelined round trip, the handlers in stream order, one
-// commit, then the acks. In the same transaction, one more round trip finds
-// out what the others are: copies are absorbed, early events parked (one
-// round trip for all of them); a conflict is left to be dead-lettered on its
-// own. A handler that fails, or an event that releases parked ones, rolls
-// the batch back and the same deliveries are handled one at a time, so a bad
-// message is isolated exactly as without batches. A crash after a batch's commit, before its
-// acks, brings the whole batch back, and every copy meets its
+// The handler always takes a batch: under load, the deliveries a worker
+// already has waiting (up to Config.BatchSize, never waiting for more);
+// otherwise a batch of one. One transaction applies them: steps 1 for all
+// of them in one pipelined round trip, one call of the handler with the
+// handled events in stream order, one commit, then the acks. In the same
+// transaction, one more round trip finds out what the others are: copies
+// are absorbed, early events parked (one round trip for all of them); a
+// conflict is left to be dead-lettered on its own. A handler that fails,
+// or an event that releases parked ones, rolls the batch back and the same
+// handler gets the same deliveries one at a time, so a bad message is
+// isolated exactly as without batches. A crash after a batch's commit,
+// before its acks, brings the whole batch back, and every copy meets its
 // processed_events row.
 //
-// A consumer whose handlers read rows, decide and write them back pays for
-// that per delivery even in a batch: a round trip for each read and each
-// write. Config.BatchHandler, when set, takes the batch's handled events in
-// one call instead, so that it can read every row they need at once, decide
-// in memory in stream order and write once (the inventory service reserves
-// a batch of orders in two round trips). It must leave what Handler, called
-// on each event in turn, would leave; any error of it rolls the batch back,
-// and Handler applies the same deliveries one at a time, as above.
+// So a handler that reads every row its batch needs at once, decides in
+// memory in stream order and writes once pays two round trips a batch
+// whatever its size (the inventory service reserves a batch of orders that
+// way); [Each] adapts a handler that takes one event at a time.
 //
-// A batch holds its handlers' locks until it commits. Handlers that lock
-// rows shared by many aggregates (stock per SKU), each in an order of its
-// own, deadlock with other workers' batches; each deadlock is a handler
-// error, so the batch is redone one delivery at a time and nothing is lost,
-// but throughput is. A batch handler locks all of the batch's shared rows
-// in one statement, in one global order (the inventory service locks the
-// stock rows of all the batch's orders in SKU order), so batches wait for
-// each other in that order only, never in a cycle.
+// A batch holds its handler's locks until it commits. A handler that locks
+// rows shared by many aggregates (stock per SKU) one event at a time, each
+// in an order of its own, deadlocks with other workers' batches; each
+// deadlock is a handler error, so the batch is redone one delivery at a
+// time and nothing is lost, but throughput is. Lock all of the batch's
+// shared rows in one statement, in one global order (the inventory service
+// locks the stock rows of all the batch's orders in SKU order), and batches
+// wait for each other in that order only, never in a cycle.
 //
 // # Traces
 //

@@ -49,7 +49,9 @@ func ExampleNewConsumer() {
 		// types reach Handler, the others are only recorded, in no
 		// transaction of their own.
 		Handles: []string{"InventoryReserved"},
-		Handler: func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		// One event at a time; a batch is handed over whole to a handler
+		// that needs no [inbox.Each].
+		Handler: inbox.Each(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 			var ev struct {
 				OrderID string `json:"order_id"`
 				Total   int64  `json:"total"`
@@ -61,7 +63,7 @@ func ExampleNewConsumer() {
 				`INSERT INTO payments (order_id, amount, status) VALUES ($1, $2, 'PENDING')`,
 				ev.OrderID, ev.Total)
 			return err // a transient error is retried with backoff
-		},
+		}),
 		Logger: slog.Default(),
 	})
 	if err != nil {

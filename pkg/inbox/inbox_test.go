@@ -59,11 +59,11 @@ func setup(t testing.TB) *env {
 }
 
 // config is a Config with delays short enough for tests.
-func (e *env) config(t testing.TB, h HandlerFunc) Config {
+func (e *env) config(t testing.TB, h EventFunc) Config {
 	return Config{
 		Name:        testConsumer,
 		Stream:      testStream,
-		Handler:     h,
+		Handler:     Each(h),
 		Workers:     4,
 		BackoffBase: 10 * time.Millisecond,
 		BackoffMax:  200 * time.Millisecond,
@@ -100,7 +100,7 @@ func run(t testing.TB, c *Consumer) {
 }
 
 // record is a handler that writes the event to effects in the inbox tx.
-func record(instance string) HandlerFunc {
+func record(instance string) EventFunc {
 	return func(ctx context.Context, tx pgx.Tx, m Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (instance, event_id, aggregate_id, seq) VALUES ($1, $2, $3, $4)`,
 			instance, m.EventID, m.AggregateID, m.Seq)

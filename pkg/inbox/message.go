@@ -41,38 +41,49 @@ type Message struct {
 	Data          []byte // the JSON payload
 }
 
-// HandlerFunc applies one event inside tx, the transaction that also
-// records the event as processed: the effect and the record commit together
-// or not at all. It must not commit or roll back tx.
+// HandlerFunc applies events inside tx, the transaction that also records
+// every one of them as processed: the effects and the records commit
+// together or not at all. It must not commit or roll back tx.
 //
-// Return nil when the event is handled, including when the business outcome
-// is a refusal (record that outcome, for example an outbox event, in tx).
-// Return [Poison](err) when retrying cannot help; any other error is retried
-// with backoff, up to Config.MaxDeliver times. Ignore, with nil, event types
-// you do not need: the sequence check needs to see every event.
-type HandlerFunc func(ctx context.Context, tx pgx.Tx, m Message) error
+// The events come in stream order, so an aggregate's events come in
+// sequence. Under load a batch holds the deliveries a worker has waiting
+// (Config.BatchSize); a lone delivery, a parked event released by its gap
+// filler and a requeued dead letter are each a batch of one. One handler,
+// one path: a handler that reads every row its batch needs at once,
+// decides in memory and writes once pays two round trips a batch.
+//
+// Return nil when the events are handled, including when a business
+// outcome is a refusal (record that outcome, for example an outbox event,
+// in tx). Any error rolls the whole batch back, and the consumer hands the
+// same deliveries to the handler again one at a time, so the event that is
+// bad fails alone: a handler need not isolate anything and may return the
+// first error it meets. For one event, return [Poison](err) when retrying
+// cannot help; any other error is retried with backoff, up to
+// Config.MaxDeliver times.
+//
+// A handler that locks rows shared across aggregates (stock per SKU)
+// should lock all of a batch's at once, in one global order (ORDER BY key
+// FOR UPDATE), before it reads them: batches of other workers then wait
+// for it in that order, never in a cycle.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, batch []Batched) error
 
-// BatchHandlerFunc applies several events inside tx, the transaction that
-// also records every one of them as processed, in the order given: stream
-// order, so an aggregate's events come in sequence. It must leave exactly
-// what the consumer's HandlerFunc, called on each event in turn in the same
-// transaction, would leave; it only does it with fewer round trips (one
-// read of all the rows the batch needs, decisions in memory, one write).
-// The rules of HandlerFunc hold for it.
-//
-// Any error, a poison one included, rolls the whole batch back, and the
-// consumer then hands the same deliveries to HandlerFunc one at a time:
-// the event that is bad fails alone, as if there were no batches. So a
-// batch handler need not isolate anything; it may simply return the first
-// error it meets.
-//
-// A batch handler that locks rows shared across aggregates should lock
-// all of them in one statement, in one global order (ORDER BY key FOR
-// UPDATE), before it reads them: batches of other workers then wait for it
-// in that order, never in a cycle.
-type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, batch []Batched) error
+// EventFunc applies one event inside tx, under the rules of [HandlerFunc].
+type EventFunc func(ctx context.Context, tx pgx.Tx, m Message) error
 
-// Batched is one event of a batch handed to a [BatchHandlerFunc].
+// Each is the HandlerFunc of a handler that takes one event at a time: it
+// calls f on each event of the batch in turn, with the event's own Ctx.
+func Each(f EventFunc) HandlerFunc {
+	return func(_ context.Context, tx pgx.Tx, batch []Batched) error {
+		for _, b := range batch {
+			if err := f(b.Ctx, tx, b.Message); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// Batched is one event of the batch handed to a [HandlerFunc].
 type Batched struct {
 	Message
 	// Ctx is the event's own context: its delivery's span (see Traces in

@@ -67,7 +67,7 @@ func (c *Consumer) applyRecorded(ctx context.Context, tx pgx.Tx, m Message, v ve
 // failure record.
 func (c *Consumer) applyHandler(ctx context.Context, tx pgx.Tx, m Message, retried bool) error {
 	if c.handles(m.Type) {
-		if err := c.callHandler(ctx, tx, m); err != nil {
+		if err := c.callHandler(ctx, tx, []Batched{{Message: m, Ctx: ctx}}); err != nil {
 			return attemptError{err}
 		}
 	}

@@ -19,8 +19,9 @@ type BatchEvent struct {
 }
 
 // ApplyBatch runs the transitions of events inside tx, in the order given,
-// with the effect of calling [Saga.Apply] on each in turn, but in two round
-// trips plus the funcs' own reads where Apply takes two per event: one locks
+// with the effect of calling [Saga.Apply] on each in turn (Apply is a batch
+// of one), but in two round trips plus the funcs' own reads where Apply
+// takes two per event: one locks
 // and reads every instance of the batch (in id order, so that two batches
 // never wait for each other in a cycle), the funcs run in order, each on its
 // instance as the batch's earlier events left it, and one sends every write
@@ -44,6 +45,12 @@ func (s *Saga) ApplyBatch(ctx context.Context, tx pgx.Tx, events []BatchEvent) (
 	if err != nil {
 		return nil, err
 	}
+	return s.applyLocked(ctx, tx, instances, events)
+}
+
+// applyLocked is ApplyBatch once the instances of events are locked and
+// read in tx; an event whose instance is not in the map is unexpected.
+func (s *Saga) applyLocked(ctx context.Context, tx pgx.Tx, instances map[string]*Instance, events []BatchEvent) (results []Result, err error) {
 	var (
 		b       = &pgx.Batch{}
 		seen    = map[string]bool{}

@@ -50,12 +50,15 @@ func countingTicket(t *testing.T) *saga.Saga {
 	return ticket
 }
 
-// ApplyBatch leaves what Apply in turn leaves: random streams of events
-// (expected, unexpected, for instances that do not exist, several for one
-// instance in one batch), applied one per transaction on one schema and in
-// batches of random sizes on another, give the same results, instances,
-// timeouts, unexpected records and func writes.
-func TestApplyBatchAsApplyInTurn(t *testing.T) {
+// The size of a batch changes nothing: ApplyBatch carries each instance's
+// new state from one event to the next in memory and sends the writes
+// queued so far before an instance's second func runs, which must leave
+// what a batch of one (Apply) leaves. Random streams of events (expected,
+// unexpected, for instances that do not exist, several for one instance in
+// one batch), applied one per transaction on one schema and in batches of
+// random sizes on another, give the same results, instances, timeouts,
+// unexpected records and func writes.
+func TestBatchSizeChangesNoTransition(t *testing.T) {
 	t.Parallel()
 	streamtest.Seeds(t, 4, func(t *testing.T, rng *rand.Rand) {
 		alone, batched := setup(t, time.Hour), setup(t, time.Hour)

@@ -26,7 +26,7 @@
 // that writes the business row starting it.
 //
 // A consumer that applies a batch of deliveries in one transaction
-// (pkg/inbox Config.BatchHandler) hands them to [Saga.ApplyBatch]: one
+// (a pkg/inbox handler) hands them to [Saga.ApplyBatch]: one
 // round trip locks every instance of the batch, in id order, the funcs run
 // in stream order on the instances as the batch's earlier events left them,
 // and one round trip saves everything, where Apply in turn takes two per

@@ -197,6 +197,7 @@ func (s *Saga) QueueStart(ctx context.Context, b *pgx.Batch, id, state string, d
 // transaction (for a consumed event: the inbox transaction, so the new state,
 // the func's outbox events and timeouts, and the processed_events row commit
 // together). It locks the instance row, so events of one instance take turns.
+// It is [Saga.ApplyBatch] with one event.
 //
 // An event with no transition from the current state, or for an instance
 // that does not exist, is recorded in saga_unexpected and ignored: Apply
@@ -207,30 +208,11 @@ func (s *Saga) QueueStart(ctx context.Context, b *pgx.Batch, id, state string, d
 // A transition costs two round trips plus the func's own reads: the lock,
 // then one batch with the func's queued writes, the new state and timeouts.
 func (s *Saga) Apply(ctx context.Context, tx pgx.Tx, id string, ev Event) (Result, error) {
-	in, err := lock(ctx, tx, s.typ, id)
-	if errors.Is(err, ErrNotFound) {
-		return Result{}, s.unexpected(ctx, tx, id, nil, ev)
-	}
+	res, err := s.ApplyBatch(ctx, tx, []BatchEvent{{Ctx: ctx, ID: id, Event: ev}})
 	if err != nil {
 		return Result{}, err
 	}
-	return s.apply(ctx, tx, in, ev)
-}
-
-// apply is Apply for instance in, read and locked by the caller in tx.
-func (s *Saga) apply(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (res Result, err error) {
-	p, err := s.prepare(ctx, tx, in, ev)
-	defer func() { p.end(err) }()
-	if err != nil {
-		return Result{}, err
-	}
-	if err := tx.SendBatch(ctx, p.batch).Close(); err != nil {
-		if !p.res.Applied {
-			return Result{}, fmt.Errorf("saga %s %s: record unexpected %s: %w", s.typ, in.ID, ev.Type, err)
-		}
-		return Result{}, fmt.Errorf("saga %s %s: save %s on %s: %w", s.typ, in.ID, in.State, ev.Type, err)
-	}
-	return p.res, nil
+	return res[0], nil
 }
 
 // prepared is a transition run but not yet saved: batch holds the func's
@@ -289,15 +271,6 @@ func (s *Saga) prepare(ctx context.Context, tx pgx.Tx, in Instance, ev Event) (p
 	}, nil
 }
 
-func (s *Saga) unexpected(ctx context.Context, tx pgx.Tx, id string, state *string, ev Event) error {
-	b := &pgx.Batch{}
-	s.queueUnexpected(b, id, state, ev)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("saga %s %s: record unexpected %s: %w", s.typ, id, ev.Type, err)
-	}
-	return nil
-}
-
 // queueUnexpected queues the record of an event with no transition (state
 // nil: no such instance).
 func (s *Saga) queueUnexpected(b *pgx.Batch, id string, state *string, ev Event) {
@@ -313,11 +286,6 @@ type DB interface {
 // Load reads instance id without locking it.
 func Load(ctx context.Context, db DB, id string) (Instance, error) {
 	return scan(db.QueryRow(ctx, `SELECT `+instanceColumns+` FROM saga_instances WHERE id = $1`, id), id)
-}
-
-func lock(ctx context.Context, tx pgx.Tx, typ, id string) (Instance, error) {
-	return scan(tx.QueryRow(ctx, `SELECT `+instanceColumns+` FROM saga_instances
-		WHERE id = $1 AND type = $2 FOR UPDATE`, id, typ), id)
 }
 
 // instanceColumns are what scan reads, in its order.

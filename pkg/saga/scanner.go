@@ -226,7 +226,11 @@ func (s *Scanner) fireClaimed(ctx context.Context, tx pgx.Tx, in Instance, name 
 		res, err = s.sagas[in.Type].Apply(ctx, tx, in.ID, ev)
 	} else {
 		// The claim locked the instance as Apply would have: apply it as read.
-		res, err = s.sagas[in.Type].apply(ctx, tx, in, ev)
+		var results []Result
+		results, err = s.sagas[in.Type].applyLocked(ctx, tx, map[string]*Instance{in.ID: &in}, []BatchEvent{{Ctx: ctx, ID: in.ID, Event: ev}})
+		if err == nil {
+			res = results[0]
+		}
 	}
 	if err != nil {
 		span.SetStatus(codes.Error, "timeout not applied")

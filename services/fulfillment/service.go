@@ -68,7 +68,7 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		// which drains everything committed so far when it wakes.
 		outbox: &outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
 	}
-	c, err := inbox.NewConsumer(d.Pool, d.JetStream, d.Inbox(ordersConsumer, s.handle))
+	c, err := inbox.NewConsumer(d.Pool, d.JetStream, d.Inbox(ordersConsumer, inbox.Each(s.handle)))
 	if err != nil {
 		return nil, err
 	}

@@ -1,14 +1,10 @@
 package inventory
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/pkg/inbox"
@@ -144,28 +140,6 @@ func validCurrency(c string) bool {
 // Config.Handles); the others only advance the aggregate's cursor.
 var handledTypes = []string{TypeOrderCreated, TypeOrderClosed, TypeOrderRejected, TypeOrderPaid}
 
-// handle applies one order event inside the inbox transaction tx: the stock
-// change, the events it emits and the inbox record commit together, so a
-// redelivery finds the event processed and changes nothing.
-func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	if !slices.Contains(handledTypes, m.Type) {
-		return nil // never reached through the consumer, which records other types without calling handle (Config.Handles)
-	}
-	ev, err := readOrderEvent(m)
-	if err != nil {
-		return err
-	}
-	switch m.Type {
-	case TypeOrderCreated:
-		s.log.Debug("order created", "order_id", ev.OrderID, "schema_version", m.SchemaVersion, "currency", ev.Currency)
-		return s.reserve(ctx, tx, ev.OrderID, ev.Items)
-	case TypeOrderPaid:
-		return s.commit(ctx, tx, ev.OrderID)
-	default:
-		return s.release(ctx, tx, ev.OrderID)
-	}
-}
-
 // readOrderEvent reads and checks an order event of a handled type; the
 // items of an OrderCreated come back merged (mergeLines). What breaks the
 // contract is poison.
@@ -185,99 +159,6 @@ func readOrderEvent(m inbox.Message) (orderEvent, error) {
 		return ev, inbox.Poison(fmt.Errorf("%s %s: %w", m.Type, ev.OrderID, err))
 	}
 	return ev, nil
-}
-
-// reserve holds every line of an order or none of them.
-func (s *Service) reserve(ctx context.Context, tx pgx.Tx, orderID string, items []Item) error {
-	skus := make([]string, len(items))
-	for i, it := range items {
-		skus[i] = it.SKU
-	}
-	slices.Sort(skus)
-	// Availability is checked under the row locks, so two orders for the
-	// last unit cannot both see it free: the second waits, then reads the
-	// first one's reservation.
-	st, err := lockForReservation(ctx, tx, orderID, skus)
-	if err != nil {
-		return err
-	}
-	if st.decided {
-		// Reserved before (the inbox stops copies of one event; this stops
-		// a second OrderCreated under another id): the answer was sent then.
-		s.log.Debug("order already reserved", "order_id", orderID)
-		return nil
-	}
-	if st.released {
-		// Closed before we saw it: holding stock now would hold it for ever.
-		s.log.Debug("inventory rejected", "order_id", orderID, "reason", ReasonReleased)
-		return s.emit(ctx, tx, orderID, TypeInventoryRejected,
-			InventoryRejected{OrderID: orderID, Reason: ReasonReleased})
-	}
-	for _, it := range items {
-		stock, ok := st.stock[it.SKU]
-		if !ok || stock.Available < it.Quantity {
-			s.log.Debug("inventory rejected", "order_id", orderID, "reason", ReasonInsufficientStock, "sku", it.SKU)
-			return s.emit(ctx, tx, orderID, TypeInventoryRejected,
-				InventoryRejected{OrderID: orderID, Reason: ReasonInsufficientStock, SKU: it.SKU})
-		}
-	}
-	b := &pgx.Batch{}
-	queueReservation(b, orderID, items)
-	s.log.Debug("inventory reserved", "order_id", orderID, "lines", len(items))
-	return s.emitWith(ctx, tx, b, orderID, TypeInventoryReserved, InventoryItems{OrderID: orderID, Items: items})
-}
-
-// release gives back what an order holds. With nothing held it leaves a
-// tombstone instead, because the order's OrderCreated may still be on its way
-// (or its reservation dead-lettered and requeued later) and must not hold
-// stock for an order that has ended.
-func (s *Service) release(ctx context.Context, tx pgx.Tx, orderID string) error {
-	items, err := heldOrTombstone(ctx, tx, orderID)
-	if err != nil {
-		return err
-	}
-	if len(items) == 0 {
-		return nil // the tombstone is written
-	}
-	b := &pgx.Batch{}
-	queueRelease(b, orderID, items)
-	s.log.Debug("inventory released", "order_id", orderID, "lines", len(items))
-	return s.emitWith(ctx, tx, b, orderID, TypeInventoryReleased, InventoryItems{OrderID: orderID, Items: items})
-}
-
-// commit turns what a paid order holds into sold units. With nothing held
-// (already committed, or released because payment came after the close, in
-// which case the saga refunds) it does nothing.
-func (s *Service) commit(ctx context.Context, tx pgx.Tx, orderID string) error {
-	items, err := heldItems(ctx, tx, orderID)
-	if err != nil {
-		return err
-	}
-	if len(items) == 0 {
-		s.log.Debug("nothing to commit", "order_id", orderID)
-		return nil
-	}
-	b := &pgx.Batch{}
-	queueCommit(b, orderID, items)
-	s.log.Debug("inventory committed", "order_id", orderID, "lines", len(items))
-	return s.emitWith(ctx, tx, b, orderID, TypeInventoryCommitted, InventoryItems{OrderID: orderID, Items: items})
-}
-
-// emit adds one event about an order to the outbox, in tx.
-func (s *Service) emit(ctx context.Context, tx pgx.Tx, orderID, typ string, payload any) error {
-	return s.outbox.Add(ctx, tx, orderEventOf(orderID, typ, payload))
-}
-
-// emitWith sends the writes queued in b and the event about the order that
-// they cause in one round trip, in tx.
-func (s *Service) emitWith(ctx context.Context, tx pgx.Tx, b *pgx.Batch, orderID, typ string, payload any) error {
-	if err := s.outbox.Queue(ctx, b, orderEventOf(orderID, typ, payload)); err != nil {
-		return err
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("write %s of %s: %w", typ, orderID, err)
-	}
-	return nil
 }
 
 // orderEventOf builds an event of the order aggregate; the service's writer

@@ -19,12 +19,11 @@
 // each other in a cycle) and checks availability under the lock; the CHECK
 // constraints of the stock table are the last line of defence.
 //
-// Under load the consumer hands a batch of order events to handleBatch
-// (inbox Config.BatchHandler), which decides them together: one round trip
-// locks, in SKU order, every stock row the batch may touch and reads the
-// reservations and tombstones of its orders; the decisions are made in
-// memory in stream order, exactly as handle makes them one at a time
-// (TestBatchDecidesAsOneAtATime); one more round trip writes the stock,
+// The consumer hands its handler a batch of order events (one, when only
+// one is waiting), which it decides together: one round trip locks, in SKU
+// order, every stock row the batch may touch and reads the reservations and
+// tombstones of its orders; the decisions are made in memory in stream
+// order; one more round trip writes the stock,
 // the reservations, the tombstones and the events. The hot SKUs make
 // batches wait for each other, so what a batch costs is paid once for up
 // to 256 orders instead of once per order.
@@ -91,10 +90,6 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		outbox: &outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
 	}
 	ic := d.Inbox(ordersConsumer, s.handle)
-	// Batches of orders decided together: two round trips a batch where
-	// handle takes two an order, each of them holding hot stock rows that
-	// other workers' batches wait for.
-	ic.BatchHandler = s.handleBatch
 	// Those batches wait for each other on the hot stock rows, one at a
 	// time: what a batch costs besides its rows (its round trips, its
 	// commit) is paid once per batch, so bigger batches drain faster (row

@@ -96,20 +96,11 @@ func (f *fixture) publishRaw(t *testing.T, eventID, orderID string, seq int64, t
 	}.Msg(t))
 }
 
-// apply calls the consumer's handler directly in a transaction of its own,
-// as the inbox would, and commits.
+// apply hands m to the consumer's handler alone, a batch of one, as the
+// inbox does with a lone delivery (applyBatch).
 func (f *fixture) apply(t *testing.T, m inbox.Message) error {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	if err := f.svc.handle(ctx, tx, m); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	return f.applyBatch(t, []inbox.Message{m})
 }
 
 // message is an order event as the inbox hands it to the handler.

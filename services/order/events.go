@@ -35,67 +35,15 @@ var (
 	fulfillmentOutcomes = []string{"FulfillmentStarted", "ShipmentDelivered"}
 )
 
-// handleInventory is the order-inventory consumer: catalogue updates and
-// reservation outcomes.
-func (s *Service) handleInventory(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	switch m.Type {
-	case "ProductUpdated":
-		if err := checkVersion(m); err != nil {
-			return err
-		}
-		var p struct {
-			SKU   string `json:"sku"`
-			Price *int64 `json:"price"`
-		}
-		if err := json.Unmarshal(m.Data, &p); err != nil || p.SKU == "" || p.Price == nil || *p.Price < 0 {
-			return inbox.Poison(fmt.Errorf("ProductUpdated payload %s: %v", m.Data, err))
-		}
-		return upsertProduct(ctx, tx, p.SKU, *p.Price, m.Seq)
-	}
-	if slices.Contains(inventoryOutcomes, m.Type) {
-		return s.applyEvent(ctx, tx, m)
-	}
-	return nil
-}
-
-// handlePayment is the order-payment consumer.
-func (s *Service) handlePayment(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	if slices.Contains(paymentOutcomes, m.Type) {
-		return s.applyEvent(ctx, tx, m)
-	}
-	return nil
-}
-
-// handleFulfillment is the order-fulfillment consumer.
-func (s *Service) handleFulfillment(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	if slices.Contains(fulfillmentOutcomes, m.Type) {
-		return s.applyEvent(ctx, tx, m)
-	}
-	return nil
-}
-
-// applyEvent hands an order event to the saga in the inbox transaction, so
-// the transition, its outbox events and the processed_events row commit
-// together. An event the saga does not expect is recorded and acked.
-func (s *Service) applyEvent(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	if err := checkVersion(m); err != nil {
-		return err
-	}
-	res, err := s.saga.Apply(ctx, tx, m.AggregateID, sagaEvent(m))
-	if err != nil {
-		return err
-	}
-	s.logTransition(m, res)
-	return nil
-}
-
-// batchHandler is a saga consumer's inbox Config.BatchHandler: the saga
-// events of a batch go to Saga.ApplyBatch together (the order saga's funcs
-// read only their own order, as ApplyBatch requires), two round trips
-// where one at a time takes two an event. Any other event handle applies
-// (ProductUpdated) runs in its place in the stream, after the saga events
-// before it are saved, so the batch's order holds.
-func (s *Service) batchHandler(outcomes []string, handle inbox.HandlerFunc) inbox.BatchHandlerFunc {
+// handler is the inbox Config.Handler of a saga consumer, whose saga
+// events are outcomes. The saga events of a batch go to Saga.ApplyBatch
+// together (the order saga's funcs read only their own order, as
+// ApplyBatch requires): two round trips a batch, where one event at a time
+// takes two an event. A ProductUpdated (order-inventory's catalogue feed)
+// runs in its place in the stream, after the saga events before it are
+// saved, so the batch's order holds. Other types are only recorded by the
+// inbox (Config.Handles) and never reach it.
+func (s *Service) handler(outcomes []string) inbox.HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) error {
 		var (
 			events []saga.BatchEvent
@@ -116,23 +64,37 @@ func (s *Service) batchHandler(outcomes []string, handle inbox.HandlerFunc) inbo
 			return nil
 		}
 		for _, b := range batch {
-			if !slices.Contains(outcomes, b.Type) {
-				if err := flush(); err != nil {
-					return err
-				}
-				if err := handle(b.Ctx, tx, b.Message); err != nil {
-					return err
-				}
-				continue
-			}
 			if err := checkVersion(b.Message); err != nil {
 				return err
 			}
-			events = append(events, saga.BatchEvent{Ctx: b.Ctx, ID: b.AggregateID, Event: sagaEvent(b.Message)})
-			msgs = append(msgs, b.Message)
+			switch {
+			case slices.Contains(outcomes, b.Type):
+				events = append(events, saga.BatchEvent{Ctx: b.Ctx, ID: b.AggregateID, Event: sagaEvent(b.Message)})
+				msgs = append(msgs, b.Message)
+			case b.Type == "ProductUpdated":
+				if err := flush(); err != nil {
+					return err
+				}
+				if err := updateProduct(b.Ctx, tx, b.Message); err != nil {
+					return err
+				}
+			}
 		}
 		return flush()
 	}
+}
+
+// updateProduct applies a ProductUpdated to the catalogue order reads its
+// prices from.
+func updateProduct(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	var p struct {
+		SKU   string `json:"sku"`
+		Price *int64 `json:"price"`
+	}
+	if err := json.Unmarshal(m.Data, &p); err != nil || p.SKU == "" || p.Price == nil || *p.Price < 0 {
+		return inbox.Poison(fmt.Errorf("ProductUpdated payload %s: %v", m.Data, err))
+	}
+	return upsertProduct(ctx, tx, p.SKU, *p.Price, m.Seq)
 }
 
 func sagaEvent(m inbox.Message) saga.Event {

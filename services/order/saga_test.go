@@ -412,10 +412,10 @@ func TestSagaEventsAreHandled(t *testing.T) {
 	}
 }
 
-// A saga consumer's batch handler applies a batch as its handler would one
-// event at a time: saga events through Saga.ApplyBatch (an unexpected one
-// recorded), a ProductUpdated among them in its place.
-func TestBatchHandlerAppliesTheBatchInOrder(t *testing.T) {
+// A saga consumer's handler applies a batch in stream order: saga events
+// through Saga.ApplyBatch (an unexpected one recorded), a ProductUpdated
+// among them in its place.
+func TestHandlerAppliesTheBatchInOrder(t *testing.T) {
 	t.Parallel()
 	e := setup(t, Config{})
 	e.stock(t, "SKU-1", 250)
@@ -438,7 +438,7 @@ func TestBatchHandlerAppliesTheBatchInOrder(t *testing.T) {
 		msg(c.ID.String(), 1, "InventoryRejected", map[string]any{"order_id": c.ID, "reason": "insufficient_stock"}),
 		reserved(a), // a holds its stock by now: unexpected
 	}
-	handle := e.svc.batchHandler(inventoryOutcomes, e.svc.handleInventory)
+	handle := e.svc.handler(inventoryOutcomes)
 	if err := pgx.BeginFunc(t.Context(), e.pool, func(tx pgx.Tx) error { return handle(t.Context(), tx, batch) }); err != nil {
 		t.Fatal(err)
 	}

@@ -166,19 +166,13 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 	if s.saga, err = s.newSaga(); err != nil {
 		return nil, err
 	}
-	handlers := map[string]inbox.HandlerFunc{
-		"order-inventory":   s.handleInventory,
-		"order-payment":     s.handlePayment,
-		"order-fulfillment": s.handleFulfillment,
-	}
 	outcomes := map[string][]string{
 		"order-inventory":   inventoryOutcomes,
 		"order-payment":     paymentOutcomes,
 		"order-fulfillment": fulfillmentOutcomes,
 	}
 	for _, c := range consumers {
-		cfg := d.Inbox(c, handlers[c.Name])
-		cfg.BatchHandler = s.batchHandler(outcomes[c.Name], handlers[c.Name])
+		cfg := d.Inbox(c, s.handler(outcomes[c.Name]))
 		cfg.Workers = consumerWorkers
 		consumer, err := inbox.NewConsumer(s.pool, s.js, cfg)
 		if err != nil {

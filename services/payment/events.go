@@ -86,12 +86,6 @@ type orderEvent struct {
 // advance the aggregate's cursor: the intent is open from OrderCreated on.
 var handledTypes = []string{"OrderCreated", "OrderPaid", "OrderClosed", "OrderRejected", "RefundRequested"}
 
-// handle applies one ORDERS event inside its inbox transaction: a batch
-// of one (handleBatch).
-func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	return s.handleBatch(ctx, tx, []inbox.Batched{{Ctx: ctx, Message: m}})
-}
-
 // typeRefundRequested is the one event whose handling reads before it
 // writes.
 const typeRefundRequested = "RefundRequested"
@@ -148,14 +142,13 @@ func (s *Service) queueIntent(ctx context.Context, b *pgx.Batch, typ string, ev 
 	return nil
 }
 
-// handleBatch is the consumer's handler, inbox Config.BatchHandler (handle
-// is a batch of one): the intent writes of a batch's events go out in one
-// round trip instead of one each. A RefundRequested reads its payment
+// handle is the consumer's inbox Config.Handler: the intent writes of a
+// batch's events go out in one round trip instead of one each. A RefundRequested reads its payment
 // before it writes, so what is queued before it is sent first: every
 // statement runs in stream order and sees what the events before it
 // wrote. Any error fails the batch, and the inbox applies it again one
 // event at a time.
-func (s *Service) handleBatch(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) error {
+func (s *Service) handle(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) error {
 	b := &pgx.Batch{}
 	flush := func() error {
 		if b.Len() == 0 {

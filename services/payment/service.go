@@ -111,8 +111,6 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 	}
 	ic := d.Inbox(ordersConsumer, s.handle)
 	ic.Workers = consumerWorkers(d.Pool)
-	// A batch's intent writes in one round trip, not one each.
-	ic.BatchHandler = s.handleBatch
 	c, err := inbox.NewConsumer(d.Pool, d.JetStream, ic)
 	if err != nil {
 		return nil, fmt.Errorf("payment consumer: %w", err)

@@ -10,23 +10,23 @@ import (
 	"github.com/shop-ref/shop/pkg/inbox"
 )
 
-// A batch of order events, decided together. One at a time, each
-// reservation costs two round trips (read and lock, then write) while it
-// holds the stock rows of its SKUs, which under load are the same few hot
-// SKUs for every order: batches of other workers wait for those rows, so
-// the round trips of every batch add up, one batch after another. Here a
-// batch costs two round trips whatever its size: one locks and reads every
-// row the batch needs, the decisions are made in memory in stream order,
-// exactly as handle would make them one event after another, and one
-// writes the outcome (stock, reservations, tombstones and the events, each
-// with its own trace).
+// The consumer's handler decides a batch of order events together (a lone
+// delivery is a batch of one). Each reservation holds the stock rows of its
+// SKUs, which under load are the same few hot SKUs for every order:
+// batches of other workers wait for those rows, so the round trips of
+// every batch add up, one batch after another. A batch therefore costs two
+// round trips whatever its size: one locks and reads every row the batch
+// needs, the decisions are made in memory in stream order, one event after
+// another, and one writes the outcome (stock, reservations, tombstones and
+// the events, each with its own trace).
 
-// handleBatch is the consumer's inbox Config.BatchHandler. It leaves what
-// handle, called on each event of batch in turn, would leave:
-// TestBatchDecidesAsOneAtATime holds it to that on random histories. An
-// event that breaks the contract fails the whole batch, which the inbox
-// then hands to handle one event at a time, so only that one is poisoned.
-func (s *Service) handleBatch(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) error {
+// handle is the consumer's inbox Config.Handler. An event that breaks the
+// contract fails the whole batch, which the inbox then hands back one
+// event at a time, so only that one is poisoned.
+func (s *Service) handle(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) error {
+	// Only handled types reach it through the consumer (Config.Handles);
+	// any other passes, untouched.
+	batch = slices.DeleteFunc(slices.Clone(batch), func(b inbox.Batched) bool { return !slices.Contains(handledTypes, b.Type) })
 	evs := make([]orderEvent, len(batch))
 	var skus, orders []string
 	for i, b := range batch {
@@ -49,18 +49,24 @@ func (s *Service) handleBatch(ctx context.Context, tx pgx.Tx, batch []inbox.Batc
 		switch ev := evs[i]; b.Type {
 		case TypeOrderCreated:
 			s.log.Debug("order created", "order_id", ev.OrderID, "schema_version", b.SchemaVersion, "currency", ev.Currency)
-			s.reserveIn(b.Ctx, st, w, ev)
+			s.reserve(b.Ctx, st, w, ev)
 		case TypeOrderPaid:
-			s.commitIn(b.Ctx, st, w, ev.OrderID)
+			s.commit(b.Ctx, st, w, ev.OrderID)
 		default:
-			s.releaseIn(b.Ctx, st, w, ev.OrderID)
+			s.release(b.Ctx, st, w, ev.OrderID)
 		}
 	}
 	return w.send(ctx, tx, s)
 }
 
-// reserveIn decides an OrderCreated as reserve would.
-func (s *Service) reserveIn(ctx context.Context, st *batchState, w *batchWrite, ev orderEvent) {
+// reserve holds every line of an order or none of them. An order reserved
+// before (the inbox stops copies of one event; this stops a second
+// OrderCreated under another id) changes nothing: the answer was sent then.
+// An order released before its OrderCreated came (a tombstone) is rejected:
+// holding stock now would hold it for ever. Availability is decided under
+// the stock rows' locks, so two orders for the last unit cannot both see it
+// free.
+func (s *Service) reserve(ctx context.Context, st *batchState, w *batchWrite, ev orderEvent) {
 	o := st.order(ev.OrderID)
 	switch {
 	case len(o.rows) > 0:
@@ -91,8 +97,11 @@ func (s *Service) reserveIn(ctx context.Context, st *batchState, w *batchWrite, 
 	w.emit(ctx, ev.OrderID, TypeInventoryReserved, InventoryItems{OrderID: ev.OrderID, Items: ev.Items})
 }
 
-// commitIn decides an OrderPaid as commit would.
-func (s *Service) commitIn(ctx context.Context, st *batchState, w *batchWrite, orderID string) {
+// commit turns what a paid order holds into sold units: they leave on_hand
+// and reserved and join sold, so on_hand + sold stays equal to supplied.
+// With nothing held (already committed, or released because payment came
+// after the close, in which case the saga refunds) it does nothing.
+func (s *Service) commit(ctx context.Context, st *batchState, w *batchWrite, orderID string) {
 	held := st.order(orderID).held()
 	if len(held) == 0 {
 		s.log.Debug("nothing to commit", "order_id", orderID)
@@ -112,8 +121,12 @@ func (s *Service) commitIn(ctx context.Context, st *batchState, w *batchWrite, o
 	w.emit(ctx, orderID, TypeInventoryCommitted, InventoryItems{OrderID: orderID, Items: items})
 }
 
-// releaseIn decides an OrderClosed or OrderRejected as release would.
-func (s *Service) releaseIn(ctx context.Context, st *batchState, w *batchWrite, orderID string) {
+// release gives back what an order holds, for an OrderClosed or an
+// OrderRejected. With nothing held it leaves a tombstone instead, because
+// the order's OrderCreated may still be on its way (or its reservation
+// dead-lettered and requeued later) and must not hold stock for an order
+// that has ended.
+func (s *Service) release(ctx context.Context, st *batchState, w *batchWrite, orderID string) {
 	o := st.order(orderID)
 	held := o.held()
 	if len(held) == 0 {

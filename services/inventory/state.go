@@ -44,7 +44,7 @@ func (st *batchState) order(id string) *batchOrder {
 	return o
 }
 
-// held is what the order holds in RESERVED state, in SKU order (heldSQL).
+// held is what the order holds in RESERVED state, in SKU order.
 func (o *batchOrder) held() []*reservationRow {
 	var held []*reservationRow
 	for _, r := range o.rows {
@@ -57,10 +57,10 @@ func (o *batchOrder) held() []*reservationRow {
 
 // lockBatchState locks and reads, in one round trip, every stock row the
 // batch may touch (the SKUs of its OrderCreated events and of what its
-// orders hold), in SKU order as every other transaction that locks several
-// stock rows does, then the reservation rows and tombstones of its orders.
-// The reservation rows are locked after the stock rows, the reverse of a
-// release handled alone (heldSQL): that cannot deadlock, because the inbox
+// orders hold), in SKU order, then the reservation rows and tombstones of
+// its orders. Stock rows are locked in SKU order by every transaction that
+// locks several (a restock locks one), so two batches never wait for each
+// other in a cycle. The reservation rows cannot take part in one: the inbox
 // recorded every event of the batch before the handler ran, so the batch
 // holds the inbox cursor of each of its orders, and any other transaction
 // about one of them waits for that cursor before it touches its rows.
