@@ -16,6 +16,7 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/services"
 )
@@ -66,7 +67,7 @@ func TestServiceConnectsAsItsOwnUser(t *testing.T) {
 		ns, passwords := natstest.NewSecured(t, services.All.Access())
 		out := runInventory(t, ns.URL(), passwords["inventory"])
 		_, js := ns.Connect(t)
-		waitFor(t, "inventory's stream and its durable consumer", func() bool {
+		poll.Until(t, time.Minute, "inventory's stream and its durable consumer", func() bool {
 			_, err := js.Consumer(context.Background(), "ORDERS", "inventory-orders")
 			return err == nil
 		})

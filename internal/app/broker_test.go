@@ -20,6 +20,7 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/services"
 )
@@ -54,7 +55,7 @@ func TestStartsBeforeJetStreamAnswers(t *testing.T) {
 	if err := httpx.WaitReady(wait, nil, "http://"+addr); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "readyz to report jetstream down", func() bool {
+	poll.Until(t, time.Minute, "readyz to report jetstream down", func() bool {
 		return strings.Contains(get200(t, "http://"+addr+"/readyz"), `"jetstream":{"status":"down"`)
 	})
 	time.Sleep(3 * time.Second) // several rounds of retries: the process must still run
@@ -66,11 +67,11 @@ func TestStartsBeforeJetStreamAnswers(t *testing.T) {
 
 	ns.Restart() // JetStream comes back with the server
 	_, js := ns.Connect(t)
-	waitFor(t, "the streams and the durable consumer", func() bool {
+	poll.Until(t, time.Minute, "the streams and the durable consumer", func() bool {
 		_, err := js.Consumer(ctx, "ORDERS", "inventory-orders")
 		return err == nil
 	})
-	waitFor(t, "readyz to report jetstream up", func() bool {
+	poll.Until(t, time.Minute, "readyz to report jetstream up", func() bool {
 		return strings.Contains(get200(t, "http://"+addr+"/readyz"), `"jetstream":{"status":"up"`)
 	})
 }
@@ -99,7 +100,7 @@ func TestKeepStreamsRecreatesADeletedStream(t *testing.T) {
 	if err := js.DeleteStream(ctx, "PAYMENT"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "PAYMENT to exist again", func() bool {
+	poll.Until(t, time.Minute, "PAYMENT to exist again", func() bool {
 		_, err := js.Stream(ctx, "PAYMENT")
 		return err == nil
 	})
@@ -146,18 +147,6 @@ type consumersOnly []*inbox.Consumer
 func (c consumersOnly) Consumers() []*inbox.Consumer { return c }
 func (consumersOnly) Run(context.Context) error      { return nil }
 func (consumersOnly) Routes(chi.Router)              {}
-
-// waitFor polls cond for up to a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 func get200(t *testing.T, url string) string {
 	t.Helper()
@@ -275,21 +264,15 @@ func TestSilentPartitionIsNoticedInSeconds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	waitFor(t, "connected", func() bool { return nc.IsConnected() })
+	poll.Until(t, time.Minute, "connected", func() bool { return nc.IsConnected() })
 
 	silent.Store(true)
 	start := time.Now()
 	// Bounded generously for a loaded machine; the figure is logged.
-	deadline := start.Add(15 * time.Second)
-	for nc.IsConnected() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the connection still looks fine %v into a silent partition", time.Since(start).Round(time.Millisecond))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Until(t, 15*time.Second, "the client to notice a silent partition", func() bool { return !nc.IsConnected() })
 	t.Logf("silent partition noticed after %v", time.Since(start).Round(time.Millisecond))
 	silent.Store(false)
-	waitFor(t, "reconnected once the network answers", func() bool { return nc.IsConnected() })
+	poll.Until(t, time.Minute, "reconnected once the network answers", func() bool { return nc.IsConnected() })
 }
 
 // silenceable forwards every connection accepted on ln to target; while

@@ -15,6 +15,7 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // get serves one GET on h and decodes the JSON body into v.
@@ -111,13 +112,7 @@ func TestReadyWithoutNATS(t *testing.T) {
 	h := newRouter(db.Pool, nc, nil)
 
 	ns.Stop()
-	deadline := time.Now().Add(10 * time.Second)
-	for nc.Status() == nats.CONNECTED {
-		if time.Now().After(deadline) {
-			t.Fatal("client still connected 10s after the server stopped")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "the client to notice the server stopped", func() bool { return nc.Status() != nats.CONNECTED })
 
 	var body readiness
 	code := get(t, h, "/readyz", &body)
@@ -126,13 +121,7 @@ func TestReadyWithoutNATS(t *testing.T) {
 	}
 
 	ns.Start()
-	deadline = time.Now().Add(10 * time.Second)
-	for nc.Status() != nats.CONNECTED {
-		if time.Now().After(deadline) {
-			t.Fatal("client not reconnected 10s after the server came back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "the client to reconnect to the server back", func() bool { return nc.Status() == nats.CONNECTED })
 	if code := get(t, h, "/readyz", &body); code != http.StatusOK || body.Dependencies["nats"].Status != "up" {
 		t.Errorf("GET /readyz after NATS came back = %d %+v, want 200 reporting nats up", code, body)
 	}
@@ -167,7 +156,7 @@ func TestReadyReportsJetStreamItself(t *testing.T) {
 		t.Fatalf("GET /readyz with JetStream off = %d %+v, want 200, nats up, jetstream down since a time", code, body)
 	}
 	ns.Restart() // JetStream comes back with the server
-	waitFor(t, "readyz to report jetstream up again", func() bool {
+	poll.Until(t, time.Minute, "readyz to report jetstream up again", func() bool {
 		watch.probe(ctx)
 		return get(t, h, "/readyz", &body) == http.StatusOK && body.Dependencies["jetstream"].Status == "up"
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // One copy at a time holds the reconciler's lock; another takes it when
@@ -53,7 +54,7 @@ func TestOneCopyAtATimeHoldsTheReconcilersLock(t *testing.T) {
 	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a to take the lock of b's lost session", func() bool { return a.hold(ctx) })
+	poll.Until(t, time.Minute, "a to take the lock of b's lost session", func() bool { return a.hold(ctx) })
 	if b.hold(ctx) {
 		t.Fatal("b still says it holds the lock")
 	}
@@ -117,11 +118,11 @@ func TestALoneOrderServiceRunsTheRepair(t *testing.T) {
 		t.Fatal(err)
 	}
 	other.release()
-	waitFor(t, "the dead event requeued by the order process's reconciler", func() bool {
+	poll.Until(t, time.Minute, "the dead event requeued by the order process's reconciler", func() bool {
 		var dead bool
 		return payment.QueryRow(ctx, `SELECT dead_at IS NOT NULL FROM outbox WHERE event_id = $1`, killed).Scan(&dead) == nil && !dead
 	})
-	waitFor(t, "the order service to report it runs the reconciler", func() bool {
+	poll.Until(t, time.Minute, "the order service to report it runs the reconciler", func() bool {
 		return strings.Contains(get200(t, "http://"+addr+"/metrics"), "shop_reconcile_leader 1")
 	})
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/services"
 )
@@ -105,7 +106,7 @@ func TestReservationTimeoutReleasesALateReservation(t *testing.T) {
 	shop := testShop(t, map[string]string{"ORDER_RESERVATION_TIMEOUT": "1s"})
 	ord, inv := shop["order"], shop["inventory"]
 	do(t, http.MethodPut, inv.url+"/stock/SKU-R", `{"on_hand":5,"price":300}`, http.StatusOK)
-	waitFor(t, "the order service to learn SKU-R", func() bool {
+	poll.Until(t, time.Minute, "the order service to learn SKU-R", func() bool {
 		return ord.count(`SELECT count(*) FROM catalogue WHERE sku = 'SKU-R'`) == 1
 	})
 
@@ -125,15 +126,15 @@ func TestReservationTimeoutReleasesALateReservation(t *testing.T) {
 	if err != nil || res.StatusCode != http.StatusCreated {
 		t.Fatalf("POST /orders: %s, %v", res.Status, err)
 	}
-	waitFor(t, "the order to be closed by its reservation timeout", func() bool {
+	poll.Until(t, time.Minute, "the order to be closed by its reservation timeout", func() bool {
 		return ord.count(`SELECT count(*) FROM order_history WHERE order_id = $1 AND status = 'CLOSED' AND reason = 'reservation_timeout'`, o.ID) == 1
 	})
 
 	inv.start()
-	waitFor(t, "inventory to reserve late and release", func() bool {
+	poll.Until(t, time.Minute, "inventory to reserve late and release", func() bool {
 		return inv.count(`SELECT count(*) FROM reservations WHERE order_id = $1 AND state = 'RELEASED'`, o.ID) == 1
 	})
-	waitFor(t, "the late InventoryReserved to reach the closed order", func() bool {
+	poll.Until(t, time.Minute, "the late InventoryReserved to reach the closed order", func() bool {
 		return ord.count(`SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'InventoryReserved' AND state = 'CLOSED'`, o.ID) == 1
 	})
 	if n := inv.count(`SELECT reserved FROM stock WHERE sku = 'SKU-R'`); n != 0 {

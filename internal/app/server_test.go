@@ -18,6 +18,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/services/inventory"
 )
 
@@ -161,7 +162,7 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 	}
 	// Every slow request is in the server, body unfinished, before the
 	// normal ones are sent.
-	waitFor(t, "the server to read all slow requests", func() bool { return s.active.Load() >= slow })
+	poll.Until(t, time.Minute, "the server to read all slow requests", func() bool { return s.active.Load() >= slow })
 
 	t.Run("a normal request is served meanwhile", func(t *testing.T) {
 		if res, v := s.do(t, http.MethodPut, "/stock/SKU-1", `{"on_hand":5,"price":100}`); res.StatusCode != http.StatusOK || v["on_hand"] != float64(5) {
@@ -244,7 +245,7 @@ func TestBodiesOverTheCapAre503(t *testing.T) {
 	}
 
 	var refused *http.Response
-	waitFor(t, "a restock to be refused while the slow bodies fill every slot", func() bool {
+	poll.Until(t, time.Minute, "a restock to be refused while the slow bodies fill every slot", func() bool {
 		res, v := s.do(t, http.MethodPut, "/stock/SKU-1", `{"on_hand":5,"price":100}`)
 		if res.StatusCode == http.StatusServiceUnavailable && v["code"] == "overloaded" {
 			refused = res

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -124,7 +125,7 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 		ctx := context.Background()
 		// Ready does not wait for the streams the process reads: it
 		// creates ORDERS (missing, as no order service runs) right after.
-		waitFor(t, "ORDERS created", func() bool {
+		poll.Until(t, time.Minute, "ORDERS created", func() bool {
 			_, err := admin.Stream(ctx, "ORDERS")
 			return err == nil
 		})
@@ -134,7 +135,7 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 		// UpdateConfig against addConsumerWithAssignment), which failed CI
 		// once. A tamperer racing the process's start is not what this test
 		// is about.
-		waitFor(t, "inventory's consumers created", func() bool {
+		poll.Until(t, time.Minute, "inventory's consumers created", func() bool {
 			for _, r := range services.All.Readers() {
 				if r.Service != "inventory" {
 					continue
@@ -150,8 +151,8 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 		if _, err := admin.UpdateStream(ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "ORDERS restored", func() bool { return streamConfig(t, admin, "ORDERS").RePublish == nil })
-		waitFor(t, "the restore logged", func() bool {
+		poll.Until(t, time.Minute, "ORDERS restored", func() bool { return streamConfig(t, admin, "ORDERS").RePublish == nil })
+		poll.Until(t, time.Minute, "the restore logged", func() bool {
 			return strings.Contains(logLine(out.String(), "level=ERROR", "restored it", "stream=ORDERS"), "fields=[RePublish]")
 		})
 		if !strings.Contains(get200(t, url+"/metrics"), `shop_stream_drift_repaired_total{service="inventory",stream="ORDERS"} 1`) {
@@ -193,7 +194,7 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 			}
 			return lines
 		}
-		waitFor(t, "the drift logged", func() bool { return len(drifts()) > 0 })
+		poll.Until(t, time.Minute, "the drift logged", func() bool { return len(drifts()) > 0 })
 		time.Sleep(time.Second) // ten checks
 		if d := drifts(); len(d) != 1 || !strings.Contains(d[0], "fields=[RePublish]") || !strings.Contains(d[0], "STREAMS_NATS_PASSWORD") ||
 			!strings.Contains(d[0], "stream=INVENTORY") {
@@ -213,14 +214,14 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 		if _, err := admin.UpdateStream(ctx, tampered); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the new drift logged", func() bool { return len(drifts()) == 2 })
+		poll.Until(t, time.Minute, "the new drift logged", func() bool { return len(drifts()) == 2 })
 		if d := drifts()[1]; !strings.Contains(d, "fields=\"[MaxAge RePublish]\"") {
 			t.Errorf("the second drift: %s", d)
 		}
 		if _, err := admin.UpdateStream(ctx, inv); err != nil { // an operator restores it
 			t.Fatal(err)
 		}
-		waitFor(t, "the end of the drift logged", func() bool {
+		poll.Until(t, time.Minute, "the end of the drift logged", func() bool {
 			return logLine(out.String(), "level=INFO", "is the shop's again", "stream=INVENTORY") != ""
 		})
 		if s := out.String(); strings.Contains(s, "permissions violation") || strings.Count(s, "no stream keeper in this process") != 1 {

@@ -27,6 +27,7 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/services"
 )
@@ -313,7 +314,7 @@ func startShop(t *testing.T) shopURLs {
 		}
 	})
 	for _, name := range cfg.Registry.Names() {
-		waitFor(t, 30*time.Second, name+" ready", func() bool {
+		poll.Until(t, 30*time.Second, name+" ready", func() bool {
 			return get("http://"+env[strings.ToUpper(name)+"_ADDR"]+"/readyz") == http.StatusOK
 		})
 	}
@@ -322,7 +323,7 @@ func startShop(t *testing.T) shopURLs {
 		order:     "http://" + env["ORDER_ADDR"],
 		inventory: "http://" + env["INVENTORY_ADDR"],
 	}
-	waitFor(t, 30*time.Second, "dashboard state", func() bool { return get(sh.dashboard+"/api/state") == http.StatusOK })
+	poll.Until(t, 30*time.Second, "dashboard state", func() bool { return get(sh.dashboard+"/api/state") == http.StatusOK })
 	return sh
 }
 
@@ -337,7 +338,7 @@ func restock(t *testing.T, sh shopURLs, sku string) {
 	var probe struct {
 		OrderID string `json:"order_id"`
 	}
-	waitFor(t, 10*time.Second, "the order service knows "+sku, func() bool {
+	poll.Until(t, 10*time.Second, "the order service knows "+sku, func() bool {
 		status, body := shoptest.Call(t, "POST", sh.order+"/orders", map[string]string{"Idempotency-Key": "probe-" + randHex()},
 			`{"customer_id":"c-1","items":[{"sku":"`+sku+`","quantity":1}]}`)
 		return status == http.StatusCreated && json.Unmarshal(body, &probe) == nil
@@ -387,17 +388,6 @@ func get(url string) int {
 	return res.StatusCode
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -425,7 +415,7 @@ func traffic(t *testing.T, sh shopURLs, n int) {
 		ids = append(ids, o.OrderID)
 	}
 	for _, id := range ids {
-		waitFor(t, 30*time.Second, "order "+id+" says WAIT_PAY", func() bool {
+		poll.Until(t, 30*time.Second, "order "+id+" says WAIT_PAY", func() bool {
 			_, body := shoptest.Call(t, "GET", sh.order+"/orders/"+id, nil, "")
 			var o struct {
 				Status string `json:"status"`

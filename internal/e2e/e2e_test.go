@@ -37,6 +37,7 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/services"
 )
@@ -296,7 +297,7 @@ func restock(t *testing.T, sku string, onHand, price int) {
 	// until then an order for it is a 422. A probe order that gets through is
 	// cancelled at once, and we wait until its stock is back.
 	var probe string
-	eventually(t, 10*time.Second, "order service knows "+sku, func() bool {
+	poll.Until(t, 10*time.Second, "order service knows "+sku, func() bool {
 		r := placeOrder(t, "probe-"+randHex(), item(sku, 1))
 		if r.status == http.StatusCreated {
 			probe = r.body["order_id"].(string)
@@ -308,7 +309,7 @@ func restock(t *testing.T, sku string, onHand, price int) {
 		t.Fatalf("cancel the probe order: %d %s", r.status, r.raw)
 	}
 	waitStatus(t, probe, "CLOSED")
-	eventually(t, 10*time.Second, "the probe's stock released", func() bool {
+	poll.Until(t, 10*time.Second, "the probe's stock released", func() bool {
 		_, reserved, _ := stock(t, sku)
 		return reserved == 0
 	})
@@ -334,7 +335,7 @@ func orderStatus(t *testing.T, id string) string {
 
 func waitStatus(t *testing.T, id, want string) {
 	t.Helper()
-	eventually(t, 20*time.Second, "order "+id+" "+want, func() bool { return orderStatus(t, id) == want })
+	poll.Until(t, 20*time.Second, "order "+id+" "+want, func() bool { return orderStatus(t, id) == want })
 }
 
 func stock(t *testing.T, sku string) (onHand, reserved, sold int) {
@@ -353,17 +354,6 @@ func webhook(t *testing.T, orderID, providerID, status string, amount int) respo
 	mac.Write([]byte(ts + "." + string(body)))
 	return do(t, "POST", shop.payment+"/webhooks/payment",
 		map[string]string{"Payment-Signature": "t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))}, body)
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func randHex() string {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // floodEvents early messages of other orders — sequence 2 of orders whose
@@ -49,7 +50,7 @@ func TestEarlyMessagesDoNotStopTheShop(t *testing.T) {
 		}
 		return inv, pay
 	}
-	eventually(t, 5*time.Minute, "every early message parked by inventory and payment", func() bool {
+	poll.Until(t, 5*time.Minute, "every early message parked by inventory and payment", func() bool {
 		inv, pay := parked()
 		return inv == floodEvents && pay == floodEvents
 	})

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // The tests run one after the other: each ends by waiting until the whole
@@ -104,7 +106,7 @@ func TestPaymentTimeoutClosesAndReleases(t *testing.T) {
 	restock(t, s, 5, 700)
 	id := placeOrder(t, "slow-"+randHex(), item(s, 1)).body["order_id"].(string)
 	waitStatus(t, id, "WAIT_PAY")
-	eventually(t, paymentTimeout+15*time.Second, "the payment timeout closes the order", func() bool {
+	poll.Until(t, paymentTimeout+15*time.Second, "the payment timeout closes the order", func() bool {
 		return orderStatus(t, id) == "CLOSED"
 	})
 	checkInvariants(t)
@@ -144,7 +146,7 @@ func TestLatePaymentIsRefundedOnce(t *testing.T) {
 			t.Fatalf("late webhook: %d %s", w.status, w.raw)
 		}
 	}
-	eventually(t, 20*time.Second, "the refund recorded in the order's history", func() bool {
+	poll.Until(t, 20*time.Second, "the refund recorded in the order's history", func() bool {
 		return strings.Contains(do(t, "GET", shop.order+"/orders/"+id, nil, nil).raw, "refund")
 	})
 	checkInvariants(t) // includes: every closed-but-paid order has exactly one refund
@@ -230,7 +232,7 @@ func TestConcurrentOrdersNeverOversell(t *testing.T) {
 	close(ids)
 	waiting, rejected := 0, 0
 	for id := range ids {
-		eventually(t, 30*time.Second, "order "+id+" decided", func() bool {
+		poll.Until(t, 30*time.Second, "order "+id+" decided", func() bool {
 			st := orderStatus(t, id)
 			return st != "PENDING"
 		})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/journey"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
 )
 
@@ -85,17 +86,10 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 		missing string
 	)
 	// The last spans end just after the commit that made the order COMPLETED.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, 10*time.Second, "every span of the order's trace", func() bool {
 		spans, found, missing = orderTrace(id, steps)
-		if missing == "" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if missing != "" {
-		t.Fatalf("no span %s in the order's trace (%d spans)", missing, len(spans))
-	}
+		return missing == ""
+	})
 	if found[0].Parent.IsValid() {
 		t.Errorf("POST /orders has a parent %s; want the trace's root", found[0].Parent.SpanID())
 	}
@@ -408,17 +402,10 @@ func TestATimeoutContinuesItsOrdersTrace(t *testing.T) {
 		found   []tracetest.SpanStub
 		missing string
 	)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, 10*time.Second, "every span of the order's trace", func() bool {
 		spans, found, missing = orderTrace(id, steps)
-		if missing == "" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if missing != "" {
-		t.Fatalf("no span %s in the order's trace (%d spans)", missing, len(spans))
-	}
+		return missing == ""
+	})
 	for i, st := range steps[1:] {
 		if c := st.causes[0]; !descends(spans, found[i+1], found[c].SpanContext.SpanID()) {
 			t.Errorf("%s/%s does not descend from %s/%s", st.service, st.name, steps[c].service, steps[c].name)

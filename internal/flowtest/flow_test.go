@@ -19,6 +19,7 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -58,17 +59,6 @@ func run(t *testing.T, what string, f func(ctx context.Context) error) {
 			t.Errorf("%s: %v", what, err)
 		}
 	})
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func scalar(t *testing.T, pool *pgxpool.Pool, sql string) int {
@@ -161,14 +151,14 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 	writers.Wait()
 
 	total := aggregates * perAggregate
-	waitFor(t, 3*time.Minute, "every event applied", func() bool {
+	poll.Until(t, 3*time.Minute, "every event applied", func() bool {
 		return scalar(t, consumer.Pool, `SELECT count(*) FROM effects`) >= total
 	})
 	time.Sleep(200 * time.Millisecond) // let any stray duplicate land before counting
 	checkEffects(t, consumer.Pool, total)
 	// A consumer may apply an event before its relay has collected the rest
 	// of the batch's acks and marked it; marking follows shortly.
-	waitFor(t, 30*time.Second, "every event marked published", func() bool {
+	poll.Until(t, 30*time.Second, "every event marked published", func() bool {
 		return scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
 	})
 }
@@ -230,18 +220,18 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 	}
 	run(t, "relay", relay.Run)
 
-	waitFor(t, 10*time.Second, "the second copy stored and marked", func() bool {
+	poll.Until(t, 10*time.Second, "the second copy stored and marked", func() bool {
 		info, err := stream.Info(context.Background())
 		return err == nil && info.State.Msgs == 2 &&
 			scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`) == 1
 	})
-	waitFor(t, 10*time.Second, "both copies consumed", func() bool {
+	poll.Until(t, 10*time.Second, "both copies consumed", func() bool {
 		return scalar(t, consumer.Pool, `SELECT count(*) FROM processed_events`) == 1 &&
 			scalar(t, consumer.Pool, `SELECT coalesce(max(last_seq), 0) FROM inbox_sequences`) == 1
 	})
 	// The second copy is handled as a duplicate; wait until the consumer has
 	// acked everything it was given, then count effects.
-	waitFor(t, 10*time.Second, "consumer caught up", func() bool {
+	poll.Until(t, 10*time.Second, "consumer caught up", func() bool {
 		cons, err := stream.Consumer(context.Background(), "effects")
 		if err != nil {
 			return false

@@ -15,6 +15,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/reconcile"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/pkg/inbox"
@@ -173,17 +174,6 @@ func (s *lostShop) applied(ev uuid.UUID) (effects, processed int) {
 	return effects, processed
 }
 
-func (s *lostShop) eventually(what string, cond func() bool) {
-	s.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // streamSeq is the stream sequence of the last message on subject in ORDERS.
 func (s *lostShop) streamSeq(subject string) uint64 {
 	s.t.Helper()
@@ -210,13 +200,13 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 	// Order X is created and both consumers apply its OrderCreated.
 	x, created := s.place()
 	_, stopConsumers := s.startConsumers()
-	s.eventually("OrderCreated applied", func() bool { e, p := s.applied(created); return e == 2 && p == 2 })
+	poll.Until(s.t, 30*time.Second, "OrderCreated applied", func() bool { e, p := s.applied(created); return e == 2 && p == 2 })
 	// With the consumers stopped, X awaits payment and order Y is created:
 	// both published, neither seen by a consumer.
 	stopConsumers()
 	awaiting := s.awaitPayment(x)
 	y, createdY := s.place()
-	s.eventually("every event published", func() bool {
+	poll.Until(s.t, 30*time.Second, "every event published", func() bool {
 		return s.count(s.pools.Order, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
 	})
 
@@ -241,7 +231,7 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 	// (verify.AuditConfig.Grace), so it names them once those have passed.
 	var b strings.Builder
 	var streamCheck *verify.Check
-	s.eventually("verify to name the lost events", func() bool {
+	poll.Until(s.t, 30*time.Second, "verify to name the lost events", func() bool {
 		report, err := verify.Run(ctx, s.shop.shop, retention, verify.WithStreams(s.js))
 		if err != nil {
 			t.Fatal(err)
@@ -303,7 +293,7 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 		t.Fatalf("invariants after the repair:\n%s", b.String())
 	}
 	for _, name := range ordersConsumers {
-		s.eventually(name+" settled", func() bool { return natstest.Settled(t, s.js, "ORDERS", name) })
+		poll.Until(s.t, 30*time.Second, name+" settled", func() bool { return natstest.Settled(t, s.js, "ORDERS", name) })
 	}
 	for _, ev := range []uuid.UUID{created, awaiting, createdY} {
 		if e, p := s.applied(ev); e != 2 || p != 2 {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
@@ -123,18 +124,6 @@ func startDirect(t *testing.T, s *Service, orderID uuid.UUID) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 type outboxRow struct {
 	Seq     int64
 	Subject string
@@ -208,7 +197,7 @@ func TestOrderPaidStartsAndDeliversShipment(t *testing.T) {
 	orderID := uuid.New()
 	publish(t, e.js, orderPaidMsg(uuid.New(), orderID, 1, 1))
 
-	waitFor(t, 10*time.Second, "the shipment to start", func() bool { return shipmentState(t, s, orderID) != "" })
+	poll.Until(t, 10*time.Second, "the shipment to start", func() bool { return shipmentState(t, s, orderID) != "" })
 	started := events(t, s.pool, orderID, typeFulfillmentStarted)
 	if len(started) != 1 {
 		t.Fatalf("FulfillmentStarted events = %d, want 1", len(started))
@@ -231,7 +220,7 @@ func TestOrderPaidStartsAndDeliversShipment(t *testing.T) {
 		t.Errorf("deliver_at - started_at = %s, want %s", got, testDelay)
 	}
 
-	waitFor(t, 10*time.Second, "the delivery", func() bool { return shipmentState(t, s, orderID) == StateDelivered })
+	poll.Until(t, 10*time.Second, "the delivery", func() bool { return shipmentState(t, s, orderID) == StateDelivered })
 	delivered := events(t, s.pool, orderID, typeShipmentDelivered)
 	if len(delivered) != 1 || delivered[0].Seq != 2 {
 		t.Fatalf("ShipmentDelivered events = %+v, want one with seq 2", delivered)
@@ -253,7 +242,7 @@ func TestOrderPaidStartsAndDeliversShipment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "both events on FULFILLMENT", func() bool {
+	poll.Until(t, 10*time.Second, "both events on FULFILLMENT", func() bool {
 		info, err := st.Info(context.Background())
 		return err == nil && info.State.Msgs == 2
 	})
@@ -285,10 +274,10 @@ func TestDuplicateOrderPaidIsNoOp(t *testing.T) {
 	// a second shipment.
 	publish(t, e.js, orderPaidMsg(uuid.New(), orderID, 2, 1))
 
-	waitFor(t, 10*time.Second, "both OrderPaid events processed", func() bool {
+	poll.Until(t, 10*time.Second, "both OrderPaid events processed", func() bool {
 		return count(t, s.pool, `SELECT count(*) FROM processed_events WHERE consumer_name = $1`, ConsumerName) == 2
 	})
-	waitFor(t, 10*time.Second, "the delivery", func() bool { return shipmentState(t, s, orderID) == StateDelivered })
+	poll.Until(t, 10*time.Second, "the delivery", func() bool { return shipmentState(t, s, orderID) == StateDelivered })
 	if n := count(t, s.pool, `SELECT count(*) FROM shipments`); n != 1 {
 		t.Errorf("shipments = %d, want 1", n)
 	}
@@ -314,7 +303,7 @@ func TestOtherEventsAreNotDeliveredAndUnknownVersionsArePoison(t *testing.T) {
 	poisoned := uuid.New()
 	publish(t, e.js, orderPaidMsg(uuid.New(), poisoned, 1, 2))
 
-	waitFor(t, 10*time.Second, "OrderPaid v2 dead-lettered", func() bool {
+	poll.Until(t, 10*time.Second, "OrderPaid v2 dead-lettered", func() bool {
 		dead, err := inbox.ListDeadLetters(context.Background(), s.pool, ConsumerName, 10)
 		if err != nil {
 			t.Fatal(err)
@@ -343,7 +332,7 @@ func TestShipmentDueWhileDownIsDeliveredOnStart(t *testing.T) {
 	orderID := uuid.New()
 	startDirect(t, down, orderID)
 
-	waitFor(t, 10*time.Second, "the shipment to fall due", func() bool {
+	poll.Until(t, 10*time.Second, "the shipment to fall due", func() bool {
 		return count(t, down.pool, `SELECT count(*) FROM shipments WHERE deliver_at <= now()`) == 1
 	})
 	if got := shipmentState(t, down, orderID); got != StateStarted {
@@ -352,7 +341,7 @@ func TestShipmentDueWhileDownIsDeliveredOnStart(t *testing.T) {
 
 	up := e.service(t)
 	run(t, up)
-	waitFor(t, 10*time.Second, "the delivery after restart", func() bool { return shipmentState(t, up, orderID) == StateDelivered })
+	poll.Until(t, 10*time.Second, "the delivery after restart", func() bool { return shipmentState(t, up, orderID) == StateDelivered })
 	if n := len(events(t, up.pool, orderID, typeShipmentDelivered)); n != 1 {
 		t.Errorf("ShipmentDelivered events = %d, want 1", n)
 	}
@@ -391,7 +380,7 @@ func TestConcurrentScannersDeliverEachShipmentOnce(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, 20*time.Second, "every shipment delivered", func() bool {
+	poll.Until(t, 20*time.Second, "every shipment delivered", func() bool {
 		return count(t, seed.pool, `SELECT count(*) FROM shipments WHERE state = 'DELIVERED'`) == orders
 	})
 	close(stop)
@@ -464,13 +453,13 @@ func TestDeliverDueGivesItsConnectionBack(t *testing.T) {
 		if n, err := s.deliverDue(context.Background()); err != nil || n != want {
 			t.Fatalf("deliverDue: %d, %v; want %d", n, err, want)
 		}
-		waitFor(t, 10*time.Second, "the scan's connection released", func() bool {
+		poll.Until(t, 10*time.Second, "the scan's connection released", func() bool {
 			return s.pool.Stat().AcquiredConns() == 0
 		})
 	}
 	scan(0) // no shipment at all
 	startDirect(t, s, orderID)
-	waitFor(t, 10*time.Second, "the shipment due", func() bool {
+	poll.Until(t, 10*time.Second, "the shipment due", func() bool {
 		return count(t, s.pool, `SELECT count(*) FROM shipments WHERE deliver_at <= now()`) == 1
 	})
 	scan(1)

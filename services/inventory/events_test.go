@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
 
@@ -52,7 +53,7 @@ func types(evs []outboxEvent) []string {
 func (f *fixture) waitEvents(t *testing.T, orderID string, n int) []outboxEvent {
 	t.Helper()
 	var evs []outboxEvent
-	eventually(t, fmt.Sprintf("%d events of %s", n, orderID), func() bool {
+	poll.Until(t, 15*time.Second, fmt.Sprintf("%d events of %s", n, orderID), func() bool {
 		evs = f.events(t, orderID)
 		return len(evs) >= n
 	})
@@ -63,7 +64,7 @@ func (f *fixture) waitEvents(t *testing.T, orderID string, n int) []outboxEvent 
 // seq, whether or not they emitted anything.
 func (f *fixture) waitProcessed(t *testing.T, orderID string, seq int64) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("seq %d of %s processed", seq, orderID), func() bool {
+	poll.Until(t, 15*time.Second, fmt.Sprintf("seq %d of %s processed", seq, orderID), func() bool {
 		return f.count(t, `SELECT count(*) FROM inbox_sequences
 			WHERE consumer_name = $1 AND aggregate_id = $2 AND last_seq >= $3`, ConsumerName, orderID, seq) == 1
 	})
@@ -296,7 +297,7 @@ func TestDuplicateDeliveryChangesNothing(t *testing.T) {
 	f.publish(t, o, 2, TypeOrderPaid, orderPaid(o, Item{"A", 2}))
 	f.publish(t, o, 2, TypeOrderPaid, orderPaid(o, Item{"A", 2})) // a copy of seq 2 too
 	f.waitProcessed(t, o, 2)
-	eventually(t, "every copy handled", func() bool {
+	poll.Until(t, 15*time.Second, "every copy handled", func() bool {
 		info, err := f.js.Consumer(context.Background(), "ORDERS", ConsumerName)
 		if err != nil {
 			return false
@@ -599,7 +600,7 @@ func TestBatchesOnSharedSKUsDoNotDeadlock(t *testing.T) {
 		}
 	}
 	f.runConsumer(t)
-	eventually(t, "every event is applied", func() bool {
+	poll.Until(t, 15*time.Second, "every event is applied", func() bool {
 		return f.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = $1`, ConsumerName) == 2*orders
 	})
 	for _, sku := range skus {

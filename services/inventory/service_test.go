@@ -15,6 +15,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
@@ -195,18 +196,6 @@ func (f *fixture) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-// eventually polls cond until it holds, failing the test after 15s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // decode unmarshals a payload for comparison.
 func decode[T any](t *testing.T, payload string) T {
 	t.Helper()
@@ -244,7 +233,7 @@ func TestRunWaitsForStreamAndStops(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	ns.Stream(t, js, "ORDERS", "orders.>")
-	eventually(t, "the durable consumer", func() bool {
+	poll.Until(t, 15*time.Second, "the durable consumer", func() bool {
 		_, err := js.Consumer(context.Background(), "ORDERS", ConsumerName)
 		return err == nil
 	})

@@ -5,10 +5,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // withCurrency turns an OrderCreated payload into one of version 2.
@@ -98,7 +100,7 @@ func TestUnknownVersionIsDeadLetter(t *testing.T) {
 	future, next := uuid.NewString(), uuid.NewString()
 	id := f.publishVersion(t, future, 1, TypeOrderCreated, 3, withCurrency(orderCreated(future, Item{"A", 5}), "EUR"))
 	var msg string
-	eventually(t, "the dead letter", func() bool {
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool {
 		return f.pool.QueryRow(t.Context(), `SELECT error FROM dead_letters WHERE consumer_name = $1 AND event_id = $2`,
 			ConsumerName, id).Scan(&msg) == nil
 	})

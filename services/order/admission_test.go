@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 )
@@ -43,7 +44,7 @@ func TestOrdersAreShedWhileTheSagaLags(t *testing.T) {
 	var res response
 	var key string
 	tries := 0
-	eventually(t, "POST /orders to be shed", func() bool { // the backlog is read every 200ms
+	poll.Until(t, 15*time.Second, "POST /orders to be shed", func() bool { // the backlog is read every 200ms
 		tries++
 		key = fmt.Sprint("shed-", tries)
 		res = e.post(t, key, body)
@@ -66,7 +67,7 @@ func TestOrdersAreShedWhileTheSagaLags(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "POST /orders to be admitted again", func() bool {
+	poll.Until(t, 15*time.Second, "POST /orders to be admitted again", func() bool {
 		res = e.post(t, key, body)
 		return res.status == http.StatusCreated
 	})
@@ -143,7 +144,7 @@ func TestOutOfRangeSequencesDoNotStopOrders(t *testing.T) {
 	ctx := context.Background()
 	var dead []inbox.DeadLetter
 	var parked []inbox.Parked
-	eventually(t, "every hostile event to be dead-lettered or parked", func() bool {
+	poll.Until(t, 15*time.Second, "every hostile event to be dead-lettered or parked", func() bool {
 		var err error
 		if dead, err = inbox.ListDeadLetters(ctx, e.pool, "", 1000); err != nil {
 			t.Fatal(err)
@@ -154,7 +155,7 @@ func TestOutOfRangeSequencesDoNotStopOrders(t *testing.T) {
 		return len(dead)+len(parked) >= hostile
 	})
 	const body = `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`
-	eventually(t, "POST /orders to be admitted", func() bool {
+	poll.Until(t, 15*time.Second, "POST /orders to be admitted", func() bool {
 		return e.post(t, "after-the-probe", body).status == http.StatusCreated
 	})
 	if len(dead) != hostile/2 || len(parked) != hostile/2 {

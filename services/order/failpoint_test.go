@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 )
 
@@ -90,7 +91,7 @@ func TestFailpointFuncReachesConsumersAndScanner(t *testing.T) {
 	}
 	o := decode[Order](t, res.body)
 	e.payable(t, o.ID, false)
-	eventually(t, "every failpoint of the service to be passed", func() bool {
+	poll.Until(t, 15*time.Second, "every failpoint of the service to be passed", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return seen[failpoint.InboxBeforeCommit] > 0 && seen[failpoint.InboxAfterCommitBeforeAck] > 0 &&

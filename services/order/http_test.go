@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -14,6 +15,7 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 )
 
@@ -263,7 +265,7 @@ func TestCancel(t *testing.T) {
 		t.Run("pending after "+answer.typ, func(t *testing.T) {
 			o := e.create(t, "SKU-1", 1)
 			e.publish(t, answer.prefix, o.ID, answer.typ, map[string]any{"order_id": o.ID, "intent_id": uuid.New(), "items": []any{}})
-			eventually(t, "the saga to take "+answer.typ, func() bool {
+			poll.Until(t, 15*time.Second, "the saga to take "+answer.typ, func() bool {
 				return e.count(t, `SELECT count(*) FROM saga_instances WHERE id = $1 AND state <> 'PENDING'`, o.ID.String()) == 1
 			})
 			if res := cancel(t, o.ID); res.status != http.StatusAccepted {

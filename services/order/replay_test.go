@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 const replayBody = `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":2}]}`
@@ -136,7 +137,7 @@ func TestReplayWhileShedding(t *testing.T) {
 	}
 	e.lag(t, 5)
 	tries := 0
-	eventually(t, "POST /orders to be shed", func() bool { // the backlog is read every 200ms
+	poll.Until(t, 15*time.Second, "POST /orders to be shed", func() bool { // the backlog is read every 200ms
 		tries++
 		return e.post(t, fmt.Sprint("new-", tries), replayBody).status == http.StatusServiceUnavailable
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/saga"
 )
@@ -29,7 +30,7 @@ func TestSagaHappyPath(t *testing.T) {
 	// The stock alone does not make the order payable: it shows PENDING,
 	// with nothing to pay yet, until payment has opened its intent.
 	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 4}}})
-	eventually(t, "the saga to hold the stock", func() bool {
+	poll.Until(t, 15*time.Second, "the saga to hold the stock", func() bool {
 		return e.count(t, `SELECT count(*) FROM saga_instances WHERE id = $1 AND state = $2`, o.ID.String(), stockHeld) == 1
 	})
 	if got := e.get(t, o.ID); got.Status != Pending || got.Payment != nil || statuses(got) != "PENDING" {
@@ -159,7 +160,7 @@ func TestSagaReservationTimeout(t *testing.T) {
 	}
 
 	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 1}}})
-	eventually(t, "the late reservation to be recorded", func() bool {
+	poll.Until(t, 15*time.Second, "the late reservation to be recorded", func() bool {
 		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'InventoryReserved' AND state = 'CLOSED'`, o.ID.String()) == 1
 	})
 	if got := e.get(t, o.ID); got.Status != Closed || statuses(got) != "PENDING CLOSED" {
@@ -223,7 +224,7 @@ func TestSagaFulfillmentTimeout(t *testing.T) {
 	// recorded, nothing more refunded, the order stays CLOSED.
 	e.publish(t, "fulfillment", started.ID, "ShipmentDelivered", map[string]any{"order_id": started.ID, "shipment_id": "s-1", "delivered_at": time.Now()})
 	e.publish(t, "payment", started.ID, "PaymentSucceeded", map[string]any{"order_id": started.ID, "payment_id": "pay-" + started.ID.String(), "amount": 200})
-	eventually(t, "the late delivery recorded", func() bool {
+	poll.Until(t, 15*time.Second, "the late delivery recorded", func() bool {
 		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'ShipmentDelivered'`, started.ID.String()) == 1 &&
 			e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = 'order-payment'`) == 5
 	})
@@ -244,7 +245,7 @@ func TestSagaWaitsForBothAnswers(t *testing.T) {
 	intent := uuid.New()
 	e.publish(t, "payment", o.ID, "PaymentOpened", map[string]any{"order_id": o.ID, "intent_id": intent, "amount": 100})
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "early", "amount": 100})
-	eventually(t, "the early payment's refund", func() bool {
+	poll.Until(t, 15*time.Second, "the early payment's refund", func() bool {
 		return e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'RefundRequested'`, o.ID.String()) == 1
 	})
 	if p := e.payload(t, o.ID, "RefundRequested"); p["payment_id"] != "early" || p["reason"] != "order_not_awaiting_payment" {
@@ -305,7 +306,7 @@ func TestLatePaymentRefundedOnce(t *testing.T) {
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", paid)
 	e.publish(t, "payment", o.ID, "PaymentRefunded", map[string]any{"order_id": o.ID, "payment_id": "late-1", "refund_id": "r-1", "amount": 100})
 
-	eventually(t, "the refund to be recorded", func() bool {
+	poll.Until(t, 15*time.Second, "the refund to be recorded", func() bool {
 		return e.count(t, `SELECT count(*) FROM order_history WHERE order_id = $1 AND reason = 'payment_refunded'`, o.ID) == 1
 	})
 	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderClosed", "RefundRequested")
@@ -331,13 +332,13 @@ func TestSecondPaymentOfPaidOrderRefunded(t *testing.T) {
 	// payment is.
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-1", "amount": 100})
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-2", "amount": 100})
-	eventually(t, "the refund", func() bool {
+	poll.Until(t, 15*time.Second, "the refund", func() bool {
 		return e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'RefundRequested'`, o.ID.String()) == 1
 	})
 	if p := e.payload(t, o.ID, "RefundRequested"); p["payment_id"] != "p-2" || p["reason"] != "order_already_paid" {
 		t.Fatalf("RefundRequested %v", p)
 	}
-	eventually(t, "every payment event processed", func() bool {
+	poll.Until(t, 15*time.Second, "every payment event processed", func() bool {
 		return e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = 'order-payment'`) == 4 // with PaymentOpened
 	})
 	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "RefundRequested")
@@ -355,7 +356,7 @@ func TestUnexpectedEventIgnored(t *testing.T) {
 	// nothing either: both are recorded, neither blocks the consumer.
 	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
 	e.publish(t, "inventory", uuid.New(), "InventoryReserved", map[string]any{})
-	eventually(t, "the unexpected events to be recorded", func() bool {
+	poll.Until(t, 15*time.Second, "the unexpected events to be recorded", func() bool {
 		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE event_type = 'InventoryReserved'`) == 2
 	})
 	if got := e.get(t, o.ID); got.Status != Closed || statuses(got) != "PENDING CLOSED" {
@@ -389,7 +390,7 @@ func TestUnknownSchemaVersionIsDeadLettered(t *testing.T) {
 	m.Header.Set("Schema-Version", "2")
 	m.Header.Set(jetstream.MsgIDHeader, uuid.NewString())
 	e.send(t, m)
-	eventually(t, "the dead letter", func() bool {
+	poll.Until(t, 15*time.Second, "the dead letter", func() bool {
 		return e.count(t, `SELECT count(*) FROM dead_letters WHERE consumer_name = 'order-inventory'`) == 1
 	})
 	if n := e.count(t, `SELECT count(*) FROM catalogue`); n != 0 {

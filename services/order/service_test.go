@@ -23,6 +23,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/services/fulfillment"
 	"github.com/shop-ref/shop/services/inventory"
@@ -150,7 +151,7 @@ func (e *env) stock(t *testing.T, sku string, price int64) {
 	t.Helper()
 	e.send(t, e.upstream("inventory", "product", sku, "ProductUpdated",
 		map[string]any{"sku": sku, "price": price, "on_hand": 10, "reserved": 0, "available": 10}))
-	eventually(t, "catalogue to learn "+sku, func() bool {
+	poll.Until(t, 15*time.Second, "catalogue to learn "+sku, func() bool {
 		return e.count(t, `SELECT count(*) FROM catalogue WHERE sku = $1 AND price = $2`, sku, price) == 1
 	})
 }
@@ -227,7 +228,7 @@ func (e *env) count(t *testing.T, q string, args ...any) int {
 // waitStatus waits until the order is in status.
 func (e *env) waitStatus(t *testing.T, id uuid.UUID, status string) Order {
 	t.Helper()
-	eventually(t, "order to be "+status, func() bool {
+	poll.Until(t, 15*time.Second, "order to be "+status, func() bool {
 		return e.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = $2`, id, status) == 1
 	})
 	return e.get(t, id)
@@ -272,17 +273,6 @@ func (e *env) payload(t *testing.T, id uuid.UUID, typ string) map[string]any {
 		t.Fatalf("%s of %s: %v", typ, id, err)
 	}
 	return decode[map[string]any](t, b)
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func statuses(o Order) string {

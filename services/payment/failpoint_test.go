@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // failFirst is a FailpointFunc that fails the first hit of name only.
@@ -79,7 +80,7 @@ func TestFailpointRefundAfterProviderBeforeStore(t *testing.T) {
 	e.publish(t, order, "RefundRequested", map[string]any{
 		"order_id": order, "payment_id": paymentID, "amount": 2500, "reason": "order_closed"})
 
-	eventually(t, "the refund is DONE", func() bool { return e.refundDone(t, order) })
+	poll.Until(t, 30*time.Second, "the refund is DONE", func() bool { return e.refundDone(t, order) })
 	if hits.Load() != 2 {
 		t.Fatalf("failpoint hit %d times, want 2 (the lost outcome, the retry)", hits.Load())
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 )
 
@@ -411,7 +412,7 @@ func TestCallbacksGiveTheirConnectionBack(t *testing.T) {
 		if rec := e.signed(t, tc.cb); rec.Code != tc.status {
 			t.Fatalf("%s: status %d %s, want %d", tc.name, rec.Code, rec.Body, tc.status)
 		}
-		eventually(t, tc.name+": the connection released", func() bool { return e.db.Pool.Stat().AcquiredConns() == 0 })
+		poll.Until(t, 30*time.Second, tc.name+": the connection released", func() bool { return e.db.Pool.Stat().AcquiredConns() == 0 })
 	}
 	if n := e.count(t, `SELECT count(*) FROM payments`); n != 4 {
 		t.Fatalf("%d payments, want 4 (two applied, two rejected)", n)

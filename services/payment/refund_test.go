@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // closedAndPaid makes an order that payment learned from ORDERS events and
@@ -18,7 +20,7 @@ func (e *env) closedAndPaid(t *testing.T, amount int64) (string, string) {
 	order := uuid.NewString()
 	e.publish(t, order, "OrderCreated", map[string]any{"order_id": order, "total": amount})
 	e.publish(t, order, "OrderClosed", map[string]any{"order_id": order, "reason": "payment_timeout"})
-	eventually(t, "the intent is CLOSED", func() bool { return e.intentState(t, order) == StateClosed })
+	poll.Until(t, 30*time.Second, "the intent is CLOSED", func() bool { return e.intentState(t, order) == StateClosed })
 	rec := e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_late", Status: StatusSucceeded, Amount: amount})
 	wantStatus(t, rec, http.StatusOK)
 	paymentID, _ := decodeResult(t, rec.Body.Bytes())
@@ -41,7 +43,7 @@ func TestRefundExactlyOnceAfterAmbiguousTimeout(t *testing.T) {
 	e.publish(t, order, "RefundRequested", map[string]any{
 		"order_id": order, "payment_id": paymentID, "amount": 3100, "reason": "order_closed"})
 
-	eventually(t, "the refund is DONE", func() bool { return e.refundDone(t, order) })
+	poll.Until(t, 30*time.Second, "the refund is DONE", func() bool { return e.refundDone(t, order) })
 	if n := e.provider.Refunds(); n != 1 {
 		t.Fatalf("provider made %d refunds, want 1", n)
 	}
@@ -92,14 +94,14 @@ func TestDuplicateRefundRequestedRefundsOnce(t *testing.T) {
 	e.mu.Unlock()
 	first := orderMsg(uuid.Must(uuid.NewV7()), order, "RefundRequested", seq, 1, mustJSON(t, payload))
 	e.publishMsg(t, first)
-	eventually(t, "the refund is DONE", func() bool { return e.refundDone(t, order) })
+	poll.Until(t, 30*time.Second, "the refund is DONE", func() bool { return e.refundDone(t, order) })
 
 	// The same event delivered again, after the stream's duplicate window
 	// has forgotten it (a relay republishing late): the inbox absorbs it.
-	eventually(t, "the stream stores a second copy", func() bool { return !e.publishMsg(t, first).Duplicate })
+	poll.Until(t, 30*time.Second, "the stream stores a second copy", func() bool { return !e.publishMsg(t, first).Duplicate })
 	// The saga asking twice: a new event for the same payment.
 	e.publish(t, order, "RefundRequested", payload)
-	eventually(t, "payment-orders has handled every event", func() bool { return e.settled(t) })
+	poll.Until(t, 30*time.Second, "payment-orders has handled every event", func() bool { return e.settled(t) })
 
 	if n := e.count(t, `SELECT count(*) FROM refunds`); n != 1 {
 		t.Fatalf("%d refunds recorded, want 1", n)

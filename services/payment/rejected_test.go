@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // rejectedResult is the webhook's answer to a success it cannot apply.
@@ -104,7 +106,7 @@ func TestRejectedPaymentsAreRecordedAndRefunded(t *testing.T) {
 			}
 			replay("before the refund is done") // possibly: the refund loop may be quick
 
-			eventually(t, "the refund is DONE", func() bool { state, _, _ := e.refundOf(t, res.PaymentID); return state == RefundDone })
+			poll.Until(t, 30*time.Second, "the refund is DONE", func() bool { state, _, _ := e.refundOf(t, res.PaymentID); return state == RefundDone })
 			_, _, key := e.refundOf(t, res.PaymentID)
 			if key.String() != res.PaymentID {
 				t.Fatalf("refund idempotency key %s, want the payment id %s", key, res.PaymentID)
@@ -187,7 +189,7 @@ func TestConcurrentTwinsOfAnUnknownOrderRefundOnce(t *testing.T) {
 		+ (SELECT count(*) FROM outbox WHERE event_type = 'PaymentRejected')`); n != 3 {
 		t.Fatalf("%d payments, refunds and PaymentRejected events, want one of each", n)
 	}
-	eventually(t, "the refund is DONE", func() bool { state, _, _ := e.refundOf(t, ids[0]); return state == RefundDone })
+	poll.Until(t, 30*time.Second, "the refund is DONE", func() bool { state, _, _ := e.refundOf(t, ids[0]); return state == RefundDone })
 	if n := e.provider.Refunds(); n != 1 {
 		t.Fatalf("the provider made %d refunds, want 1", n)
 	}
@@ -206,7 +208,7 @@ func TestRejectedPaymentRefundWaitsForTheProvider(t *testing.T) {
 	wantStatus(t, rec, http.StatusOK)
 	paymentID, _ := decodeResult(t, rec.Body.Bytes())
 
-	eventually(t, "the provider to refuse a few attempts", func() bool { _, attempts, _ := e.refundOf(t, paymentID); return attempts >= 3 })
+	poll.Until(t, 30*time.Second, "the provider to refuse a few attempts", func() bool { _, attempts, _ := e.refundOf(t, paymentID); return attempts >= 3 })
 	var lastErr string
 	if err := e.db.Pool.QueryRow(context.Background(), `SELECT state || ': ' || coalesce(last_error, '') FROM refunds WHERE payment_id = $1`,
 		paymentID).Scan(&lastErr); err != nil || lastErr != RefundRequested+": "+ErrProviderUnavailable.Error() {
@@ -217,7 +219,7 @@ func TestRejectedPaymentRefundWaitsForTheProvider(t *testing.T) {
 	}
 
 	e.provider.SetDown(false)
-	eventually(t, "the refund is DONE", func() bool { state, _, _ := e.refundOf(t, paymentID); return state == RefundDone })
+	poll.Until(t, 30*time.Second, "the refund is DONE", func() bool { state, _, _ := e.refundOf(t, paymentID); return state == RefundDone })
 	if n := e.provider.Refunds(); n != 1 {
 		t.Fatalf("the provider made %d refunds, want 1", n)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 )
 
@@ -227,18 +228,6 @@ func (e *env) settled(t *testing.T) bool {
 	return natstest.Settled(t, e.js, "ORDERS", ConsumerName)
 }
 
-// eventually polls cond until it holds; it fails the test after 30s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func (e *env) intentState(t *testing.T, orderID string) string {
 	t.Helper()
 	var s string
@@ -258,7 +247,7 @@ func TestIntentsFollowOrderEvents(t *testing.T) {
 		"items": []map[string]any{{"sku": "SKU-1", "quantity": 2, "unit_price": 1999}}})
 	// OrderCreated opens the intent, and the same transaction announces it:
 	// the order shows WAIT_PAY only once it has heard PaymentOpened.
-	eventually(t, "the intent is PAYABLE", func() bool { return e.intentState(t, paid) == StatePayable })
+	poll.Until(t, 30*time.Second, "the intent is PAYABLE", func() bool { return e.intentState(t, paid) == StatePayable })
 	var intentID string
 	if err := e.db.Pool.QueryRow(context.Background(), `SELECT intent_id::text FROM intents WHERE order_id = $1`, paid).Scan(&intentID); err != nil {
 		t.Fatal(err)
@@ -273,7 +262,7 @@ func TestIntentsFollowOrderEvents(t *testing.T) {
 	e.publish(t, paid, "OrderAwaitingPayment", map[string]any{"order_id": paid, "total": 3998, "pay_by": time.Now(), "intent_id": intentID})
 	e.publish(t, paid, "OrderPaid", map[string]any{"order_id": paid, "payment_id": uuid.NewString(), "amount": 3998})
 	e.publish(t, paid, "OrderCompleted", map[string]any{"order_id": paid}) // not ours: passes by
-	eventually(t, "the intent is PAID", func() bool { return e.intentState(t, paid) == StatePaid })
+	poll.Until(t, 30*time.Second, "the intent is PAID", func() bool { return e.intentState(t, paid) == StatePaid })
 
 	closed := uuid.NewString()
 	e.publish(t, closed, "OrderCreated", map[string]any{"order_id": closed, "total": 100})
@@ -281,7 +270,7 @@ func TestIntentsFollowOrderEvents(t *testing.T) {
 	rejected := uuid.NewString()
 	e.publish(t, rejected, "OrderCreated", map[string]any{"order_id": rejected, "total": 100})
 	e.publish(t, rejected, "OrderRejected", map[string]any{"order_id": rejected, "reason": "out_of_stock"})
-	eventually(t, "closed and rejected intents are CLOSED", func() bool {
+	poll.Until(t, 30*time.Second, "closed and rejected intents are CLOSED", func() bool {
 		return e.intentState(t, closed) == StateClosed && e.intentState(t, rejected) == StateClosed
 	})
 	var amount int64
@@ -293,7 +282,7 @@ func TestIntentsFollowOrderEvents(t *testing.T) {
 	// once, not retried.
 	future := uuid.NewString()
 	e.publishMsg(t, orderMsg(uuid.Must(uuid.NewV7()), future, "OrderCreated", 1, 2, []byte(`{"order_id":"`+future+`","total":1}`)))
-	eventually(t, "the version-2 event is a dead letter", func() bool {
+	poll.Until(t, 30*time.Second, "the version-2 event is a dead letter", func() bool {
 		return e.count(t, `SELECT count(*) FROM dead_letters WHERE consumer_name = $1`, ConsumerName) == 1
 	})
 	if s := e.intentState(t, future); s != "" {
