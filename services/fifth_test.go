@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/operator"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/pkg/inbox"
@@ -209,7 +210,7 @@ func TestAFifthServiceJoinsTheShop(t *testing.T) {
 
 	shop.Restock(t, "SKU-LOYAL", 10, 1250)
 	_, total := shop.Complete(t, "c-loyal", "SKU-LOYAL", 2)
-	shoptest.WaitFor(t, "the points of c-loyal", 20*time.Second, func() bool {
+	poll.Until(t, 20*time.Second, "the points of c-loyal", func() bool {
 		res, err := http.Get(shop.URLs["loyalty"] + "/points/c-loyal")
 		if err != nil {
 			return false
@@ -220,7 +221,7 @@ func TestAFifthServiceJoinsTheShop(t *testing.T) {
 	})
 
 	// shop outbox status: its row, PointsAwarded published.
-	shoptest.WaitFor(t, "PointsAwarded published", 20*time.Second, func() bool {
+	poll.Until(t, 20*time.Second, "PointsAwarded published", func() bool {
 		var out strings.Builder
 		if err := op.Outbox(ctx, []string{"status", "--json"}, getenv, &out, io.Discard); err != nil {
 			t.Fatalf("shop outbox status: %v", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
 )
 
@@ -144,7 +145,7 @@ func startDemo(t *testing.T, vars map[string]string, out, logs io.Writer) {
 		<-done
 	})
 	printed := out.(interface{ String() string })
-	shoptest.WaitFor(t, "the demo banner", time.Minute, func() bool {
+	poll.Until(t, time.Minute, "the demo banner", func() bool {
 		select {
 		case err := <-done:
 			done <- err // for the cleanup

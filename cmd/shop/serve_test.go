@@ -15,6 +15,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -36,7 +37,7 @@ func TestAll(t *testing.T) {
 	go func() { done <- run(ctx, []string{"all"}, env(vars), io.Discard, io.Discard) }()
 
 	for name, addr := range addrs {
-		shoptest.WaitFor(t, name+" ready", 30*time.Second, func() bool {
+		poll.Until(t, 30*time.Second, name+" ready", func() bool {
 			select {
 			case err := <-done:
 				t.Fatalf("shop all returned before it was ready: %v", err)
@@ -53,7 +54,7 @@ func TestAll(t *testing.T) {
 
 	_, js := ns.Connect(t)
 	for _, stream := range []string{"ORDERS", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
-		shoptest.WaitFor(t, "stream "+stream, 10*time.Second, func() bool {
+		poll.Until(t, 10*time.Second, "stream "+stream, func() bool {
 			_, err := js.Stream(ctx, stream)
 			return err == nil
 		})
@@ -79,7 +80,7 @@ func TestAll(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		shoptest.WaitFor(t, "the event on ORDERS", 15*time.Second, func() bool {
+		poll.Until(t, 15*time.Second, "the event on ORDERS", func() bool {
 			msg, err := stream.GetLastMsgForSubject(ctx, "orders.o-1.OrderCreated")
 			return err == nil && msg.Header.Get("Event-Type") == "OrderCreated"
 		})
@@ -148,7 +149,7 @@ func TestAllDemo(t *testing.T) {
 		var out syncBuffer
 		done := make(chan error, 1)
 		go func() { done <- run(ctx, []string{"all", "-demo"}, env(vars), &out, io.Discard) }()
-		shoptest.WaitFor(t, "the demo banner", time.Minute, func() bool {
+		poll.Until(t, time.Minute, "the demo banner", func() bool {
 			select {
 			case err := <-done:
 				t.Fatalf("shop all -demo returned: %v", err)
@@ -235,7 +236,7 @@ func TestDashboard(t *testing.T) {
 	var placed struct {
 		OrderID string `json:"order_id"`
 	}
-	shoptest.WaitFor(t, "the dashboard places an order", 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "the dashboard places an order", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("shop dashboard returned: %v", err)
@@ -248,7 +249,7 @@ func TestDashboard(t *testing.T) {
 		defer res.Body.Close()
 		return res.StatusCode == http.StatusCreated && json.NewDecoder(res.Body).Decode(&placed) == nil && placed.OrderID != ""
 	})
-	shoptest.WaitFor(t, "the order on the dashboard", 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "the order on the dashboard", func() bool {
 		res, err := http.Get(base + "/api/state")
 		if err != nil {
 			return false

@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shop-ref/shop/internal/dashboard"
-	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/internal/poll"
 )
 
 // TestSeries runs the sampler over freshly migrated schemas: an order that
@@ -84,7 +84,7 @@ func TestSeries(t *testing.T) {
 		}
 		return *col[len(col)-1]
 	}
-	shoptest.WaitFor(t, "a first sample", 10*time.Second, func() bool { sr = read(); return len(sr.T) > 0 })
+	poll.Until(t, 10*time.Second, "a first sample", func() bool { sr = read(); return len(sr.T) > 0 })
 	if got := last(sr.Completed); got != 0 {
 		t.Errorf("completed/s before any order completed under the dashboard = %v, want 0", got)
 	}
@@ -96,7 +96,7 @@ func TestSeries(t *testing.T) {
 	}
 	exec("inventory", `INSERT INTO processed_events (consumer_name, event_id) VALUES ('inventory-orders', $1)`, ev)
 	complete(time.Now().Add(-1500 * time.Millisecond))
-	shoptest.WaitFor(t, "the completion in the charts", 10*time.Second, func() bool {
+	poll.Until(t, 10*time.Second, "the completion in the charts", func() bool {
 		sr = read()
 		for i, c := range sr.Completed {
 			if c != nil && *c > 0 && sr.P50[i] != nil && last(sr.Lag["inventory"]) == 0 {
@@ -110,7 +110,7 @@ func TestSeries(t *testing.T) {
 	}
 
 	var st dashboard.State
-	shoptest.WaitFor(t, "the health strip", 10*time.Second, func() bool {
+	poll.Until(t, 10*time.Second, "the health strip", func() bool {
 		st = getState(t, srv.URL)
 		return len(st.Health) == 2
 	})

@@ -19,7 +19,6 @@ import (
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/journey"
 	"github.com/shop-ref/shop/internal/poll"
-	"github.com/shop-ref/shop/internal/shoptest"
 )
 
 // traceServices gives every service of cfg a tracer provider of its own,
@@ -147,7 +146,7 @@ func publishedAndTraced(t *testing.T, id string, tid trace.TraceID) map[trace.Sp
 	)
 	// The last events are published just after the commit that made the
 	// order COMPLETED.
-	shoptest.WaitFor(t, "every event of the order published, with its publish span", 10*time.Second, func() bool {
+	poll.Until(t, 10*time.Second, "every event of the order published, with its publish span", func() bool {
 		j, err := journey.Load(context.Background(), pools, oid)
 		if err != nil {
 			t.Fatal(err)

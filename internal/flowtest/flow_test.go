@@ -108,6 +108,7 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 	_, js := srv.ConnectAs(t, evAccess.User)
 	srv.Stream(t, js, "EV", "ev.>")
 
+	var consumers []*inbox.Consumer
 	for i := range instances {
 		_, js := srv.ConnectAs(t, evAccess.User) // a connection per "process", with a service's permissions only
 		relay, err := outbox.NewRelay(producer.NewPool(t, 3), js, outbox.Config{
@@ -125,6 +126,7 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 			t.Fatal(err)
 		}
 		run(t, "consumer", c.Run)
+		consumers = append(consumers, c)
 	}
 
 	var writers sync.WaitGroup
@@ -154,13 +156,18 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 	poll.Until(t, 3*time.Minute, "every event applied", func() bool {
 		return scalar(t, consumer.Pool, `SELECT count(*) FROM effects`) >= total
 	})
-	time.Sleep(200 * time.Millisecond) // let any stray duplicate land before counting
-	checkEffects(t, consumer.Pool, total)
 	// A consumer may apply an event before its relay has collected the rest
 	// of the batch's acks and marked it; marking follows shortly.
 	poll.Until(t, 30*time.Second, "every event marked published", func() bool {
 		return scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
 	})
+	// Every event is published and nothing is left for the consumers to
+	// settle: no stray copy can still land, so the count is final.
+	poll.Until(t, 30*time.Second, "the consumers to settle every message", func() bool {
+		lag, err := consumers[0].Lag(context.Background())
+		return err == nil && lag == 0
+	})
+	checkEffects(t, consumer.Pool, total)
 }
 
 // TestRepublishAfterDuplicateWindowIsAbsorbed: the relay crashes after the

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/services/payment"
 )
@@ -382,7 +384,15 @@ func TestPayingTheInstantItSaysWaitPayUnderLoad(t *testing.T) {
 		loaded <- Run(context.Background(), []string{"--orders", "400", "--concurrency", "16", "--pay", "1",
 			"--sku", "SKU-BUSY", "--timeout", "3m"}, env(s.Env), &out, &out)
 	}()
-	time.Sleep(time.Second) // the load is under way
+	poll.Until(t, time.Minute, "the load under way: SKU-BUSY reserved or sold", func() bool {
+		res, err := http.Get(s.StockURL + "SKU-BUSY")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		var st struct{ Reserved, Sold int }
+		return json.NewDecoder(res.Body).Decode(&st) == nil && st.Reserved+st.Sold > 0
+	})
 	paid := shoptest.Customers{OrderURL: s.OrderURL, PaymentURL: s.URLs["payment"], WebhookSecret: payment.DefaultWebhookSecret}.
 		PayTheInstant(t, 40, "SKU-NOW")
 	shoptest.RequireAllCompleted(t, paid)

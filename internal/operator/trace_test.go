@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shop-ref/shop/internal/journey"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
 )
 
@@ -40,7 +41,7 @@ func TestTrace(t *testing.T) {
 		t.Fatalf("place an order: %s %v", res.Status, err)
 	}
 	// Paid the moment the order says WAIT_PAY, as a customer would.
-	shoptest.WaitFor(t, "the order WAIT_PAY", 15*time.Second, func() bool {
+	poll.Until(t, 15*time.Second, "the order WAIT_PAY", func() bool {
 		res, err := http.Get(sh.OrderURL + "/orders/" + order.OrderID)
 		if err != nil {
 			return false
@@ -96,7 +97,7 @@ func TestTrace(t *testing.T) {
 	}
 	var j trace
 	var missing []string
-	shoptest.WaitFor(t, "every hop of the order", 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "every hop of the order", func() bool {
 		j = trace{} // omitted fields must not keep the values of the last read
 		cli.json(&j, "trace", order.OrderID, "--json")
 		seen := map[string]bool{}

@@ -28,6 +28,7 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/services"
 )
@@ -73,19 +74,6 @@ func FreeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-// WaitFor polls cond until it holds, failing the test when timeout passes
-// first.
-func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // Shop is a whole shop running in the test process, as internal/e2e
@@ -168,7 +156,7 @@ func StartWith(t testing.TB, reg registry.Registry, env map[string]string) *Shop
 	for _, name := range reg.Names() {
 		addr := vars[strings.ToUpper(name)+"_ADDR"]
 		urls[name] = "http://" + addr
-		WaitFor(t, name+" ready", 30*time.Second, func() bool {
+		poll.Until(t, 30*time.Second, name+" ready", func() bool {
 			select {
 			case err := <-done:
 				t.Fatalf("the shop stopped before it was ready: %v", err)
@@ -202,7 +190,7 @@ func (s *Shop) Restock(t testing.TB, sku string, onHand, price int) {
 		t.Fatalf("restock %s: %s", sku, res.Status)
 	}
 	var probe string
-	WaitFor(t, "the order service knows "+sku, 15*time.Second, func() bool {
+	poll.Until(t, 15*time.Second, "the order service knows "+sku, func() bool {
 		body := fmt.Sprintf(`{"customer_id":"probe","items":[{"sku":%q,"quantity":1}]}`, sku)
 		req, _ := http.NewRequest(http.MethodPost, s.OrderURL+"/orders", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
@@ -219,7 +207,7 @@ func (s *Shop) Restock(t testing.TB, sku string, onHand, price int) {
 		probe = o.OrderID
 		return res.StatusCode == http.StatusCreated
 	})
-	WaitFor(t, "the probe order cancelled", 15*time.Second, func() bool {
+	poll.Until(t, 15*time.Second, "the probe order cancelled", func() bool {
 		res, err := http.Post(s.OrderURL+"/orders/"+probe+"/cancel", "application/json", nil)
 		if err != nil {
 			return false
@@ -246,7 +234,7 @@ func (s *Shop) Complete(t testing.TB, customer, sku string, quantity int) (id st
 	if status := s.doJSON(t, req, &o); status != http.StatusCreated {
 		t.Fatalf("POST /orders: %d", status)
 	}
-	WaitFor(t, "order "+o.OrderID+" WAIT_PAY", 20*time.Second, func() bool {
+	poll.Until(t, 20*time.Second, "order "+o.OrderID+" WAIT_PAY", func() bool {
 		req, _ := http.NewRequest(http.MethodGet, s.OrderURL+"/orders/"+o.OrderID, nil)
 		return s.doJSON(t, req, &o) == http.StatusOK && o.Status == "WAIT_PAY"
 	})
@@ -255,7 +243,7 @@ func (s *Shop) Complete(t testing.TB, customer, sku string, quantity int) (id st
 	if status := s.doJSON(t, req, nil); status != http.StatusOK {
 		t.Fatalf("simulate payment of %s: %d", o.OrderID, status)
 	}
-	WaitFor(t, "order "+o.OrderID+" COMPLETED", 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "order "+o.OrderID+" COMPLETED", func() bool {
 		req, _ := http.NewRequest(http.MethodGet, s.OrderURL+"/orders/"+o.OrderID, nil)
 		return s.doJSON(t, req, &o) == http.StatusOK && o.Status == "COMPLETED"
 	})

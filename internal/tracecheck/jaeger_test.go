@@ -22,6 +22,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/journey"
+	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/services"
 )
@@ -104,7 +105,7 @@ func TestJaegerShowsAnOrdersTraceCleanly(t *testing.T) {
 		tr      jaegerTrace
 		missing []string
 	)
-	shoptest.WaitFor(t, "every event of the order in its trace in Jaeger", 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "every event of the order in its trace in Jaeger", func() bool {
 		j, err := journey.Load(context.Background(), pools, uuid.MustParse(id))
 		if err != nil {
 			t.Fatal(err)
@@ -175,7 +176,7 @@ func startJaeger(t *testing.T) jaeger {
 			t.Logf("jaeger's output:\n%s", out.String())
 		}
 	})
-	shoptest.WaitFor(t, "jaeger's query API", 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "jaeger's query API", func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("jaeger stopped: %s", out.String())
@@ -291,7 +292,7 @@ func placeAndPay(t *testing.T, shop *shoptest.Shop, sku string) string {
 
 func waitStatus(t *testing.T, shop *shoptest.Shop, id, want string) {
 	t.Helper()
-	shoptest.WaitFor(t, "order "+id+" "+want, 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "order "+id+" "+want, func() bool {
 		var o struct{ Status string }
 		call(t, http.MethodGet, shop.OrderURL+"/orders/"+id, nil, "", &o)
 		return o.Status == want
