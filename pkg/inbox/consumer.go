@@ -37,12 +37,6 @@ type Consumer struct {
 	progress     *progress       // the deliveries this instance holds, reported in progress
 	tracer       trace.Tracer    // from Config.TracerProvider
 	stats        counters
-
-	// crash, set by tests only, is asked at each crashPoint whether the
-	// process "dies" there: the transaction is rolled back, as a lost
-	// connection would roll it back, and the message is neither acked nor
-	// nak'ed, so JetStream redelivers it after AckWait.
-	crash func(crashPoint, Message) bool
 }
 
 // Name returns the consumer's Config.Name.

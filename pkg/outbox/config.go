@@ -66,29 +66,24 @@ type Hooks struct {
 	// and must be safe for concurrent use and quick.
 	ObservePublishFunc func(time.Duration)
 
-	// FailpointFunc, when set, is called with the name of each failpoint
-	// the relay passes (the Failpoint* constants); a non-nil error makes
-	// the relay behave as if it died there: it abandons the batch without
-	// publishing or marking the rest, and the lease expires. The shop sets
-	// it to internal/failpoint.Inject; the library never needs it.
+	// FailpointFunc is failure injection, for tests and chaos runs: when
+	// set, the relay calls it at each of these points, and a non-nil error
+	// makes the relay behave as if it died there (it abandons the batch,
+	// publishing and marking nothing more, and the lease expires):
+	//
+	//	"outbox.after_claim"            once per batch, its claim committed, nothing published
+	//	"outbox.before_publish"         once per event, before it is handed to the broker
+	//	"outbox.after_ack_before_mark"  once per batch with acks, before they are marked
+	//	"outbox.retention_mid_batch"    between two of retention's delete statements
 	FailpointFunc func(name string) error
 }
 
-// The failpoints of the outbox, passed to Hooks.FailpointFunc.
+// The points at which the relay calls Hooks.FailpointFunc.
 const (
-	// FailpointAfterClaim is hit once per batch, after its claim committed
-	// and before anything is published.
-	FailpointAfterClaim = "outbox.after_claim"
-	// FailpointBeforePublish is hit once per event, just before the event
-	// is handed to the broker: dying there leaves the earlier events of the
-	// batch perhaps stored in the stream and the later ones not.
-	FailpointBeforePublish = "outbox.before_publish"
-	// FailpointAfterAckBeforeMark is hit once per batch with at least one
-	// acked event, after the acks were read and before they are marked.
-	FailpointAfterAckBeforeMark = "outbox.after_ack_before_mark"
-	// FailpointRetentionMidBatch is hit by the relay's retention between
-	// two delete statements, after a full batch was deleted.
-	FailpointRetentionMidBatch = "outbox.retention_mid_batch"
+	failpointAfterClaim         = "outbox.after_claim"
+	failpointBeforePublish      = "outbox.before_publish"
+	failpointAfterAckBeforeMark = "outbox.after_ack_before_mark"
+	failpointRetentionMidBatch  = "outbox.retention_mid_batch"
 )
 
 func (c *Config) failpoint(name string) error {

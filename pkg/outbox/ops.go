@@ -170,7 +170,7 @@ func deleteExpired(ctx context.Context, db DB, olderThan time.Duration, batch in
 			// Failure window: some batches are deleted (each its own
 			// statement, committed), the rest are not. The next run
 			// deletes them; pending and dead rows are never candidates.
-			if err := failpoint(FailpointRetentionMidBatch); err != nil {
+			if err := failpoint(failpointRetentionMidBatch); err != nil {
 				return total, err
 			}
 		}

@@ -216,7 +216,7 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 	}
 	// Failure window: the lease is committed, nothing is published. The
 	// batch waits for the lease to expire; then any relay takes it over.
-	if err := r.cfg.failpoint(FailpointAfterClaim); err != nil {
+	if err := r.cfg.failpoint(failpointAfterClaim); err != nil {
 		return len(batch), err
 	}
 	claimed := time.Now()
