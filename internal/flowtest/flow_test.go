@@ -218,7 +218,6 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 
 	c, err := inbox.NewConsumer(consumer.Pool, js, inbox.Config{
 		Name: "effects", Stream: "EV", Handler: recordEffect, Logger: quiet,
-		DuplicateWindow: 100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)

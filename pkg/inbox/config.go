@@ -84,20 +84,13 @@ type Config struct {
 	// HandlerTimeout is the time limit of one handler transaction (and of a
 	// requeued dead letter's). Default 30s.
 	HandlerTimeout time.Duration
-	// Retention is how long processed_events rows are kept. It must exceed
-	// PublishHorizon, DuplicateWindow and ReplayWindow (see the package
-	// documentation). Default 14 days.
+	// Retention is how long processed_events rows are kept: a copy of an
+	// event arriving later than this after the first is no longer known by
+	// its id. It must exceed every delay a copy can come with: the
+	// producer's retries (outbox.Config.RetryHorizon), the stream's
+	// duplicate window (Run refuses a stream whose window is not shorter)
+	// and how far back the stream may be replayed. Default 14 days.
 	Retention time.Duration
-	// PublishHorizon is how long after an event first went out its producer
-	// may still publish a copy (relay retries, operator requeues). Default 7
-	// days.
-	PublishHorizon time.Duration
-	// DuplicateWindow is the stream's JetStream duplicate window. Default 2
-	// minutes, JetStream's own default; Run also checks the live stream.
-	DuplicateWindow time.Duration
-	// ReplayWindow is how far back an operator may replay the stream into
-	// this consumer. Default 7 days.
-	ReplayWindow time.Duration
 	// SkipSequenceCheck turns off per-aggregate ordering: events are then
 	// deduplicated by id only and applied in whatever order they arrive.
 	SkipSequenceCheck bool
@@ -126,9 +119,6 @@ func (c *Config) setDefaults() {
 	c.AckWait = cmp.Or(c.AckWait, 5*time.Second)
 	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, 30*time.Second)
 	c.Retention = cmp.Or(c.Retention, 14*day)
-	c.PublishHorizon = cmp.Or(c.PublishHorizon, 7*day)
-	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, 2*time.Minute)
-	c.ReplayWindow = cmp.Or(c.ReplayWindow, 7*day)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -155,22 +145,6 @@ func (c *Config) validate() error {
 	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.AckWait <= 0 || c.HandlerTimeout <= 0 || c.Retention <= 0:
 		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive AckWait (%s), HandlerTimeout (%s), Retention (%s)",
 			c.BackoffBase, c.BackoffMax, c.AckWait, c.HandlerTimeout, c.Retention)
-	}
-	// The windows rule: an event id must stay in processed_events for as
-	// long as any copy of the event can still arrive, or that copy would be
-	// applied a second time.
-	for _, w := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"PublishHorizon", c.PublishHorizon},
-		{"DuplicateWindow", c.DuplicateWindow},
-		{"ReplayWindow", c.ReplayWindow},
-	} {
-		if c.Retention <= w.d {
-			return fmt.Errorf("inbox: Retention (%s) must be longer than %s (%s): "+
-				"a copy arriving after its processed_events row is deleted would be applied again", c.Retention, w.name, w.d)
-		}
 	}
 	return nil
 }

@@ -45,16 +45,6 @@ func (c *Consumer) Name() string { return c.cfg.Name }
 // Stream returns the consumer's Config.Stream.
 func (c *Consumer) Stream() string { return c.cfg.Stream }
 
-// Retention returns how long the consumer keeps processed_events rows
-// (Config.Retention after defaults): a copy of an event arriving later than
-// this after the first is no longer recognised by its id.
-func (c *Consumer) Retention() time.Duration { return c.cfg.Retention }
-
-// ReplayWindow returns how far back an operator may replay the stream into
-// the consumer (Config.ReplayWindow after defaults): the stream must keep
-// its messages at least this long.
-func (c *Consumer) ReplayWindow() time.Duration { return c.cfg.ReplayWindow }
-
 // Lag asks JetStream how many messages of the stream the durable consumer
 // has yet to settle: those not yet delivered (NumPending) plus those
 // delivered and not yet acked (NumAckPending). It counts for every instance
