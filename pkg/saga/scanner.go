@@ -33,13 +33,10 @@ type ScannerConfig struct {
 	// postponed alone (RetryDelay) and holds none of the others back.
 	// Default 64; 1 fires one timeout per transaction.
 	BatchSize int
-	// Logger receives the scanner's logs; default slog.Default(), as in
-	// pkg/outbox and pkg/inbox.
+	// Logger receives the scanner's logs; default slog.Default().
 	Logger *slog.Logger
-	// TracerProvider makes a span for each fired timeout, the parent of its
-	// transition's span and a child of the span that armed the timeout (its
-	// trace context is kept with it), so that an order's timeout belongs to
-	// the order's trace. Default: nil, no spans.
+	// TracerProvider makes a span for each fired timeout, a child of the
+	// span that armed it. Default: nil, no spans.
 	TracerProvider trace.TracerProvider
 	// Hooks are failure injection for tests and chaos runs; leave them
 	// zero.
