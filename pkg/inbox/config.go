@@ -60,50 +60,37 @@ type Config struct {
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
 	MaxDeliver int
-	// MaxAckPending is how many messages JetStream lets the durable consumer
-	// hold unacknowledged, across all its instances: when reached, it
-	// delivers nothing more to anyone. An early message is parked and acked,
-	// so it holds none of it; what does is each instance's prefetch (Workers
-	// × max(4, BatchSize) waiting for workers, as many in the client's
-	// buffer) and the deliveries waiting out a failed handler's backoff
-	// before their next attempt (at most MaxDeliver attempts each). Default
-	// 4096: room for the prefetch of four instances with the default
-	// Workers and BatchSize.
+	// MaxAckPending is how many messages the durable consumer may hold
+	// unacknowledged across all its instances; when reached, JetStream
+	// delivers nothing more. Parked messages are acked and hold none; each
+	// instance's prefetch (Workers × max(4, BatchSize), and its client's
+	// buffer) and the deliveries waiting out a backoff do. Default 4096.
 	MaxAckPending int
 	// BackoffBase and BackoffMax shape the redelivery delay after a handler
 	// failure: exponential from BackoffBase, capped at BackoffMax, with full
 	// jitter. Defaults 200ms and 30s.
 	BackoffBase, BackoffMax time.Duration
-	// AckWait is how long JetStream waits for an ack before it redelivers
-	// a message: how long the deliveries of a process that died wait for
-	// another. While this process holds a delivery (queued for a worker or
-	// in its handler) it tells JetStream every AckWait/3 that the delivery
-	// is in progress, so a slow handler is never redelivered while it runs.
-	// Default 5s.
+	// AckWait is how long the deliveries of a process that died wait to be
+	// redelivered; a live process reports what it holds in progress every
+	// AckWait/3. Default 5s.
 	AckWait time.Duration
 	// HandlerTimeout is the time limit of one handler transaction (and of a
 	// requeued dead letter's). Default 30s.
 	HandlerTimeout time.Duration
-	// Retention is how long processed_events rows are kept: a copy of an
-	// event arriving later than this after the first is no longer known by
-	// its id. It must exceed every delay a copy can come with: the
-	// producer's retries (outbox.Config.RetryHorizon), the stream's
-	// duplicate window (Run refuses a stream whose window is not shorter)
-	// and how far back the stream may be replayed. Default 14 days.
+	// Retention is how long event ids are remembered. It must outlast every
+	// copy: the producer's retries (outbox.Config.RetryHorizon), the
+	// stream's duplicate window (Run checks it) and any replay. Default 14
+	// days.
 	Retention time.Duration
 	// SkipSequenceCheck turns off per-aggregate ordering: events are then
 	// deduplicated by id only and applied in whatever order they arrive.
 	SkipSequenceCheck bool
-	// Logger receives the consumer's logs; default slog.Default(), as in
-	// pkg/outbox and pkg/saga: a consumer that drops its warnings hides the
-	// failures an operator must see.
+	// Logger receives the consumer's logs; default slog.Default().
 	Logger *slog.Logger
-	// TracerProvider makes the span of each delivery the consumer applies,
-	// a child of the producer's span named by the message's traceparent
-	// (see the package documentation). Default: nil, no spans.
+	// TracerProvider makes a span for each delivery applied (see Traces in
+	// the package documentation). Default: nil, no spans.
 	TracerProvider trace.TracerProvider
-	// Hooks are where the consumer can be observed and interrupted: no
-	// setting, and the zero value is right outside metrics and tests.
+	// Hooks observe the consumer, and inject failures in tests.
 	Hooks Hooks
 }
 

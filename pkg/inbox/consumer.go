@@ -45,11 +45,10 @@ func (c *Consumer) Name() string { return c.cfg.Name }
 // Stream returns the consumer's Config.Stream.
 func (c *Consumer) Stream() string { return c.cfg.Stream }
 
-// Lag asks JetStream how many messages of the stream the durable consumer
-// has yet to settle: those not yet delivered (NumPending) plus those
-// delivered and not yet acked (NumAckPending). It counts for every instance
-// sharing the Name. Before Run has created the durable consumer it returns
-// an error wrapping jetstream.ErrConsumerNotFound.
+// Lag asks JetStream how many messages the durable consumer, all instances
+// sharing its Name together, has yet to settle: not yet delivered, or not
+// yet acked. Before Run has created it, the error wraps
+// jetstream.ErrConsumerNotFound.
 func (c *Consumer) Lag(ctx context.Context) (uint64, error) {
 	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Name)
 	if err != nil {
@@ -106,7 +105,7 @@ type delivery struct {
 // condition ends it: while JetStream cannot be reached, has no quorum, or
 // has lost the durable consumer or the stream, it subscribes again with
 // backoff. It returns an error only when the live stream's duplicate window
-// breaks the windows rule at start-up (see the package documentation).
+// is not shorter than Config.Retention.
 func (c *Consumer) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()

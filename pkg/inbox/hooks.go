@@ -2,14 +2,12 @@ package inbox
 
 import "time"
 
-// Hooks are the consumer's observation and failure-injection points, not
-// settings: what it does is the same with or without them. Zero fields are
-// no-ops.
+// Hooks are the consumer's observation and failure-injection points. Zero
+// fields are no-ops.
 type Hooks struct {
-	// ObserveFunc, when set, is called with Config.Name and the processing
-	// time of every delivery that committed (applied or absorbed as a
-	// duplicate): from a worker taking it to the commit. It is called from
-	// the workers and must be safe for concurrent use and quick.
+	// ObserveFunc, when set, is called with Config.Name and the time from a
+	// worker taking a delivery to its commit. It is called from the workers
+	// and must be safe for concurrent use and quick.
 	ObserveFunc func(consumer string, d time.Duration)
 	// FailpointFunc is failure injection, for tests and chaos runs: when
 	// set, it is called at each of these points, once per delivery or per
