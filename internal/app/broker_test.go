@@ -21,6 +21,7 @@ import (
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/services"
 )
@@ -130,13 +131,13 @@ func TestCheckWindows(t *testing.T) {
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
 	c, err := inbox.NewConsumer(pgtest.New(t).Pool, js, inbox.Config{Name: "c", Stream: "ORDERS",
-		Handler: func(context.Context, pgx.Tx, []inbox.Batched) error { return nil }, Retention: time.Hour, PublishHorizon: time.Minute, DuplicateWindow: time.Minute, ReplayWindow: time.Minute})
+		Handler: func(context.Context, pgx.Tx, []inbox.Batched) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dom := consumersOnly{c}
-	long := map[string]time.Duration{"ORDERS": 2 * time.Hour}
-	if err := checkWindows(time.Minute, long, dom); err == nil || !strings.Contains(err.Error(), "inbox retention (1h0m0s)") {
+	long := map[string]time.Duration{"ORDERS": registry.InboxRetention}
+	if err := checkWindows(time.Minute, long, dom); err == nil || !strings.Contains(err.Error(), "inbox retention ("+registry.InboxRetention.String()+")") {
 		t.Fatalf("a window longer than the inbox retention: %v, want an error naming the three values", err)
 	}
 }

@@ -210,9 +210,8 @@ func (s *Service) listen() error {
 }
 
 // relayConfig is the configuration of every service's outbox relay, in one
-// place: the consumers' inboxes are sized from its RetryHorizon
-// (registry.Deps.PublishHorizon), and start-up checks it against the
-// streams (checkWindows).
+// place: start-up checks its RetryHorizon against the streams' duplicate
+// windows and the inboxes' retention (checkWindows).
 func relayConfig() outbox.Config {
 	return outbox.Config{Retention: OutboxRetention, Hooks: outbox.Hooks{FailpointFunc: failpoint.Inject}}
 }
@@ -239,10 +238,6 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 		JetStream:      js,
 		Logger:         s.Logger,
 		TracerProvider: s.tracer,
-		// Copies of an event can come this long after its first publish
-		// from the relays this binary runs; every inbox must remember ids
-		// longer.
-		PublishHorizon: relayConfig().RetryHorizon(),
 		Readers:        s.cfg.Registry.Readers(),
 		Hooks:          registry.Hooks{FailpointFunc: failpoint.Inject, ObserveInboxFunc: m.observeProcess},
 	})
@@ -404,9 +399,9 @@ func checkLimits(configs map[string]jetstream.StreamConfig, dom registry.Domain)
 		}
 	}
 	for _, c := range dom.Consumers() {
-		if age := configs[c.Stream()].MaxAge; age > 0 && age < c.ReplayWindow() {
+		if age := configs[c.Stream()].MaxAge; age > 0 && age < registry.ReplayWindow {
 			return fmt.Errorf("stream %s keeps messages %s (max age), less than the replay window %s of consumer %s: "+
-				"raise NATS_STREAM_MAX_AGE", c.Stream(), age, c.ReplayWindow(), c.Name())
+				"raise NATS_STREAM_MAX_AGE", c.Stream(), age, registry.ReplayWindow, c.Name())
 		}
 	}
 	return nil
@@ -425,9 +420,9 @@ func checkWindows(retryHorizon time.Duration, duplicates map[string]time.Duratio
 		}
 	}
 	for _, c := range dom.Consumers() {
-		if w := duplicates[c.Stream()]; w >= c.Retention() {
+		if w := duplicates[c.Stream()]; w >= registry.InboxRetention {
 			return fmt.Errorf("the duplicate window (%s) of stream %s must be shorter than the inbox retention (%s) of consumer %s, "+
-				"and the outbox relay's retry horizon (%s) shorter than both", w, c.Stream(), c.Retention(), c.Name(), retryHorizon)
+				"and the outbox relay's retry horizon (%s) shorter than both", w, c.Stream(), registry.InboxRetention, c.Name(), retryHorizon)
 		}
 	}
 	return nil

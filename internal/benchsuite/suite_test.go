@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/migrations"
@@ -923,7 +924,7 @@ func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int)
 				return nil
 			}),
 			Hooks: inbox.Hooks{FailpointFunc: func(name string) error {
-				if name != inbox.FailpointAfterCommitBeforeAck {
+				if name != failpoint.InboxAfterCommitBeforeAck {
 					return nil
 				}
 				at := time.Now()

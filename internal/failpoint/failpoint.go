@@ -27,10 +27,11 @@
 // kills the process the third time a relay worker has its broker acks and
 // is about to mark the events published. Unknown names are refused by Init.
 //
-// Libraries under pkg/ must not import internal packages: they take an
-// optional FailpointFunc among their Config's hooks (outbox.Hooks,
-// inbox.Hooks, saga.Hooks), which internal/app sets to Inject. With nothing
-// configured, Inject is one atomic load.
+// Libraries under pkg/ must not import internal packages: each takes one
+// failure-injection hook, FailpointFunc among its Config's hooks
+// (outbox.Hooks, inbox.Hooks, saga.Hooks), documents the names it passes
+// there (names_test.go holds the registry to them), and internal/app sets
+// it to Inject. With nothing configured, Inject is one atomic load.
 package failpoint
 
 import (

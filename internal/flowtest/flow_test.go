@@ -215,7 +215,6 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 
 	c, err := inbox.NewConsumer(consumer.Pool, js, inbox.Config{
 		Name: "effects", Stream: "EV", Handler: inbox.Each(recordEffect), Logger: quiet,
-		DuplicateWindow: 100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/reconcile"
@@ -88,7 +87,7 @@ func (s *lostShop) startConsumers() (consumers []*inbox.Consumer, stop func()) {
 	for i, name := range ordersConsumers {
 		pool := []*pgxpool.Pool{s.pools.Inventory, s.pools.Payment}[i]
 		c, err := inbox.NewConsumer(pool, s.js, inbox.Config{
-			Name: name, Stream: "ORDERS", Workers: 2, DuplicateWindow: broker.DuplicateWindow,
+			Name: name, Stream: "ORDERS", Workers: 2,
 			Logger: slog.New(slog.DiscardHandler),
 			Handler: inbox.Each(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 				_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, aggregate, seq) VALUES ($1, $2, $3, $4)`,

@@ -13,7 +13,6 @@
 package registry
 
 import (
-	"cmp"
 	"context"
 	"io/fs"
 	"log/slog"
@@ -27,7 +26,6 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/inbox"
-	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // Entry declares one service.
@@ -163,10 +161,6 @@ type Deps struct {
 	// TracerProvider makes the service's spans; a no-op provider when
 	// traces are not exported.
 	TracerProvider trace.TracerProvider
-	// PublishHorizon is how long after an event's first publish the relays
-	// this binary runs may still publish a copy of it: each inbox must
-	// remember event ids longer (inbox.Config.PublishHorizon).
-	PublishHorizon time.Duration
 	// Readers are every consumer of the shop with the service that runs it,
 	// for what one service needs to know of the others' (the order
 	// service's admission counts the saga's).
@@ -205,10 +199,6 @@ type Domain interface {
 	Consumers() []*inbox.Consumer
 }
 
-// Inbox is the inbox configuration of consumer c of a service built with d,
-// applying events with handler: its name, stream, filter and handled types,
-// and the shop's windows, logger, tracer and hooks. The service sets what
-// is its own (Workers, BatchSize) on the result.
 // ConsumerWorkers is the Workers of every consumer of the shop. A worker
 // applies up to BatchSize deliveries in one transaction, so two keep a
 // consumer's share of two cores busy; each costs a Postgres connection
@@ -217,6 +207,21 @@ type Domain interface {
 // one default Postgres.
 const ConsumerWorkers = 2
 
+// InboxRetention is how long every consumer of the shop remembers the ids
+// of the events it processed (inbox.Config.Retention): longer than a relay
+// retries (outbox.Config.RetryHorizon), than a stream's duplicate window
+// (internal/broker) and than ReplayWindow, so that no copy of an event can
+// come after its id is forgotten.
+const InboxRetention = 14 * 24 * time.Hour
+
+// ReplayWindow is how far back an operator may replay a stream into its
+// consumers: the streams keep their messages at least this long.
+const ReplayWindow = 7 * 24 * time.Hour
+
+// Inbox is the inbox configuration of consumer c of a service built with d,
+// applying events with handler: its name, stream, filter and handled types,
+// and the shop's windows, logger, tracer and hooks. The service sets what
+// is its own (Workers, BatchSize) on the result.
 func (d Deps) Inbox(c Consumer, handler inbox.HandlerFunc) inbox.Config {
 	cfg := inbox.Config{
 		Workers: ConsumerWorkers,
@@ -224,12 +229,9 @@ func (d Deps) Inbox(c Consumer, handler inbox.HandlerFunc) inbox.Config {
 		Stream:  c.Stream,
 		Handler: handler,
 		Handles: c.Handles,
-		// Every stream of the shop has this duplicate window
-		// (internal/broker); start-up checks the live streams against it.
-		DuplicateWindow: broker.DuplicateWindow,
-		// Producers may republish an event this long after its first
-		// publish; the inbox must remember ids longer than that.
-		PublishHorizon: cmp.Or(d.PublishHorizon, outbox.Config{}.RetryHorizon()),
+		// Start-up checks it against the relays' retry horizon and the
+		// streams' duplicate window and replay window (internal/app).
+		Retention:      InboxRetention,
 		Logger:         d.Logger,
 		TracerProvider: d.TracerProvider,
 		Hooks:          inbox.Hooks{ObserveFunc: d.Hooks.ObserveInboxFunc, FailpointFunc: d.Hooks.FailpointFunc},

@@ -79,7 +79,7 @@ func TestSurvivesJetStreamSwitchedOff(t *testing.T) {
 
 // A handler that runs several AckWaits is reported in progress and never
 // redelivered meanwhile; the short AckWait only brings back the deliveries
-// of a process that stopped reporting (see TestCrashBeforeCommit).
+// of a process that stopped reporting (see TestFailpointBeforeCommit).
 func TestSlowHandlerIsNotRedelivered(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -55,57 +55,37 @@ type Config struct {
 	// MaxDeliver is how many times a handler may fail on an event before it
 	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
 	MaxDeliver int
-	// MaxAckPending is how many messages JetStream lets the durable consumer
-	// hold unacknowledged, across all its instances: when reached, it
-	// delivers nothing more to anyone. An early message is parked and acked,
-	// so it holds none of it; what does is each instance's prefetch (Workers
-	// × max(4, BatchSize) waiting for workers, as many in the client's
-	// buffer) and the deliveries waiting out a failed handler's backoff
-	// before their next attempt (at most MaxDeliver attempts each). Default
-	// 4096: room for the prefetch of four instances with the default
-	// Workers and BatchSize.
+	// MaxAckPending is how many messages the durable consumer may hold
+	// unacknowledged across all its instances; when reached, JetStream
+	// delivers nothing more. Parked messages are acked and hold none; each
+	// instance's prefetch (Workers × max(4, BatchSize), and its client's
+	// buffer) and the deliveries waiting out a backoff do. Default 4096.
 	MaxAckPending int
 	// BackoffBase and BackoffMax shape the redelivery delay after a handler
 	// failure: exponential from BackoffBase, capped at BackoffMax, with full
 	// jitter. Defaults 200ms and 30s.
 	BackoffBase, BackoffMax time.Duration
-	// AckWait is how long JetStream waits for an ack before it redelivers
-	// a message: how long the deliveries of a process that died wait for
-	// another. While this process holds a delivery (queued for a worker or
-	// in its handler) it tells JetStream every AckWait/3 that the delivery
-	// is in progress, so a slow handler is never redelivered while it runs.
-	// Default 5s.
+	// AckWait is how long the deliveries of a process that died wait to be
+	// redelivered; a live process reports what it holds in progress every
+	// AckWait/3. Default 5s.
 	AckWait time.Duration
 	// HandlerTimeout is the time limit of one handler transaction (and of a
 	// requeued dead letter's). Default 30s.
 	HandlerTimeout time.Duration
-	// Retention is how long processed_events rows are kept. It must exceed
-	// PublishHorizon, DuplicateWindow and ReplayWindow (see the package
-	// documentation). Default 14 days.
-	Retention time.Duration
-	// PublishHorizon is how long after an event first went out its producer
-	// may still publish a copy (relay retries, operator requeues). Default 7
+	// Retention is how long event ids are remembered. It must outlast every
+	// copy: the producer's retries (outbox.Config.RetryHorizon), the
+	// stream's duplicate window (Run checks it) and any replay. Default 14
 	// days.
-	PublishHorizon time.Duration
-	// DuplicateWindow is the stream's JetStream duplicate window. Default 2
-	// minutes, JetStream's own default; Run also checks the live stream.
-	DuplicateWindow time.Duration
-	// ReplayWindow is how far back an operator may replay the stream into
-	// this consumer. Default 7 days.
-	ReplayWindow time.Duration
+	Retention time.Duration
 	// SkipSequenceCheck turns off per-aggregate ordering: events are then
 	// deduplicated by id only and applied in whatever order they arrive.
 	SkipSequenceCheck bool
-	// Logger receives the consumer's logs; default slog.Default(), as in
-	// pkg/outbox and pkg/saga: a consumer that drops its warnings hides the
-	// failures an operator must see.
+	// Logger receives the consumer's logs; default slog.Default().
 	Logger *slog.Logger
-	// TracerProvider makes the span of each delivery the consumer applies,
-	// a child of the producer's span named by the message's traceparent
-	// (see the package documentation). Default: nil, no spans.
+	// TracerProvider makes a span for each delivery applied (see Traces in
+	// the package documentation). Default: nil, no spans.
 	TracerProvider trace.TracerProvider
-	// Hooks are where the consumer can be observed and interrupted: no
-	// setting, and the zero value is right outside metrics and tests.
+	// Hooks observe the consumer, and inject failures in tests.
 	Hooks Hooks
 }
 
@@ -121,9 +101,6 @@ func (c *Config) setDefaults() {
 	c.AckWait = cmp.Or(c.AckWait, 5*time.Second)
 	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, 30*time.Second)
 	c.Retention = cmp.Or(c.Retention, 14*day)
-	c.PublishHorizon = cmp.Or(c.PublishHorizon, 7*day)
-	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, 2*time.Minute)
-	c.ReplayWindow = cmp.Or(c.ReplayWindow, 7*day)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -150,22 +127,6 @@ func (c *Config) validate() error {
 	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase || c.AckWait <= 0 || c.HandlerTimeout <= 0 || c.Retention <= 0:
 		return fmt.Errorf("inbox: need 0 < BackoffBase (%s) <= BackoffMax (%s), and positive AckWait (%s), HandlerTimeout (%s), Retention (%s)",
 			c.BackoffBase, c.BackoffMax, c.AckWait, c.HandlerTimeout, c.Retention)
-	}
-	// The windows rule: an event id must stay in processed_events for as
-	// long as any copy of the event can still arrive, or that copy would be
-	// applied a second time.
-	for _, w := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"PublishHorizon", c.PublishHorizon},
-		{"DuplicateWindow", c.DuplicateWindow},
-		{"ReplayWindow", c.ReplayWindow},
-	} {
-		if c.Retention <= w.d {
-			return fmt.Errorf("inbox: Retention (%s) must be longer than %s (%s): "+
-				"a copy arriving after its processed_events row is deleted would be applied again", c.Retention, w.name, w.d)
-		}
 	}
 	return nil
 }

@@ -37,12 +37,6 @@ type Consumer struct {
 	progress     *progress       // the deliveries this instance holds, reported in progress
 	tracer       trace.Tracer    // from Config.TracerProvider
 	stats        counters
-
-	// crash, set by tests only, is asked at each crashPoint whether the
-	// process "dies" there: the transaction is rolled back, as a lost
-	// connection would roll it back, and the message is neither acked nor
-	// nak'ed, so JetStream redelivers it after AckWait.
-	crash func(crashPoint, Message) bool
 }
 
 // Name returns the consumer's Config.Name.
@@ -51,21 +45,10 @@ func (c *Consumer) Name() string { return c.cfg.Name }
 // Stream returns the consumer's Config.Stream.
 func (c *Consumer) Stream() string { return c.cfg.Stream }
 
-// Retention returns how long the consumer keeps processed_events rows
-// (Config.Retention after defaults): a copy of an event arriving later than
-// this after the first is no longer recognised by its id.
-func (c *Consumer) Retention() time.Duration { return c.cfg.Retention }
-
-// ReplayWindow returns how far back an operator may replay the stream into
-// the consumer (Config.ReplayWindow after defaults): the stream must keep
-// its messages at least this long.
-func (c *Consumer) ReplayWindow() time.Duration { return c.cfg.ReplayWindow }
-
-// Lag asks JetStream how many messages of the stream the durable consumer
-// has yet to settle: those not yet delivered (NumPending) plus those
-// delivered and not yet acked (NumAckPending). It counts for every instance
-// sharing the Name. Before Run has created the durable consumer it returns
-// an error wrapping jetstream.ErrConsumerNotFound.
+// Lag asks JetStream how many messages the durable consumer, all instances
+// sharing its Name together, has yet to settle: not yet delivered, or not
+// yet acked. Before Run has created it, the error wraps
+// jetstream.ErrConsumerNotFound.
 func (c *Consumer) Lag(ctx context.Context) (uint64, error) {
 	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Name)
 	if err != nil {
@@ -122,7 +105,7 @@ type delivery struct {
 // condition ends it: while JetStream cannot be reached, has no quorum, or
 // has lost the durable consumer or the stream, it subscribes again with
 // backoff. It returns an error only when the live stream's duplicate window
-// breaks the windows rule at start-up (see the package documentation).
+// is not shorter than Config.Retention.
 func (c *Consumer) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -82,13 +82,10 @@ func ListDeadLetters(ctx context.Context, db DB, consumer string, limit int) ([]
 	return out, nil
 }
 
-// RequeueDeadLetter asks for another try of dead letter id. A running
-// Consumer of that name picks it up within a second and processes it
-// exactly as if it had just arrived: the same event id, the same inbox
-// steps, the same handler. Success resolves the dead letter in the
-// handler's transaction; a failure makes it dead again (requeue once more
-// after a fix); while an earlier event of its aggregate is missing it stays
-// requeued. It returns [ErrNotFound] if no unresolved dead letter has id.
+// RequeueDeadLetter asks for another try of dead letter id: a running
+// Consumer of its name processes it within a second as if it had just
+// arrived, with the same event id. Success resolves it in the handler's
+// transaction; a failure makes it dead again.
 func RequeueDeadLetter(ctx context.Context, db DB, id int64) error {
 	tag, err := db.Exec(ctx,
 		`UPDATE dead_letters SET requeued_at = now() WHERE id = $1 AND resolved_at IS NULL`, id)
@@ -101,11 +98,10 @@ func RequeueDeadLetter(ctx context.Context, db DB, id int64) error {
 	return nil
 }
 
-// DiscardDeadLetter gives up on dead letter id for good, with a reason: the
-// row stays for audit, resolved (so checks count it no longer) and marked
-// discarded with the time and the reason. Nothing is applied. For a message
-// that must never take effect — garbage, a forged event, the losing side of
-// a conflict. It returns [ErrNotFound] if no unresolved dead letter has id.
+// DiscardDeadLetter gives up on dead letter id for good, applying nothing:
+// for a message that must never take effect (garbage, a forged event, the
+// losing side of a conflict). The row stays for audit, resolved, with the
+// time and the reason.
 func DiscardDeadLetter(ctx context.Context, db DB, id int64, reason string) error {
 	if reason == "" {
 		return errors.New("inbox: a discard needs a reason")

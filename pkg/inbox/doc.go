@@ -57,125 +57,54 @@
 //
 // # Traces
 //
-// With Config.TracerProvider set, every delivery the consumer applies is a
-// span of kind consumer, "process <Event-Type>", whose parent is the span
-// named by the message's traceparent: the relay's publish span when the
-// producer's relay has a tracer provider, else the producer's own span,
-// written by pkg/outbox in its transaction. The handler runs with that span in its ctx, so
-// the events it writes to its own outbox carry it on: one order is one
-// trace from the HTTP request that created it through every service.
+// With Config.TracerProvider set, each delivery the consumer applies is a
+// consumer span "process <Event-Type>", a child of the span named by the
+// message's traceparent, and the handler runs in it: the events it writes
+// to its own outbox carry the trace on. In a batch each delivery still has
+// its own span, a child of its own producer's, so every order's trace stays
+// whole (docs/architecture.md, "Traces", says why not links).
 //
-// A child, not a link. A link is what OpenTelemetry suggests when one
-// operation handles many messages, and a batch transaction is one: but a
-// span with links starts a trace of its own, and the events its handlers
-// write would leave their orders' traces for the batch's. A reader looking
-// for one order in Jaeger would find its journey cut in two at every
-// batched hop, depending on load. So a batch gives each delivery its own
-// span, a child of its own producer, all of them over the one transaction
-// they share (same start, same end, messaging.batch.message_count set):
-// each order's trace stays whole, at the price that a batched span's
-// duration includes its neighbours' work. Each handler sees its own
-// delivery's span, never a neighbour's. A batch rolled back to be applied
-// one delivery at a time ends its spans with an event saying so, and each
-// delivery gets a new span for its own transaction. A parked event applied
-// in its gap filler's transaction, and a requeued dead letter, get a span
-// that continues their own producer's trace too. Without a traceparent the
-// span is a root. Only the otel API is used; a nil provider makes no spans.
+// # Guarantees
 //
-// # The failure windows it closes
-//
-//   - Crash before commit: the transaction rolls back with the connection;
-//     the message was not acked, so JetStream redelivers it after AckWait
-//     (5s by default) and it is applied then. A live process reports the
-//     deliveries it holds in progress every AckWait/3, so only a dead
-//     process's deliveries wait that long, and a slow handler is never
+//   - Crash before commit: the transaction rolls back and the message, not
+//     acked, is redelivered after AckWait. A live process reports what it
+//     holds in progress every AckWait/3, so a slow handler is never
 //     redelivered while it runs.
-//   - The broker fails (missed heartbeats, JetStream unavailable or without
-//     quorum, a leader election, a partition, the durable consumer or the
-//     stream deleted): [Consumer.Run] does not return. It subscribes again
-//     with capped, jittered backoff, recreating the durable consumer if it
-//     is gone, and logs once when the subscription is lost and once when it
-//     is back; [Consumer.State] tells which. Pull requests expire after 4s
-//     with heartbeats every 1.5s, so a lost subscription is noticed within
-//     about 3s.
-//   - Crash after commit, before the ack (or a lost ack): the redelivered copy
-//     finds its processed_events row and is acked without effect.
-//   - Duplicates: the relay may publish an event twice (after a lost PubAck,
-//     beyond the stream's duplicate window), an operator may replay a stream.
-//     Every copy carries the same event id (Nats-Msg-Id) and meets the same
-//     processed_events row.
-//   - Reordering and gaps: a redelivery, or a relay retry of an earlier event,
-//     can bring Aggregate-Seq 3 before 2. An event beyond cursor+1 is parked
-//     in inbox_parked and acked, so that it holds nothing in the broker; the
-//     event that fills the gap applies the parked ones in order, in its own
-//     transaction (each in a savepoint, so that a failing one does not take
-//     the gap filler with it; a sweeper retries it, with backoff and the
-//     usual dead letter after MaxDeliver failures). It is never
-//     dead-lettered for waiting. [ParkedStats], [ListParked] and
-//     [DiscardParked] show and drop what waits.
-//   - Duplicates and conflicts: only the same event id is a duplicate.
-//     processed_events remembers which event was applied at each sequence, so
-//     another event id at an applied sequence (a forged message, a producer
-//     bug) is a conflict: dead-lettered as such ([ErrConflict],
-//     DeadLetter.ConflictWith names the applied one), counted and logged at
-//     ERROR, never dropped quietly. A new id at a passed sequence whose
-//     record is gone (older than Retention) is skipped and counted as stale.
-//   - Transient errors: a failed handler (an error, a panic, a failed
-//     commit) is rolled back, counted in inbox_failures and redelivered with
-//     exponential backoff and full jitter; after Config.MaxDeliver failures
-//     the message becomes a dead letter. Only an outage is retried without
-//     counting: the database unreachable, out of connections or shutting
-//     down, a statement cancelled, a serialization failure or deadlock. So
-//     an outage creates no dead letters, and no message is retried for
-//     ever: any other failure of the inbox's own statements counts like a
-//     handler's.
-//   - Poison: a message that breaks the header contract (ids and types
-//     must be UTF-8 without NUL and at most 1 KiB, Aggregate-Seq at most
-//     2⁶³−2, the subject <source>.<Aggregate-Id>.<Event-Type>), one whose
-//     values the inbox tables refuse (SQLSTATE class 22), or one whose
-//     handler returns [Poison], is a dead letter at once and terminated in
-//     JetStream. Dead letters keep subject, headers and payload (what
-//     Postgres cannot hold, NUL and invalid UTF-8, as U+FFFD; the payload
-//     byte for byte); [RequeueDeadLetter]
-//     sends one back through the very same steps, with its original event id
-//     and nothing republished to NATS.
-//
-// With the sequence check on, a dead-lettered event stops its aggregate:
-// later events of the aggregate wait, parked, until the dead letter is
-// requeued and succeeds, and then follow in order. Events of other aggregates
-// are not held up, however many wait: parked messages are acked, so they do
-// not count towards the durable consumer's MaxAckPending, which every
-// aggregate shares. What does count is what is in flight and what waits out
-// a failed handler's backoff (see Config.MaxAckPending).
-//
-// Several processes may run a Consumer with the same Config.Name. They share
-// the durable JetStream consumer, and the row lock on the aggregate's cursor
-// makes them take one aggregate's events one at a time: the second's UPDATE
-// waits for the first to commit, then re-reads the advanced cursor and no
-// longer matches.
+//   - Crash after commit, before the ack, and every other copy of an event
+//     (a relay's retry, a replay): it carries the same event id and meets
+//     its processed_events row; it is acked without effect.
+//   - Another event id at an applied sequence is a conflict: dead-lettered
+//     ([ErrConflict]), counted and logged at ERROR, never dropped quietly.
+//   - Order: an event beyond its aggregate's next sequence is parked and
+//     acked, holding nothing in the broker, and applied, in order, by the
+//     event that fills the gap. It is never dead-lettered for waiting.
+//   - A failed handler (error, panic, failed commit) is rolled back and
+//     retried with backoff; after MaxDeliver failures the message is a dead
+//     letter. An outage of the database (unreachable, out of connections, a
+//     deadlock or serialization failure) is retried without counting, so it
+//     makes no dead letters. A message that does not decode ([Message]), or
+//     whose handler returns [Poison], is a dead letter at once.
+//   - A dead letter keeps subject, headers and payload; [RequeueDeadLetter]
+//     sends it back through the same steps with its original event id. With
+//     the sequence check on, it stops its aggregate (later events wait,
+//     parked) and no other.
+//   - The broker failing (a leader election, a partition, the durable
+//     consumer or the stream deleted) does not end [Consumer.Run]: it
+//     subscribes again with backoff, and [Consumer.State] tells how it
+//     stands.
+//   - Several processes may run consumers of one Config.Name: they share the
+//     durable consumer, and the row lock on an aggregate's cursor makes them
+//     take its events one at a time.
 //
 // # What the sequence check needs
 //
-// Aggregate-Seq counts the events of an aggregate per producer with no gaps,
-// so the consumer must see every one of them: Config.FilterSubjects may
-// select producers but must never drop event types. A consumer names the
-// types it needs in Config.Handles; the others are only recorded, in no
-// transaction of their own. The cursor is keyed by producer
-// (the first subject token), aggregate type and aggregate id, as the outbox
-// numbers them. Config.SkipSequenceCheck turns the check off
-// for consumers that need neither order nor gap detection.
+// Aggregate-Seq numbers an aggregate's events per producer with no gaps, so
+// the consumer must see every one: Config.FilterSubjects may select
+// producers but never drop event types (Config.Handles names the types the
+// handler needs; the others are only recorded). Config.SkipSequenceCheck
+// turns the check off for consumers that need neither order nor gaps.
 //
-// # The windows rule
-//
-// processed_events rows must be kept longer than any copy of an event can
-// still arrive:
-//
-//	Retention > PublishHorizon   how long the producer may still publish a copy
-//	Retention > DuplicateWindow  the stream's JetStream dedupe window
-//	Retention > ReplayWindow     how far back an operator may replay the stream
-//
-// [NewConsumer] refuses a Config that breaks it, and Run also checks the live
-// stream's duplicate window. A running Consumer deletes older rows every hour
-// (Retention ago and older). The inbox_sequences cursors are never deleted: one row per
-// aggregate, and with them even a replay older than Retention is skipped.
+// processed_events rows are kept for Config.Retention, which must outlast
+// every copy of an event that can still come; past it, the per-aggregate
+// cursors, never deleted, still skip an old copy.
 package inbox

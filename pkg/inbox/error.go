@@ -2,27 +2,23 @@ package inbox
 
 import "errors"
 
-// ErrPoison marks a failure that will not go away by retrying: a message
-// that cannot be decoded, or one a handler declared hopeless with [Poison].
-// The consumer dead-letters such a message at once instead of spending
-// MaxDeliver attempts on it. Test for it with errors.Is.
+// ErrPoison marks a failure that retrying cannot cure (a message that does
+// not decode, or a handler's [Poison]): the message is dead-lettered at once.
 var ErrPoison = errors.New("inbox: poison message")
 
-// ErrConflict marks a dead letter of an event that arrived at a sequence
-// its aggregate had already applied under another event id: two different
-// events claim one place in the aggregate's history. Neither is dropped as
-// a duplicate; an operator decides (see DeadLetter.ConflictWith).
+// ErrConflict marks the dead letter of an event at a sequence its aggregate
+// applied under another event id; an operator decides which stands (see
+// DeadLetter.ConflictWith).
 var ErrConflict = errors.New("inbox: conflicting event at an applied sequence")
 
-// ErrNotFound is returned by [RequeueDeadLetter] when no unresolved dead
-// letter has the given id.
+// ErrNotFound is returned by the operator functions for an id that no
+// unresolved dead letter (or open parked event) has.
 var ErrNotFound = errors.New("inbox: dead letter not found")
 
-// Poison wraps err to say that processing the message failed
-// deterministically (a payload the handler cannot parse, a schema version
-// it does not know), so retrying is pointless. A handler returns it; the
-// consumer rolls the transaction back and dead-letters the message at once.
-// The result matches both [ErrPoison] and err under errors.Is and errors.As.
+// Poison wraps err to say that retrying the message is pointless (a payload
+// the handler cannot parse, a schema version it does not know): the consumer
+// rolls back and dead-letters it at once. The result matches both
+// [ErrPoison] and err under errors.Is and errors.As.
 func Poison(err error) error {
 	if err == nil {
 		return ErrPoison

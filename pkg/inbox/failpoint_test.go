@@ -34,7 +34,7 @@ func TestFailpointBeforeCommit(t *testing.T) {
 	cfg := e.config(t, record(""))
 	cfg.AckWait = time.Second // the redelivery comes after AckWait
 	var hits atomic.Int32
-	cfg.Hooks.FailpointFunc = failFirst(FailpointBeforeCommit, &hits)
+	cfg.Hooks.FailpointFunc = failFirst("inbox.before_commit", &hits)
 	c := e.consumer(t, e.pool, e.js, cfg)
 	run(t, c)
 
@@ -57,7 +57,7 @@ func TestFailpointAfterCommitBeforeAck(t *testing.T) {
 	cfg := e.config(t, record(""))
 	cfg.AckWait = time.Second
 	var hits atomic.Int32
-	cfg.Hooks.FailpointFunc = failFirst(FailpointAfterCommitBeforeAck, &hits)
+	cfg.Hooks.FailpointFunc = failFirst("inbox.after_commit_before_ack", &hits)
 	c := e.consumer(t, e.pool, e.js, cfg)
 	run(t, c)
 
@@ -88,7 +88,7 @@ func TestRelayAfterAckBeforeMarkAppliedOnce(t *testing.T) {
 	relay, err := outbox.NewRelay(e.db.Pool, e.js, outbox.Config{
 		LeaseDuration: 600 * time.Millisecond, PublishTimeout: 200 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-		Hooks:  outbox.Hooks{FailpointFunc: failFirst(outbox.FailpointAfterAckBeforeMark, &hits)},
+		Hooks:  outbox.Hooks{FailpointFunc: failFirst("outbox.after_ack_before_mark", &hits)},
 		Logger: e.config(t, nil).Logger,
 	})
 	if err != nil {

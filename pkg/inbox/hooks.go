@@ -2,22 +2,22 @@ package inbox
 
 import "time"
 
-// Hooks are the consumer's observation and failure-injection points, not
-// settings: what it does is the same with or without them. Zero fields are
-// no-ops.
+// Hooks are the consumer's observation and failure-injection points. Zero
+// fields are no-ops.
 type Hooks struct {
-	// ObserveFunc, when set, is called with Config.Name and the processing
-	// time of every delivery that committed (applied or absorbed as a
-	// duplicate): from a worker taking it to the commit. It is called from
-	// the workers and must be safe for concurrent use and quick.
+	// ObserveFunc, when set, is called with Config.Name and the time from a
+	// worker taking a delivery to its commit. It is called from the workers
+	// and must be safe for concurrent use and quick.
 	ObserveFunc func(consumer string, d time.Duration)
-	// FailpointFunc, when set, is called with the name of each failpoint a
-	// delivery passes (FailpointBeforeCommit, FailpointAfterCommitBeforeAck;
-	// a batch passes each once). A non-nil error makes the consumer behave
-	// as if the process died there: the transaction is rolled back if it
-	// has not committed, and the messages are neither acked nor nak'ed, so
-	// JetStream redelivers them after AckWait. The shop sets it to
-	// internal/failpoint.Inject.
+	// FailpointFunc is failure injection, for tests and chaos runs: when
+	// set, it is called at each of these points, once per delivery or per
+	// batch that gets that far, and a non-nil error makes the consumer
+	// behave as if the process died there (the transaction is rolled back
+	// if it has not committed, the messages are neither acked nor nak'ed,
+	// and JetStream redelivers them after AckWait):
+	//
+	//	"inbox.before_commit"            the handler ran, the transaction has not committed
+	//	"inbox.after_commit_before_ack"  the transaction committed, the messages are not acked
 	FailpointFunc func(name string) error
 }
 
@@ -28,31 +28,23 @@ func (c *Consumer) observe(start time.Time) {
 	}
 }
 
+// crashPoint is a place where Hooks.FailpointFunc may "kill" the consumer.
 type crashPoint int
 
 const (
-	beforeCommit crashPoint = iota
-	afterCommit
+	beforeCommit crashPoint = iota // "inbox.before_commit"
+	afterCommit                    // "inbox.after_commit_before_ack"
 )
 
-// crashed reports whether the consumer "dies" at p with m: the test hook
-// says so, or Hooks.FailpointFunc returns an error. The caller then
-// returns without settling the message.
+// crashed reports whether the consumer "dies" at p with m: Hooks.FailpointFunc
+// returns an error. The caller then returns without settling the message.
 func (c *Consumer) crashed(p crashPoint, m Message) bool {
-	if c.crash != nil && c.crash(p, m) {
-		return true
-	}
-	return c.failpointCrashed(p, m)
-}
-
-// failpointCrashed is the Hooks.FailpointFunc half of crashed.
-func (c *Consumer) failpointCrashed(p crashPoint, m Message) bool {
 	if c.cfg.Hooks.FailpointFunc == nil {
 		return false
 	}
-	name := FailpointBeforeCommit
+	name := "inbox.before_commit"
 	if p == afterCommit {
-		name = FailpointAfterCommitBeforeAck
+		name = "inbox.after_commit_before_ack"
 	}
 	if err := c.cfg.Hooks.FailpointFunc(name); err != nil {
 		c.log.Warn("inbox failpoint: abandoning the delivery as a crash would; JetStream redelivers it after AckWait",
@@ -62,27 +54,8 @@ func (c *Consumer) failpointCrashed(p crashPoint, m Message) bool {
 	return false
 }
 
-// crashedBatch is crashed for a batch: the process dies once for all of it
-// (one failpoint hit), or where the test hook says it dies for any of its
-// events.
+// crashedBatch is crashed for a batch: the process dies once for all of it,
+// one hit of the failpoint.
 func (c *Consumer) crashedBatch(p crashPoint, batch []*delivery) bool {
-	if c.crash != nil {
-		for _, d := range batch {
-			if c.crash(p, d.m) {
-				return true
-			}
-		}
-	}
-	return c.failpointCrashed(p, batch[0].m)
+	return c.crashed(p, batch[0].m)
 }
-
-// The failpoints of the inbox, passed to Hooks.FailpointFunc once per
-// delivery that gets that far.
-const (
-	// FailpointBeforeCommit is hit after the handler ran, before the inbox
-	// transaction commits.
-	FailpointBeforeCommit = "inbox.before_commit"
-	// FailpointAfterCommitBeforeAck is hit after the inbox transaction
-	// committed, before the message is acked.
-	FailpointAfterCommitBeforeAck = "inbox.after_commit_before_ack"
-)

@@ -51,7 +51,7 @@ func (c *Consumer) cleanup(ctx context.Context) {
 // deleteProcessed deletes the processed_events rows of consumer older than
 // olderThan, batch rows (default 1000) per statement so that no statement
 // holds many locks or runs long, and returns how many it deleted. olderThan
-// must respect the windows rule (see the package documentation); a running
+// must outlast every copy of an event (see Config.Retention); a running
 // Consumer calls it with its Retention every hour. inbox_sequences rows
 // are kept: they also catch replays older than the retention.
 func deleteProcessed(ctx context.Context, db DB, consumer string, olderThan time.Duration, batch int) (deleted int64, err error) {

@@ -27,7 +27,11 @@ const (
 	hdrOccurredAt    = "Occurred-At"
 )
 
-// Message is one decoded event as a handler sees it.
+// Message is one decoded event as a handler sees it. A message that does not
+// decode is a dead letter at once: each header of pkg/outbox's contract is
+// required (Aggregate-Type may be empty), Aggregate-Seq runs from 1 to
+// 2⁶³−2, texts are UTF-8 without NUL and at most 1 KiB, and the subject is
+// <source>.<Aggregate-Id>.<Event-Type>.
 type Message struct {
 	EventID       uuid.UUID
 	Type          string // Event-Type, e.g. "OrderCreated"

@@ -86,10 +86,9 @@ func ListParked(ctx context.Context, db DB, consumer string, limit int) ([]Parke
 }
 
 // DiscardParked drops the open parked event eventID of consumer, keeping
-// the row, the time and reason for audit. Its aggregate still waits for the
-// missing earlier event; later events of the aggregate park behind it. A
-// real event that arrives later at the same sequence takes the discarded
-// one's place. It returns [ErrNotFound] if no open parked event has that id.
+// the row, the time and the reason for audit. Its aggregate still waits for
+// the missing earlier event; a real event at the same sequence takes the
+// discarded one's place.
 func DiscardParked(ctx context.Context, db DB, consumer string, eventID uuid.UUID, reason string) error {
 	if reason == "" {
 		return errors.New("inbox: a discard needs a reason")

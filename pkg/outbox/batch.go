@@ -139,7 +139,7 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]
 		// stream, this one and the rest are not; none is marked. After the
 		// lease, all are published again with their ids, and the stream's
 		// duplicate window drops the copies it holds.
-		if err := r.cfg.failpoint(FailpointBeforePublish); err != nil {
+		if err := r.cfg.failpoint(failpointBeforePublish); err != nil {
 			return nil, err
 		}
 		spans[i] = r.startPublishSpan(ctx, ev)
@@ -276,7 +276,7 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 		// know. An error here "dies": neither the acks nor the failures are
 		// recorded, the lease expires, the events are published again (the
 		// duplicate window or the consumers' inbox absorbs the copies).
-		if err := r.cfg.failpoint(FailpointAfterAckBeforeMark); err != nil {
+		if err := r.cfg.failpoint(failpointAfterAckBeforeMark); err != nil {
 			return err
 		}
 		// Marked only now, after the ack: a crash before this line leaves the

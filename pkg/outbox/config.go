@@ -24,10 +24,7 @@ type Config struct {
 	BackoffMax     time.Duration // cap of the exponential backoff; default 30s
 	MaxAttempts    int           // failures of an event's own before it is dead; default 10
 
-	// OutageBackoffMax caps the pause between two tries while the broker
-	// takes nothing (see Relay.Run); short, so that publishing resumes
-	// within about this long of the broker's return. Default 2s.
-	OutageBackoffMax time.Duration
+	OutageBackoffMax time.Duration // cap of the pause while the broker takes nothing (see Relay.Run); default 2s
 
 	Retention         time.Duration // published rows older than this are deleted; default 72h
 	RetentionInterval time.Duration // how often to delete; default 1m
@@ -35,60 +32,46 @@ type Config struct {
 
 	Logger *slog.Logger // default slog.Default(), as in pkg/inbox and pkg/saga
 
-	// TracerProvider makes a span for each event the relay publishes, when
-	// the event carries a trace context (Writer.Add wrote its writer's): a
-	// producer span "publish <type>", a child of the writer's span,
-	// started when the relay hands the event to the broker and ended when
-	// it reads the PubAck (error status when none came), and the message
-	// carries the publish span's traceparent, so that consumers continue
-	// the trace from it. Nil, the default: no spans, and the message
-	// carries the writer's traceparent as written.
+	// TracerProvider, when set, makes each traced event's publish a
+	// producer span "publish <type>", a child of the writer's span, ended
+	// at the PubAck; the message then carries its traceparent. Default
+	// nil: no spans, the message carries the writer's traceparent.
 	TracerProvider trace.TracerProvider
 
-	// DisableListen turns the NOTIFY wake-up off: the relay holds no LISTEN
-	// connection and finds new events by polling every PollInterval (and
-	// after each full batch) only. For measuring what the wake-up buys, and
-	// for connection poolers that cannot LISTEN. Default false: listen.
+	// DisableListen makes the relay poll only, holding no LISTEN
+	// connection: for connection poolers that cannot LISTEN.
 	DisableListen bool
 
-	// Hooks are where a program observes the relay and where tests
-	// interrupt it; none of them changes what the relay does.
+	// Hooks observe the relay, and inject failures in tests.
 	Hooks Hooks
 }
 
-// Hooks are the relay's observation and failure-injection points: not
-// settings, and a relay that only relays leaves them zero. Zero fields are
-// no-ops.
+// Hooks are the relay's observation and failure-injection points. Zero
+// fields are no-ops.
 type Hooks struct {
-	// ObservePublishFunc, when set, is called once per acked event with the
-	// time from the commit of its claim to the relay reading its ack: the
-	// publish latency of the event. It is called from the relay's workers
-	// and must be safe for concurrent use and quick.
+	// ObservePublishFunc, when set, is called for each acked event with the
+	// time from the commit of its claim to its ack. It is called from the
+	// relay's workers and must be safe for concurrent use and quick.
 	ObservePublishFunc func(time.Duration)
 
-	// FailpointFunc, when set, is called with the name of each failpoint
-	// the relay passes (the Failpoint* constants); a non-nil error makes
-	// the relay behave as if it died there: it abandons the batch without
-	// publishing or marking the rest, and the lease expires. The shop sets
-	// it to internal/failpoint.Inject; the library never needs it.
+	// FailpointFunc is failure injection, for tests and chaos runs: when
+	// set, the relay calls it at each of these points, and a non-nil error
+	// makes the relay behave as if it died there (it abandons the batch,
+	// publishing and marking nothing more, and the lease expires):
+	//
+	//	"outbox.after_claim"            once per batch, its claim committed, nothing published
+	//	"outbox.before_publish"         once per event, before it is handed to the broker
+	//	"outbox.after_ack_before_mark"  once per batch with acks, before they are marked
+	//	"outbox.retention_mid_batch"    between two of retention's delete statements
 	FailpointFunc func(name string) error
 }
 
-// The failpoints of the outbox, passed to Hooks.FailpointFunc.
+// The points at which the relay calls Hooks.FailpointFunc.
 const (
-	// FailpointAfterClaim is hit once per batch, after its claim committed
-	// and before anything is published.
-	FailpointAfterClaim = "outbox.after_claim"
-	// FailpointBeforePublish is hit once per event, just before the event
-	// is handed to the broker: dying there leaves the earlier events of the
-	// batch perhaps stored in the stream and the later ones not.
-	FailpointBeforePublish = "outbox.before_publish"
-	// FailpointAfterAckBeforeMark is hit once per batch with at least one
-	// acked event, after the acks were read and before they are marked.
-	FailpointAfterAckBeforeMark = "outbox.after_ack_before_mark"
-	// FailpointRetentionMidBatch is hit by the relay's retention between
-	// two delete statements, after a full batch was deleted.
-	FailpointRetentionMidBatch = "outbox.retention_mid_batch"
+	failpointAfterClaim         = "outbox.after_claim"
+	failpointBeforePublish      = "outbox.before_publish"
+	failpointAfterAckBeforeMark = "outbox.after_ack_before_mark"
+	failpointRetentionMidBatch  = "outbox.retention_mid_batch"
 )
 
 func (c *Config) failpoint(name string) error {
@@ -135,15 +118,10 @@ func (c *Config) validate() error {
 }
 
 // RetryHorizon bounds how long after an event's first publish the relay may
-// publish another copy of it while the broker works: every attempt that
-// counts may wait out a lease, a publish timeout and a full backoff. While
-// the broker takes nothing at all (see Relay.Run) the relay publishes
-// nothing and counts nothing, so an outage stretches this by its length:
-// a copy whose first publish the broker stored without the ack reaching
-// the relay can then come after the stream's duplicate window, and the
-// consumers' inboxes absorb it. Consumers must remember event ids longer
-// than this (see pkg/inbox), and the stream's duplicate window should be
-// longer too, so that it drops the copies of ordinary retries.
+// publish another copy of it while the broker works (an outage stretches it
+// by its length). Consumers must remember event ids longer than this
+// (pkg/inbox), and the stream's duplicate window should be longer too, so
+// that it drops the copies of ordinary retries.
 func (c Config) RetryHorizon() time.Duration {
 	c.setDefaults()
 	return time.Duration(c.MaxAttempts) * (c.LeaseDuration + c.PublishTimeout + c.BackoffMax)

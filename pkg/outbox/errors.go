@@ -7,11 +7,9 @@ import "errors"
 // it was about.
 var (
 	// ErrInvalidEvent is returned by Writer.Add and Writer.Queue for an
-	// event that cannot be stored (no aggregate, type or payload, a payload
-	// that is not JSON, no subject and no Writer.Prefix to make one, events
-	// of one aggregate that mix given and counted sequences); nothing of
-	// the call is written. A given sequence the aggregate already has fails
-	// later, on the outbox's unique key, as a database error.
+	// event that cannot be stored (no aggregate, type, payload or subject,
+	// a payload that is not JSON, events of one aggregate that mix given
+	// and counted sequences); nothing of the call is written.
 	ErrInvalidEvent = errors.New("invalid event")
 	// ErrNotFound is returned by Get, Requeue and Republish for an event id
 	// the outbox does not hold in the state the call needs.

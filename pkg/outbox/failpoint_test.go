@@ -54,7 +54,7 @@ func TestFailpointAfterClaim(t *testing.T) {
 	e := setup(t)
 	var w Writer
 	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"))
-	fp := failOn(FailpointAfterClaim, 1)
+	fp := failOn("outbox.after_claim", 1)
 	r := e.relay(t, fastLease(fp))
 	start(t, r)
 
@@ -78,7 +78,7 @@ func TestFailpointBeforePublish(t *testing.T) {
 	add(t, e.db.Pool, &w, event("o-1", "A"), event("o-2", "A"), event("o-3", "A"))
 	// The relay "dies" before handing the second event of its first batch
 	// to the broker: the first may be stored, none is marked.
-	fp := failOn(FailpointBeforePublish, 2)
+	fp := failOn("outbox.before_publish", 2)
 	cfg := fastLease(fp)
 	// One claim loop, so that the second hit is the second event of the
 	// batch that holds all three: with two, the loops may split the events,
@@ -103,7 +103,7 @@ func TestFailpointAfterAckBeforeMark(t *testing.T) {
 	e := setup(t)
 	var w Writer
 	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
-	fp := failOn(FailpointAfterAckBeforeMark, 1)
+	fp := failOn("outbox.after_ack_before_mark", 1)
 	r := e.relay(t, fastLease(fp))
 	start(t, r)
 
@@ -154,7 +154,7 @@ func TestFailpointRetentionMidBatch(t *testing.T) {
 	}
 
 	// The retention run "dies" after its first batch of two.
-	fp := failOn(FailpointRetentionMidBatch, 1)
+	fp := failOn("outbox.retention_mid_batch", 1)
 	n, err := deleteExpired(ctx, e.db.Pool, 72*time.Hour, 2, fp.hook)
 	if !errors.Is(err, errInjected) || n != 2 {
 		t.Fatalf("first run: deleted %d, %v; want 2 and the injected error", n, err)

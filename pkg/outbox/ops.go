@@ -132,18 +132,11 @@ func Republish(ctx context.Context, db DB, eventID uuid.UUID) error {
 }
 
 // RepublishAll is Republish of many events in one statement, so a relay
-// sees all the copies or none, and sends each aggregate's in sequence order
-// (an event is claimed only once every earlier one of its aggregate is
-// published). It is the repair for events the broker acknowledged and then
-// lost. Ids that are not published events of this outbox (pending, dead,
-// deleted by retention, republished meanwhile) are skipped; it returns the
-// ids it marked, in no particular order.
-//
-// JetStream drops a copy whose id it still remembers (its duplicate window,
-// counted from the first publish) with a PubAck that the relay takes as
-// success. A broker that lost messages in a crash rebuilds that memory from
-// what it stored, so their copies are kept; messages deleted by hand inside
-// the window are not republished until it has passed.
+// sees all the copies or none, and sends each aggregate's in sequence
+// order: the repair for events the broker acknowledged and then lost. Ids
+// that are not published events of this outbox are skipped; it returns the
+// ids it marked. JetStream drops a copy whose id it still remembers (its
+// duplicate window), so a message deleted by hand comes back only after it.
 func RepublishAll(ctx context.Context, db DB, eventIDs []uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, `
 		UPDATE outbox SET published_at = NULL, available_at = now(), attempts = 0
@@ -170,7 +163,7 @@ func deleteExpired(ctx context.Context, db DB, olderThan time.Duration, batch in
 			// Failure window: some batches are deleted (each its own
 			// statement, committed), the rest are not. The next run
 			// deletes them; pending and dead rows are never candidates.
-			if err := failpoint(FailpointRetentionMidBatch); err != nil {
+			if err := failpoint(failpointRetentionMidBatch); err != nil {
 				return total, err
 			}
 		}

@@ -38,44 +38,33 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Writer adds events to the outbox. The zero value is ready to use for
-// events that carry their subjects, and wakes relays on every commit;
-// Prefix owns the subjects, NotifyInterval coalesces the wake-ups.
+// Writer adds events to the outbox. The zero value is ready to use.
 type Writer struct {
-	// Prefix is the first token of the subjects of this writer's events:
-	// an Event with an empty Subject is published on
-	// <Prefix>.<AggregateID>.<Type>, so a service states its subject rule
-	// once, here, and not in every event it builds. Prefix, the aggregate
-	// id and the type must then each be one subject token (no dots,
-	// wildcards or whitespace). Empty: every Event must carry its Subject.
+	// Prefix, when set, makes the subject of an Event with an empty Subject
+	// <Prefix>.<AggregateID>.<Type>; the three must then each be one subject
+	// token (no dots, wildcards or whitespace), or the event is refused.
+	// Empty: every Event must carry its Subject.
 	Prefix string
 
-	// NotifyInterval is the least time between two NOTIFYs sent by this
-	// process. NOTIFY takes a database-wide lock at commit, so under heavy
-	// load one hint per interval is enough: a relay that wakes drains
-	// everything committed so far, and polling covers the rest.
+	// NotifyInterval is the least time between two NOTIFYs (relay wake-ups)
+	// sent by this process: NOTIFY takes a database-wide lock at commit,
+	// and under heavy load one per interval is enough. Default 0: every
+	// commit.
 	NotifyInterval time.Duration
 
 	lastNotify atomic.Int64 // unix nanoseconds
 }
 
 // Add writes events into the outbox inside tx, the caller's transaction, so
-// that they commit or roll back with the business change they describe: a
-// committed change has its events, a rolled-back one has none. Nothing is
-// published before tx commits.
+// that they commit or roll back with the business change they describe.
+// Nothing is published before tx commits.
 //
-// Each event needs its aggregate's next sequence number. When Seq is zero,
-// Add takes it from the aggregate's counter row (outbox_sequences) under
-// that row's lock, so two transactions on one aggregate take turns and a
-// rollback leaves no gap; events of several aggregates are numbered in a
-// fixed aggregate order to avoid deadlocks. A caller whose aggregate row
-// already carries a version, updated in the same transaction under the same
-// row lock, may set Seq from it instead and save the counter write; it must
-// then do so for every event of that aggregate type. A sequence used twice
-// fails on the outbox's unique key and rolls the transaction back.
-//
-// Add costs one round trip; [Writer.Queue] saves even that by riding on a
-// batch the caller sends anyway.
+// When Seq is zero, Add takes the aggregate's next sequence number from its
+// counter row, under that row's lock: two transactions on one aggregate take
+// turns, and a rollback leaves no gap. A caller whose aggregate row carries
+// a version, updated in tx under the same lock, may set Seq from it instead,
+// for every event of that aggregate type. A sequence used twice fails on the
+// outbox's unique key.
 func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
 	b := &pgx.Batch{}
 	if err := w.Queue(ctx, b, events...); err != nil {
@@ -90,23 +79,15 @@ func (w *Writer) Add(ctx context.Context, tx pgx.Tx, events ...Event) error {
 	return nil
 }
 
-// Queue queues the statements of [Writer.Add] for events into b, for a
-// caller that sends its business writes as one batch: the events then cost
-// no round trip of their own. Add's guarantees hold only if b is sent on the
-// transaction that holds the business rows (tx.SendBatch, never a pool or
-// another connection), and that transaction commits or rolls back as a
-// whole.
-//
-// The trace context of ctx, when it holds a span (see the package
-// documentation), is written into each event's headers as traceparent and
-// tracestate, in the same batch and so the same transaction as the event.
-// An event whose Headers carry a traceparent keeps its own trace context
-// instead, so one call can queue events caused by different traces.
+// Queue queues the statements of [Writer.Add] for events into b, so that
+// they cost no round trip of their own. Add's guarantees hold only if b is
+// sent on the transaction that holds the business rows (tx.SendBatch).
+// The trace context of ctx goes into each event's headers, unless the
+// event's Headers carry a traceparent of their own.
 //
 // Queue returns the errors it can find without the database (an invalid
-// event, a payload that does not encode); then it has queued nothing. The
-// insert's own errors (a sequence used twice, say) surface from the batch's
-// Close or Exec, and the caller must roll the transaction back.
+// event, a payload that does not encode) and then has queued nothing; the
+// insert's own errors surface from the batch, and the caller rolls back.
 func (w *Writer) Queue(ctx context.Context, b *pgx.Batch, events ...Event) error {
 	if len(events) == 0 {
 		return nil

@@ -106,17 +106,11 @@ func unixNano(n int64) time.Time {
 // Run relays events until ctx ends, then finishes the batches in flight and
 // returns nil. Neither the database nor the broker being away ends it.
 //
-// An outage is not an event's failure. When the broker takes nothing — the
-// connection is down, JetStream answers "unavailable" or not at all, every
-// publish of a batch timed out — the batch is handed back without counting
-// an attempt, and the relay pauses (backoff up to OutageBackoffMax),
-// however long the outage lasts. A subject no stream takes is waited out
-// the same way: the stream was lost (a cluster that came back empty, an
-// operator's delete) and its owner creates it again. Only an event's own
-// failure (too large, invalid headers: dead at once; any other error:
-// counted towards MaxAttempts) can make it dead. While it is paused, the
-// relay claims nothing until JetStream answers an API call, so that a relay
-// cut off alone leaves the events to relays that can publish them.
+// When the broker takes nothing (the connection down, JetStream unavailable
+// or silent, no stream for a subject), the batch is handed back with no
+// attempt counted and the relay pauses, claiming nothing until JetStream
+// answers again, so a relay cut off alone leaves the events to the others.
+// Only an event's own failure can make it dead.
 func (r *Relay) Run(ctx context.Context) error {
 	// The schema names the LISTEN channel. The database may not answer yet
 	// (down, starting, out of connections): wait for it, as for everything
@@ -216,7 +210,7 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 	}
 	// Failure window: the lease is committed, nothing is published. The
 	// batch waits for the lease to expire; then any relay takes it over.
-	if err := r.cfg.failpoint(FailpointAfterClaim); err != nil {
+	if err := r.cfg.failpoint(failpointAfterClaim); err != nil {
 		return len(batch), err
 	}
 	claimed := time.Now()

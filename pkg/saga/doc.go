@@ -17,13 +17,11 @@
 // so events of one instance take turns across consumers and processes, and
 // bumps its version.
 //
-// Round trips are the cost that matters on a busy database, so writes ride
-// on batches the code sends anyway. A func queues its writes on
-// [Step.Batch] (outbox events through outbox.Writer.Queue), and Apply sends
-// them with the new state and timeouts: a transition is the lock, the
-// func's own reads if any, and one batch. [Saga.QueueStart] puts the new
-// instance, and the timeouts of its first state ([Timeout]), into the batch
-// that writes the business row starting it.
+// A func queues its writes on [Step.Batch] (outbox events through
+// outbox.Writer.Queue), and Apply sends them with the new state and
+// timeouts: a transition is the lock, the func's own reads if any, and one
+// round trip. [Saga.QueueStart] likewise puts the new instance and the
+// timeouts of its first state ([Timeout]) into the caller's batch.
 //
 // A consumer that applies a batch of deliveries in one transaction
 // (a pkg/inbox handler) hands them to [Saga.ApplyBatch]: one
@@ -38,46 +36,26 @@
 // A [Scanner] fires durable timeouts: a due timeout is applied as an event of
 // type "timeout:<name>" ([TimeoutEvent]).
 //
-// # Failure windows closed
+// # Guarantees
 //
-//   - Crash between the state change and its events: impossible, they are
-//     one transaction.
-//   - Duplicate delivery: the caller's inbox drops the copy before Apply
-//     runs. Apply itself is not idempotent by event id; a copy that did reach
-//     it finds the instance moved on and is recorded as unexpected.
-//   - Events in an unexpected order or state (a reservation for an order
-//     already closed): there is no transition for (state, event), so the
-//     event is recorded in saga_unexpected and ignored. Apply returns no
-//     error, because retrying or dead-lettering could never make it fit and
-//     would only hold the consumer back.
-//   - Crash while a timeout is pending: timeouts are rows, set and cancelled
-//     in the transition's transaction (or armed with the instance at Start);
-//     a timeout that fell due while no process ran fires on the next scan.
-//   - An instance waiting for an answer that never comes (the first state's
-//     event lost, its producer down for good): a Timeout given to Start
-//     bounds the wait from the very first state.
-//   - Two scanners: each claims due timeouts (up to ScannerConfig.BatchSize)
-//     with FOR UPDATE SKIP LOCKED, deletes their rows and applies them in one
-//     short transaction, so a timeout fires once; a scanner that crashes
-//     mid-way rolls back and leaves them to fire. A transition that fails
-//     rolls its batch back; the same timeouts then fire one per
-//     transaction, and only the failing one is postponed.
-//   - Timeout racing an event (payment arrives as the timeout falls due): both
-//     need the instance row lock; whichever commits first wins, and the other
-//     finds a state with no transition for it (the timeout was cancelled, or
-//     the late event is unexpected) or, in the scanner's case, skips the
-//     locked instance until the next scan.
+//   - A state change and its events, timeouts and processed_events row
+//     commit together or not at all.
+//   - Apply is not idempotent by event id: the caller's inbox drops copies.
+//     An event with no transition from the instance's state (a late reply,
+//     a reply for an instance already closed) is recorded in saga_unexpected
+//     and ignored, with no error: retrying could never make it fit.
+//   - Timeouts are rows, set and cancelled in the transition's transaction;
+//     one that fell due while no process ran fires on the next scan, and a
+//     Timeout given to Start bounds the wait from the very first state.
+//   - Each timeout fires once, however many scanners run; a scanner that
+//     crashes leaves its claims to fire later, and a failing transition
+//     postpones only its own timeout.
+//   - A timeout racing an event: both take the instance's row lock, and the
+//     loser finds no transition for it.
 //
-// # Traces
-//
-// Each transition is a span, "<type> <from> → <to>" with saga.id,
-// saga.from, saga.to and saga.event, a child of the span in the caller's
-// ctx and made by that span's tracer provider (no span without one). A
-// timeout keeps the trace context of the transaction that armed it
-// (traceparent, tracestate, in saga_timeouts.trace_headers); the
-// Scanner's span for a fired timeout, "saga timeout <name>", continues
-// that trace, so a deadline that fires long after belongs to the same trace
-// as the transition that set it. Only the otel API is used.
+// Each transition is a span, "<type> <from> → <to>", a child of the span in
+// ctx. A timeout keeps the trace context of the transaction that armed it,
+// and its firing continues that trace.
 //
 // # Tables
 //

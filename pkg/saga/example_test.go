@@ -32,8 +32,9 @@ func ExampleNew() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(parcel.Type())
-	// Output: parcel
+	_ = parcel                               // Start, Apply and NewScanner take it
+	fmt.Println(saga.TimeoutEvent("pickup")) // the event a fired pickup timeout applies
+	// Output: timeout:pickup
 }
 
 // Apply runs inside an inbox handler's transaction, so the transition

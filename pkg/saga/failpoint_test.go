@@ -23,7 +23,7 @@ func TestFailpointAfterClaimTimeout(t *testing.T) {
 	sc, err := saga.NewScanner(e.db.Pool, saga.ScannerConfig{
 		PollInterval: 10 * time.Millisecond,
 		Hooks: saga.Hooks{FailpointFunc: func(name string) error {
-			if name == saga.FailpointAfterClaimTimeout && hits.Add(1) == 1 {
+			if name == "saga.after_claim_timeout" && hits.Add(1) == 1 {
 				return fmt.Errorf("failpoint %s: %w", name, injected)
 			}
 			return nil

@@ -123,9 +123,6 @@ func New(typ string, transitions ...Transition) (*Saga, error) {
 	return s, nil
 }
 
-// Type is the saga's type name.
-func (s *Saga) Type() string { return s.typ }
-
 // Timeout is a durable timeout armed when an instance starts, for a first
 // state that must not last for ever: it fires as TimeoutEvent(Name) at Due
 // unless a transition cancels it first ([Step.CancelTimeout]).

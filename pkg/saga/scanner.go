@@ -33,33 +33,29 @@ type ScannerConfig struct {
 	// postponed alone (RetryDelay) and holds none of the others back.
 	// Default 64; 1 fires one timeout per transaction.
 	BatchSize int
-	// Logger receives the scanner's logs; default slog.Default(), as in
-	// pkg/outbox and pkg/inbox.
+	// Logger receives the scanner's logs; default slog.Default().
 	Logger *slog.Logger
-	// TracerProvider makes a span for each fired timeout, the parent of its
-	// transition's span and a child of the span that armed the timeout (its
-	// trace context is kept with it), so that an order's timeout belongs to
-	// the order's trace. Default: nil, no spans.
+	// TracerProvider makes a span for each fired timeout, a child of the
+	// span that armed it. Default: nil, no spans.
 	TracerProvider trace.TracerProvider
-	// Hooks are where the scanner can be interrupted: no setting, and the
-	// zero value is right outside tests and the chaos run.
+	// Hooks are failure injection for tests and chaos runs; leave them
+	// zero.
 	Hooks Hooks
 }
 
-// Hooks are the scanner's failure-injection points, not settings: what it
-// does is the same with or without them. Zero fields are no-ops.
+// Hooks are the scanner's failure injection. Zero fields are no-ops.
 type Hooks struct {
-	// FailpointFunc, when set, is called with FailpointAfterClaimTimeout
-	// each time the scanner has claimed due timeouts. A non-nil error makes
-	// the scanner behave as if it died there: the claim is rolled back, the
-	// timeouts are not postponed, and they fire on a later scan. The shop
-	// sets it to internal/failpoint.Inject.
+	// FailpointFunc, when set, is called with "saga.after_claim_timeout"
+	// each time the scanner has claimed due timeouts, before it applies
+	// them. A non-nil error makes the scanner behave as if it died there:
+	// the claim is rolled back and the timeouts fire on a later scan.
 	FailpointFunc func(name string) error
 }
 
-// FailpointAfterClaimTimeout is the scanner's failpoint: a due timeout and
-// its instance are locked (uncommitted), nothing has been applied.
-const FailpointAfterClaimTimeout = "saga.after_claim_timeout"
+// failpointAfterClaimTimeout is the point at which the scanner calls
+// Hooks.FailpointFunc: due timeouts and their instances are locked
+// (uncommitted), nothing has been applied.
+const failpointAfterClaimTimeout = "saga.after_claim_timeout"
 
 // Scanner fires due timeouts of its sagas. Several scanners, in one process
 // or many, may run against one schema: each timeout fires once.
@@ -168,7 +164,7 @@ func (s *Scanner) fire(ctx context.Context, limit int) (int, error) {
 	// connection) and the timeouts stay due for the next scan, this
 	// scanner's or another's.
 	if s.cfg.Hooks.FailpointFunc != nil {
-		if err := s.cfg.Hooks.FailpointFunc(FailpointAfterClaimTimeout); err != nil {
+		if err := s.cfg.Hooks.FailpointFunc(failpointAfterClaimTimeout); err != nil {
 			return 0, fmt.Errorf("saga scanner: %d timeouts from %s/%s: %w", len(claims), claims[0].in.ID, claims[0].name, err)
 		}
 	}
