@@ -96,6 +96,7 @@ CREATE TABLE points (
 
 // guide: end migration
 
+// guide: constructor
 // Config is the loyalty service's own settings.
 type Config struct{ CentsPerPoint int64 }
 
@@ -107,7 +108,6 @@ type Service struct {
 	consumer *inbox.Consumer
 }
 
-// guide: constructor
 func New(d registry.Deps, cfg Config) (*Service, error) {
 	// The writer makes each event's subject, <prefix>.<aggregate id>.<type>.
 	s := &Service{pool: d.Pool, cfg: cfg, outbox: outbox.Writer{Prefix: prefix}}
@@ -172,6 +172,7 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 
 // guide: end handler
 
+// guide: http
 func (s *Service) getPoints(w http.ResponseWriter, r *http.Request) {
 	var points int64
 	err := s.pool.QueryRow(r.Context(), `SELECT points FROM points WHERE customer_id = $1`, chi.URLParam(r, "customer")).Scan(&points)
@@ -182,6 +183,8 @@ func (s *Service) getPoints(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]int64{"points": points})
 }
+
+// guide: end http
 
 // The guide's promise: a fifth service is its package, its migrations and
 // one registry line — here the append — and every part of the shop picks
@@ -272,8 +275,8 @@ func TestGuideQuotesTheFifthService(t *testing.T) {
 		t.Fatal(err)
 	}
 	parts := regexp.MustCompile(`(?s)// guide: (\w+)\n(.*?)\n// guide: end \w+\n`).FindAllStringSubmatch(string(src), -1)
-	if len(parts) < 4 {
-		t.Fatalf("found %d guide parts in fifth_test.go, want the registration, migration, constructor and handler", len(parts))
+	if len(parts) < 5 {
+		t.Fatalf("found %d guide parts in fifth_test.go, want the registration, migration, constructor, handler and http", len(parts))
 	}
 	for _, p := range parts {
 		if !strings.Contains(string(guide), strings.TrimSpace(p[2])) {
