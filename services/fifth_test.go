@@ -2,8 +2,9 @@ package services_test
 
 // The fifth service of docs/adding-a-service.md, for real: a loyalty service
 // that credits a customer with points for each completed order. It lives
-// only in this test, which runs it beside the shop's four services as a
-// forker's would run: migrated by `shop migrate`, its consumer reading
+// only in this test (or, in a fork that followed the guide, in
+// services/loyalty/, which the test then runs instead), which runs it
+// beside the shop's other services as a forker's would run: migrated by `shop migrate`, its consumer reading
 // ORDERS under its own NATS user, its relay publishing PointsAwarded, listed
 // by `shop outbox status`, checked by `shop verify`. The snippets of the
 // guide are taken from this file (TestGuideQuotesTheFifthService), so the
@@ -195,11 +196,16 @@ func (s *Service) getPoints(w http.ResponseWriter, r *http.Request) {
 // does not count it.
 func TestAFifthServiceJoinsTheShop(t *testing.T) {
 	t.Parallel()
-	loyalty := Registration
-	// A real service keeps its SQL in migrations/loyalty/; this one lives
-	// only in a test.
-	loyalty.Migrations = fstest.MapFS{"00002_loyalty.sql": {Data: []byte(loyaltySQL)}}
-	reg := append(append(registry.Registry{}, services.All...), loyalty)
+	// A fork that followed the guide has this service in services.All,
+	// with its SQL in migrations/loyalty/: the journey is then its own.
+	reg := services.All
+	if _, err := services.All.Get(Registration.Name); err != nil {
+		loyalty := Registration
+		// A real service keeps its SQL in migrations/loyalty/; this one
+		// lives only in a test.
+		loyalty.Migrations = fstest.MapFS{"00002_loyalty.sql": {Data: []byte(loyaltySQL)}}
+		reg = append(append(registry.Registry{}, services.All...), loyalty)
+	}
 	shop := shoptest.StartFor(t, reg) // migrates every schema as each service starts
 	op := operator.Shop{Services: reg}
 	getenv := func(k string) string { return shop.Env[k] }
