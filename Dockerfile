@@ -41,7 +41,9 @@ COPY --from=build /out/shop /shop
 # the working directory is the non-root user's own, writable home.
 WORKDIR /var/lib/shop
 USER 10001:10001
-# order, inventory, payment, fulfillment (ORDER_ADDR … FULFILLMENT_ADDR).
-EXPOSE 8081-8084
+# The dashboard (DASHBOARD_ADDR, :8080) and the services' default addresses
+# (<SERVICE>_ADDR: order :8081 … fulfillment :8084), with room for a fork's
+# own services (docs/adding-a-service.md).
+EXPOSE 8080-8089
 ENTRYPOINT ["/shop"]
 CMD ["-h"]

@@ -2,8 +2,9 @@ package services_test
 
 // The fifth service of docs/adding-a-service.md, for real: a loyalty service
 // that credits a customer with points for each completed order. It lives
-// only in this test, which runs it beside the shop's four services as a
-// forker's would run: migrated by `shop migrate`, its consumer reading
+// only in this test (or, in a fork that followed the guide, in
+// services/loyalty/, which the test then runs instead), which runs it
+// beside the shop's other services as a forker's would run: migrated by `shop migrate`, its consumer reading
 // ORDERS under its own NATS user, its relay publishing PointsAwarded, listed
 // by `shop outbox status`, checked by `shop verify`. The snippets of the
 // guide are taken from this file (TestGuideQuotesTheFifthService), so the
@@ -97,6 +98,7 @@ CREATE TABLE points (
 
 // guide: end migration
 
+// guide: constructor
 // Config is the loyalty service's own settings.
 type Config struct{ CentsPerPoint int64 }
 
@@ -108,7 +110,6 @@ type Service struct {
 	consumer *inbox.Consumer
 }
 
-// guide: constructor
 func New(d registry.Deps, cfg Config) (*Service, error) {
 	// The writer makes each event's subject, <prefix>.<aggregate id>.<type>.
 	s := &Service{pool: d.Pool, cfg: cfg, outbox: outbox.Writer{Prefix: prefix}}
@@ -173,6 +174,7 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 
 // guide: end handler
 
+// guide: http
 func (s *Service) getPoints(w http.ResponseWriter, r *http.Request) {
 	var points int64
 	err := s.pool.QueryRow(r.Context(), `SELECT points FROM points WHERE customer_id = $1`, chi.URLParam(r, "customer")).Scan(&points)
@@ -184,6 +186,8 @@ func (s *Service) getPoints(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]int64{"points": points})
 }
 
+// guide: end http
+
 // The guide's promise: a fifth service is its package, its migrations and
 // one registry line — here the append — and every part of the shop picks
 // it up: migrate creates its schema, its user may consume ORDERS and
@@ -193,11 +197,16 @@ func (s *Service) getPoints(w http.ResponseWriter, r *http.Request) {
 // does not count it.
 func TestAFifthServiceJoinsTheShop(t *testing.T) {
 	t.Parallel()
-	loyalty := Registration
-	// A real service keeps its SQL in migrations/loyalty/; this one lives
-	// only in a test.
-	loyalty.Migrations = fstest.MapFS{"00002_loyalty.sql": {Data: []byte(loyaltySQL)}}
-	reg := append(append(registry.Registry{}, services.All...), loyalty)
+	// A fork that followed the guide has this service in services.All,
+	// with its SQL in migrations/loyalty/: the journey is then its own.
+	reg := services.All
+	if _, err := services.All.Get(Registration.Name); err != nil {
+		loyalty := Registration
+		// A real service keeps its SQL in migrations/loyalty/; this one
+		// lives only in a test.
+		loyalty.Migrations = fstest.MapFS{"00002_loyalty.sql": {Data: []byte(loyaltySQL)}}
+		reg = append(append(registry.Registry{}, services.All...), loyalty)
+	}
 	shop := shoptest.StartFor(t, reg) // migrates every schema as each service starts
 	op := operator.Shop{Services: reg}
 	getenv := func(k string) string { return shop.Env[k] }
@@ -273,8 +282,8 @@ func TestGuideQuotesTheFifthService(t *testing.T) {
 		t.Fatal(err)
 	}
 	parts := regexp.MustCompile(`(?s)// guide: (\w+)\n(.*?)\n// guide: end \w+\n`).FindAllStringSubmatch(string(src), -1)
-	if len(parts) < 4 {
-		t.Fatalf("found %d guide parts in fifth_test.go, want the registration, migration, constructor and handler", len(parts))
+	if len(parts) < 5 {
+		t.Fatalf("found %d guide parts in fifth_test.go, want the registration, migration, constructor, handler and http", len(parts))
 	}
 	for _, p := range parts {
 		if !strings.Contains(string(guide), strings.TrimSpace(p[2])) {

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/shop-ref/shop/internal/cli"
@@ -23,13 +24,18 @@ import (
 	"github.com/shop-ref/shop/services"
 )
 
-const usage = `shop: a teaching-reference e-commerce system (order, inventory, payment,
-fulfillment) built on a transactional outbox, idempotent consumers and JetStream.
+// usage is the help of shop; its services are the registry's (services.All),
+// so that a new service's command is listed without an edit here.
+var usage = strings.NewReplacer(
+	"{services}", strings.Join(services.All.Names(), " | "),
+	"{list}", strings.Join(services.All.Names(), ", "),
+).Replace(`shop: a teaching-reference e-commerce system ({list})
+built on a transactional outbox, idempotent consumers and JetStream.
 
 Usage:
   shop all [-demo]         every service in one process; -demo stocks a catalogue and prints curls;
                            a live dashboard on DASHBOARD_ADDR (default :8080)
-  shop order | inventory | payment | fulfillment
+  shop {services}
                            one service: HTTP, its consumers and its outbox relay
   shop dashboard           the live dashboard alone, on DASHBOARD_ADDR: reads the services'
                            schemas, places and pays orders through ORDER_URL and PAYMENT_URL,
@@ -54,12 +60,12 @@ Usage:
   shop loadgen [-orders N] drive orders through the public HTTP API (local targets only),
                            then print throughput and latency percentiles
 
-Configuration comes from the environment: DATABASE_URL, ORDER_DATABASE_URL (and
-INVENTORY_, PAYMENT_, FULFILLMENT_), NATS_URL, ORDER_ADDR (and the others),
-DASHBOARD_ADDR and ORDER_URL (and the others; shop dashboard).
+Configuration comes from the environment: DATABASE_URL, <SERVICE>_DATABASE_URL
+(ORDER_DATABASE_URL, …), NATS_URL, <SERVICE>_ADDR and <SERVICE>_NATS_PASSWORD,
+DASHBOARD_ADDR and <SERVICE>_URL (shop dashboard).
 SHOP_FAILPOINTS (testing only) arms crash points, e.g. outbox.after_claim=crash@3.
 Flags override it; "shop <command> -h" lists them.
-`
+`)
 
 // command runs one command line of shop, after the command's name. The
 // environment comes in through getenv so that tests need not change the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/operator"
+	"github.com/shop-ref/shop/services"
 )
 
 // errUsage is what a command line shop does not understand returns.
@@ -59,7 +60,11 @@ func TestUsage(t *testing.T) {
 // unknown command.
 func TestEveryCommandIsDispatched(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"all", "dashboard", "order", "inventory", "payment", "fulfillment", "migrate", "verify", "outbox", "trace", "loadgen"} {
+	operators := []string{"all", "dashboard", "migrate", "verify", "outbox", "trace", "loadgen"}
+	for _, name := range append(operators, services.All.Names()...) {
+		if !strings.Contains(usage, name) {
+			t.Errorf("the usage text does not name %s", name)
+		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			var out strings.Builder

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shop-ref/shop/services"
 	"github.com/shop-ref/shop/services/payment"
 )
 
@@ -31,12 +32,15 @@ func TestConfig(t *testing.T) {
 		if got := setting[string](cfg, "PAYMENT_WEBHOOK_SECRET"); got != payment.DefaultWebhookSecret {
 			t.Errorf("PAYMENT_WEBHOOK_SECRET %q, want the demo's default", got)
 		}
-		for name, want := range map[string]string{"order": ":8081", "inventory": ":8082", "payment": ":8083", "fulfillment": ":8084"} {
-			if got := cfg.Services[name].Addr; got != want {
-				t.Errorf("%s addr %q, want %q", name, got, want)
+		if got := cfg.Services["order"].Addr; got != ":8081" {
+			t.Errorf("order addr %q, want the contract's :8081", got)
+		}
+		for _, e := range services.All {
+			if got := cfg.Services[e.Name].Addr; got != e.Addr {
+				t.Errorf("%s addr %q, want its entry's %q", e.Name, got, e.Addr)
 			}
-			if got := cfg.DatabaseURLOf(name); got != DefaultDatabaseURL {
-				t.Errorf("%s database %q, want the shared default", name, got)
+			if got := cfg.DatabaseURLOf(e.Name); got != DefaultDatabaseURL {
+				t.Errorf("%s database %q, want the shared default", e.Name, got)
 			}
 		}
 	})

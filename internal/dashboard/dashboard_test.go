@@ -144,14 +144,14 @@ func TestState(t *testing.T) {
 		for _, b := range st.Outbox {
 			backlog[b.Service] = b
 		}
-		if b := backlog["inventory"]; len(st.Outbox) != 4 || b.Pending != 1 || b.OldestPending <= 0 {
+		if b := backlog["inventory"]; len(st.Outbox) != len(services.All) || b.Pending != 1 || b.OldestPending <= 0 {
 			t.Errorf("outbox: %+v", st.Outbox)
 		}
 		byService := map[string]dashboard.DeadLetters{}
 		for _, d := range st.DeadLetters {
 			byService[d.Service] = d
 		}
-		if f, p := byService["fulfillment"], byService["payment"]; len(byService) != 4 || f.Open != 1 || f.Conflicts != 0 ||
+		if f, p := byService["fulfillment"], byService["payment"]; len(byService) != len(services.All) || f.Open != 1 || f.Conflicts != 0 ||
 			byService["order"].Open != 0 || p.Open != 1 || p.Conflicts != 1 || p.Parked != 1 || p.OldestParked < 90 {
 			t.Errorf("dead letters: %+v", st.DeadLetters)
 		}

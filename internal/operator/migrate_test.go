@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services"
 )
 
 // versionTables lists the schemas of the database at dbURL that hold a goose
@@ -44,7 +45,15 @@ func versionTables(t *testing.T, dbURL string) map[string]int64 {
 	return got
 }
 
-var allSchemas = []string{"fulfillment", "inventory", "orders", "payment"}
+// allSchemas are every service's schema, sorted.
+var allSchemas = func() []string {
+	var schemas []string
+	for _, e := range services.All {
+		schemas = append(schemas, e.Schema)
+	}
+	slices.Sort(schemas)
+	return schemas
+}()
 
 func TestMigrate(t *testing.T) {
 	t.Parallel()

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services"
 )
 
 func statusOf(t *testing.T, c shopCLI) map[string]serviceStatus {
@@ -20,8 +21,13 @@ func statusOf(t *testing.T, c shopCLI) map[string]serviceStatus {
 	for _, s := range list {
 		m[s.Service] = s
 	}
-	if len(m) != 4 {
-		t.Fatalf("status lists %d services, want 4: %+v", len(m), list)
+	for _, name := range services.All.Names() {
+		if _, ok := m[name]; !ok {
+			t.Fatalf("status lacks service %s: %+v", name, list)
+		}
+	}
+	if len(m) != len(services.All) {
+		t.Fatalf("status lists %d services, want the %d of services.All: %+v", len(m), len(services.All), list)
 	}
 	return m
 }
@@ -35,7 +41,7 @@ func TestOutbox(t *testing.T) {
 
 	t.Run("status of an empty shop", func(t *testing.T) {
 		out := cli.ok("outbox", "status")
-		for _, want := range []string{"SERVICE", "PENDING", "OLDEST PENDING", "DEAD LETTERS", "order", "inventory", "payment", "fulfillment"} {
+		for _, want := range append([]string{"SERVICE", "PENDING", "OLDEST PENDING", "DEAD LETTERS"}, services.All.Names()...) {
 			if !strings.Contains(out, want) {
 				t.Errorf("status lacks %q:\n%s", want, out)
 			}

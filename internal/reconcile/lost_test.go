@@ -16,23 +16,33 @@ import (
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/reconcile"
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/services"
 )
 
 const retention = 72 * time.Hour
 
-// ordersConsumers are the consumers of ORDERS that read every event type,
-// with the schema each records in. Their handlers apply a stand-in business
-// effect: a row in effects, in the inbox transaction.
-var ordersConsumers = []string{"inventory-orders", "payment-orders"}
+// ordersConsumers are the consumers of ORDERS that read every event type
+// (inventory-orders, payment-orders, and any a new service adds), each
+// recording in its service's schema. The test's handlers apply a stand-in
+// business effect: a row in effects, in the inbox transaction.
+var ordersConsumers = func() []registry.Reader {
+	var readers []registry.Reader
+	for _, r := range services.All.Readers() {
+		if r.Stream == "ORDERS" && len(r.Types) == 0 {
+			readers = append(readers, r)
+		}
+	}
+	return readers
+}()
 
 // lostShop is the order service's side of the shop for real — its schema,
-// a relay publishing its outbox to ORDERS on a real NATS server — and the two
-// consumers of every ORDERS event (inventory-orders, payment-orders) with a
-// handler that counts what they applied, in the inventory and payment
-// schemas. The other streams exist, empty, as the services create them.
+// a relay publishing its outbox to ORDERS on a real NATS server — and the
+// consumers of every ORDERS event (ordersConsumers) with a handler that
+// counts what they applied, each in its service's schema. The other streams exist, empty, as the services create them.
 type lostShop struct {
 	*shop
 	nats *natstest.Server
@@ -44,11 +54,11 @@ func newLostShop(t *testing.T) *lostShop {
 	t.Helper()
 	s := &lostShop{shop: newShop(t), nats: natstest.New(t)}
 	_, s.js = s.nats.Connect(t)
-	for name, subjects := range map[string]string{"ORDERS": "orders.>", "INVENTORY": "inventory.>", "PAYMENT": "payment.>", "FULFILLMENT": "fulfillment.>"} {
-		s.nats.Stream(t, s.js, name, subjects)
+	for _, a := range services.All.Access() {
+		s.nats.Stream(t, s.js, a.Stream, a.Subjects...)
 	}
-	for _, pool := range []*pgxpool.Pool{s.pools.Inventory, s.pools.Payment} {
-		s.exec(pool, `CREATE TABLE effects (applied bigint GENERATED ALWAYS AS IDENTITY,
+	for _, r := range ordersConsumers {
+		s.exec(s.shop.shop.Pools[r.Service], `CREATE TABLE effects (applied bigint GENERATED ALWAYS AS IDENTITY,
 			consumer text NOT NULL, event_id uuid NOT NULL, aggregate text NOT NULL, seq bigint NOT NULL)`)
 	}
 	relay, err := outbox.NewRelay(s.pools.Order, s.js, outbox.Config{Name: "order-relay", PollInterval: 20 * time.Millisecond,
@@ -80,13 +90,13 @@ func (s *lostShop) background(f func(context.Context) error) (stop func()) {
 	return stop
 }
 
-// startConsumers runs the two ORDERS consumers until stop is called.
+// startConsumers runs the ORDERS consumers until stop is called.
 func (s *lostShop) startConsumers() (consumers []*inbox.Consumer, stop func()) {
 	s.t.Helper()
 	var stops []func()
-	for i, name := range ordersConsumers {
-		pool := []*pgxpool.Pool{s.pools.Inventory, s.pools.Payment}[i]
-		c, err := inbox.NewConsumer(pool, s.js, inbox.Config{
+	for _, r := range ordersConsumers {
+		name := r.Name
+		c, err := inbox.NewConsumer(s.shop.shop.Pools[r.Service], s.js, inbox.Config{
 			Name: name, Stream: "ORDERS", Workers: 2,
 			Logger: slog.New(slog.DiscardHandler),
 			Handler: inbox.Each(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
@@ -162,15 +172,17 @@ func (s *lostShop) count(pool *pgxpool.Pool, sql string, args ...any) int {
 	return n
 }
 
-// applied counts the effects and processed_events rows of event ev in both
-// consumers' schemas: each is 2 when both applied it once.
-func (s *lostShop) applied(ev uuid.UUID) (effects, processed int) {
+// applied counts the effects and processed_events rows of event ev in the
+// consumers' schemas: each is len(ordersConsumers) when every one applied
+// it once.
+func (s *lostShop) applied(ev uuid.UUID) (effects, processed, consumers int) {
 	s.t.Helper()
-	for i, pool := range []*pgxpool.Pool{s.pools.Inventory, s.pools.Payment} {
+	for _, r := range ordersConsumers {
+		pool := s.shop.shop.Pools[r.Service]
 		effects += s.count(pool, `SELECT count(*) FROM effects WHERE event_id = $1`, ev)
-		processed += s.count(pool, `SELECT count(*) FROM processed_events WHERE event_id = $1 AND consumer_name = $2`, ev, ordersConsumers[i])
+		processed += s.count(pool, `SELECT count(*) FROM processed_events WHERE event_id = $1 AND consumer_name = $2`, ev, r.Name)
 	}
-	return effects, processed
+	return effects, processed, len(ordersConsumers)
 }
 
 // streamSeq is the stream sequence of the last message on subject in ORDERS.
@@ -199,7 +211,7 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 	// Order X is created and both consumers apply its OrderCreated.
 	x, created := s.place()
 	_, stopConsumers := s.startConsumers()
-	poll.Until(s.t, 30*time.Second, "OrderCreated applied", func() bool { e, p := s.applied(created); return e == 2 && p == 2 })
+	poll.Until(s.t, 30*time.Second, "OrderCreated applied", func() bool { e, p, n := s.applied(created); return e == n && p == n })
 	// With the consumers stopped, X awaits payment and order Y is created:
 	// both published, neither seen by a consumer.
 	stopConsumers()
@@ -291,17 +303,18 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 		report.Write(&b)
 		t.Fatalf("invariants after the repair:\n%s", b.String())
 	}
-	for _, name := range ordersConsumers {
-		poll.Until(s.t, 30*time.Second, name+" settled", func() bool { return natstest.Settled(t, s.js, "ORDERS", name) })
+	for _, r := range ordersConsumers {
+		poll.Until(s.t, 30*time.Second, r.Name+" settled", func() bool { return natstest.Settled(t, s.js, "ORDERS", r.Name) })
 	}
 	for _, ev := range []uuid.UUID{created, awaiting, createdY} {
-		if e, p := s.applied(ev); e != 2 || p != 2 {
-			t.Errorf("event %s: %d effects and %d processed_events rows over both consumers, want 2 and 2", ev, e, p)
+		if e, p, n := s.applied(ev); e != n || p != n {
+			t.Errorf("event %s: %d effects and %d processed_events rows over the %d consumers, want %d and %d", ev, e, p, n, n, n)
 		}
 	}
-	for i, pool := range []*pgxpool.Pool{s.pools.Inventory, s.pools.Payment} {
+	for i, r := range ordersConsumers {
+		pool := s.shop.shop.Pools[r.Service]
 		if n := s.count(pool, `SELECT count(*) FROM effects`); n != 3 {
-			t.Errorf("%s applied %d effects, want 3", ordersConsumers[i], n)
+			t.Errorf("%s applied %d effects, want 3", r.Name, n)
 		}
 		// X's events in sequence order, once each.
 		var seqs []int64
@@ -313,10 +326,10 @@ func TestRepairRepublishesWhatTheStreamLost(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !slices.Equal(seqs, []int64{1, 2}) {
-			t.Errorf("%s applied order X's events %v, want [1 2]", ordersConsumers[i], seqs)
+			t.Errorf("%s applied order X's events %v, want [1 2]", r.Name, seqs)
 		}
 		if c := consumers[i].Counters(); c.Duplicates < 1 || c.DeadLetters != 0 {
-			t.Errorf("%s after the repair: %+v, want the copy of OrderCreated absorbed as a duplicate", ordersConsumers[i], c)
+			t.Errorf("%s after the repair: %+v, want the copy of OrderCreated absorbed as a duplicate", r.Name, c)
 		}
 	}
 }

@@ -15,27 +15,28 @@ import (
 func TestValidateSaysWhatToAddAndWhere(t *testing.T) {
 	t.Parallel()
 	order, _ := services.All.Get("order")
-	loyalty := registry.Entry{Name: "loyalty", Schema: "loyalty", Stream: "LOYALTY", Prefix: "loyalty", PoolSize: 8,
+	// A draft of a new service: a name no service, guide or test uses.
+	draft := registry.Entry{Name: "draft", Schema: "draft", Stream: "DRAFT", Prefix: "draft", PoolSize: 8,
 		Configure: func(*registry.Env) registry.NewFunc { return nil }}
 	for name, tc := range map[string]struct {
 		change func(*registry.Entry)
 		want   []string
 	}{
-		"no address":        {func(e *registry.Entry) {}, []string{`"loyalty"`, "Addr", "services/loyalty/registration.go"}},
-		"no migrations":     {func(e *registry.Entry) { e.Addr = ":8090" }, []string{"migrations/loyalty/"}},
+		"no address":        {func(e *registry.Entry) {}, []string{`"draft"`, "Addr", "services/draft/registration.go"}},
+		"no migrations":     {func(e *registry.Entry) { e.Addr = ":8090" }, []string{"migrations/draft/"}},
 		"a schema taken":    {func(e *registry.Entry) { e.Addr, e.Schema = ":8090", "orders" }, []string{`Schema "orders" is order's too`}},
 		"an address taken":  {func(e *registry.Entry) { e.Addr = order.Addr }, []string{`Addr ":8081" is order's too`}},
 		"no constructor":    {func(e *registry.Entry) { e.Addr, e.Configure = ":8090", nil }, []string{"no Configure"}},
-		"an unknown stream": {func(e *registry.Entry) { e.Consumers = []registry.Consumer{{Name: "loyalty-points", Stream: "POINTS"}} }, []string{`reads stream "POINTS"`}},
+		"an unknown stream": {func(e *registry.Entry) { e.Consumers = []registry.Consumer{{Name: "draft-points", Stream: "POINTS"}} }, []string{`reads stream "POINTS"`}},
 		"a consumer's name": {func(e *registry.Entry) { e.Consumers = []registry.Consumer{{Name: "payment-orders", Stream: "ORDERS"}} }, []string{`consumer "payment-orders" is payment's too`}},
 		"a check's service": {func(e *registry.Entry) {
 			e.Checks = []registry.Check{{Name: "x", From: &registry.Query{Service: "points"}}}
 		}, []string{`reads service "points"`}},
-		"a name in capitals": {func(e *registry.Entry) { e.Name = "Loyalty" }, []string{"lower case"}},
+		"a name in capitals": {func(e *registry.Entry) { e.Name = "Draft" }, []string{"lower case"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e := loyalty
+			e := draft
 			tc.change(&e)
 			err := append(append(registry.Registry{}, services.All...), e).Validate()
 			if err == nil {
@@ -52,8 +53,8 @@ func TestValidateSaysWhatToAddAndWhere(t *testing.T) {
 
 func TestRegistryLookups(t *testing.T) {
 	t.Parallel()
-	if _, err := services.All.Get("loyalty"); err == nil || !strings.Contains(err.Error(), "unknown service") {
-		t.Errorf("Get(loyalty) = %v, want an unknown-service error", err)
+	if _, err := services.All.Get("nosuchservice"); err == nil || !strings.Contains(err.Error(), "unknown service") {
+		t.Errorf("Get(nosuchservice) = %v, want an unknown-service error", err)
 	}
 	if e, ok := services.All.Owner("ORDERS"); !ok || e.Name != "order" {
 		t.Errorf("Owner(ORDERS) = %s %v, want order", e.Name, ok)

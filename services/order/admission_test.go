@@ -73,7 +73,7 @@ func TestOrdersAreShedWhileTheSagaLags(t *testing.T) {
 	})
 }
 
-// A consumer outside the saga (a forker's loyalty service on ORDERS) that
+// A consumer outside the saga (a forker's analytics service on ORDERS) that
 // lags does not throttle orders: only the saga's consumers count.
 func TestSideConsumerDoesNotThrottleOrders(t *testing.T) {
 	t.Parallel()
@@ -81,16 +81,16 @@ func TestSideConsumerDoesNotThrottleOrders(t *testing.T) {
 	e.stock(t, "SKU-1", 100)
 	ctx := context.Background()
 	if _, err := e.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
-		Durable: "loyalty-orders", AckPolicy: jetstream.AckExplicitPolicy,
+		Durable: "analytics-orders", AckPolicy: jetstream.AckExplicitPolicy,
 	}); err != nil {
 		t.Fatal(err)
 	}
 	for range 20 {
 		natstest.Publish(t, e.js, nats.NewMsg("orders.x.Something"))
 	}
-	loyalty := registry.Reader{Service: "loyalty", Consumer: registry.Consumer{Name: "loyalty-orders", Stream: "ORDERS"}}
+	analytics := registry.Reader{Service: "analytics", Consumer: registry.Consumer{Name: "analytics-orders", Stream: "ORDERS"}}
 	a := &admission{js: e.js, limit: 3, every: time.Second, log: slog.New(slog.DiscardHandler),
-		consumers: sagaConsumers(append(shopReaders(), loyalty))}
+		consumers: sagaConsumers(append(shopReaders(), analytics))}
 	n, err := a.read(ctx)
 	if err != nil || n != 0 {
 		t.Fatalf("backlog read %d, %v; want 0: the side consumer's 20 must not count", n, err)
