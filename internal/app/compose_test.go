@@ -151,7 +151,7 @@ func portOf(t *testing.T, addr string) string {
 }
 
 func TestComposeEnvVars(t *testing.T) {
-	vars := EnvVars()
+	vars := EnvVars(services.All)
 	// The contract's configuration table.
 	want := []string{"DATABASE_URL", "NATS_URL", "PAYMENT_TIMEOUT", "PAYMENT_WEBHOOK_SECRET", "FULFILLMENT_DELAY"}
 	for _, name := range services.All.Names() {
@@ -160,7 +160,7 @@ func TestComposeEnvVars(t *testing.T) {
 	}
 	for _, v := range want {
 		if !slices.Contains(vars, v) {
-			t.Errorf("EnvVars() = %v lacks %s", vars, v)
+			t.Errorf("EnvVars(services.All) = %v lacks %s", vars, v)
 		}
 	}
 	// Nothing but those: every variable EnvVars names changes the
@@ -216,7 +216,7 @@ func TestComposeServices(t *testing.T) {
 		t.FailNow()
 	}
 
-	envVars := EnvVars()
+	envVars := EnvVars(services.All)
 	pg, nats := byName["postgres"], byName["nats"]
 	for _, s := range composed {
 		// Long-running services report their health; one-shots do not run long.

@@ -231,8 +231,8 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
 	build := s.cfg.build[s.Name]
-	if build == nil { // a Config not made by LoadConfig
-		return nil, nil, nil, fmt.Errorf("%s: no constructor: load the configuration with app.LoadConfig", s.Name)
+	if build == nil { // a Config not made by LoadConfigFor
+		return nil, nil, nil, fmt.Errorf("%s: no constructor: load the configuration with app.LoadConfigFor", s.Name)
 	}
 	dom, err := build(registry.Deps{
 		Pool:           pool,

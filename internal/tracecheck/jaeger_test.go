@@ -85,7 +85,7 @@ func TestJaegerShowsAnOrdersTraceCleanly(t *testing.T) {
 	shop.Restock(t, sku, 10, 1000)
 	id := placeAndPay(t, shop, sku)
 
-	cfg, err := app.LoadConfig(func(k string) string { return shop.Env[k] })
+	cfg, err := app.LoadConfigFor(services.All, func(k string) string { return shop.Env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
