@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/shop-ref/shop/internal/probe"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
@@ -148,7 +149,7 @@ const scrapeTimeout = 5 * time.Second
 // watch registers what is read at scrape time: the outbox of db and the
 // totals of relay, the counters and lag of the domain's consumers and, when
 // the domain runs sagas, their instances per state and the timeouts fired.
-func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom registry.Domain, nc *nats.Conn, js *jetStreamWatch) {
+func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom registry.Domain, nc *nats.Conn, js *probe.JetStream) {
 	c := &scrapeCollector{db: db, relay: relay, nc: nc, js: js, started: time.Now(), seenStates: map[string]bool{}}
 	c.consumers = dom.Consumers()
 	for _, cons := range c.consumers {
@@ -231,7 +232,7 @@ type scrapeCollector struct {
 	db            outbox.DB
 	relay         *outbox.Relay
 	nc            *nats.Conn
-	js            *jetStreamWatch
+	js            *probe.JetStream
 	started       time.Time
 	consumers     []*inbox.Consumer
 	timeoutsFired func() int64 // nil: the domain runs no sagas
@@ -287,8 +288,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(descNATSConnected, oneIf(c.nc.Status() == nats.CONNECTED))
-	js := c.js.state()
-	gauge(descJetStreamUp, oneIf(js.known && js.up))
+	gauge(descJetStreamUp, oneIf(c.js.Up()))
 	rs := c.relay.State()
 	gauge(descRelayUnavailable, oneIf(!rs.UnavailableSince.IsZero()))
 	gauge(descSincePublish, time.Since(latest(rs.LastPublish, c.started)).Seconds())

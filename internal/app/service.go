@@ -27,6 +27,7 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/probe"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/outbox"
@@ -57,7 +58,7 @@ type Service struct {
 	tracer trace.TracerProvider // the service's spans; nil: none
 	access broker.Access        // what it does on NATS: its stream and the streams it reads
 	ln     net.Listener         // bound by listen, before Run
-	watch  *jetStreamWatch      // whether JetStream answers, for /readyz and /metrics
+	watch  *probe.JetStream     // whether JetStream answers, for /readyz and /metrics
 
 	collectors []prometheus.Collector // extra metrics for its registry (the reconciler's, in `shop all`)
 
@@ -75,7 +76,7 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 		return nil, err
 	}
 	access := e.Access()
-	watch, err := newJetStreamWatch(nc, log.With("service", name))
+	watch, err := probe.NewJetStream(nc, log.With("service", name))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -155,7 +156,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	g.Go(func() error { s.watch.run(ctx); return nil })
+	g.Go(func() error { s.watch.Run(ctx); return nil })
 	g.Go(func() error {
 		// The relay starts once the streams exist: before, every event
 		// would wait out a missing stream as an outage. (The consumers wait
@@ -257,7 +258,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if !s.kept { // else the keeper's metrics say it, served by one service
 		m.r.MustRegister(s.drift.collectors()...)
 	}
-	router := newRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.instrument)
+	router := probe.NewRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.instrument)
 	router.Method(http.MethodGet, "/metrics", m.handler())
 	dom.Routes(router)
 	m.initRoutes(router)
