@@ -27,6 +27,7 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/metrics"
 	"github.com/shop-ref/shop/internal/probe"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/migrations"
@@ -222,11 +223,11 @@ func relayConfig() outbox.Config {
 // metrics registry: the outbox relay, the domain and the HTTP router
 // (/healthz, /readyz, /metrics and the domain's routes). It does no I/O.
 func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.Relay, registry.Domain, http.Handler, error) {
-	m := newMetrics(s.Name, s.Logger)
+	m := metrics.New(s.Name, s.Logger)
 	// Name is left to the relay's default (host, pid, random), which keeps
 	// several copies of one service apart in claimed_by.
 	rc := relayConfig()
-	rc.Logger, rc.Hooks.ObservePublishFunc, rc.TracerProvider = s.Logger, m.observePublish, s.tracer
+	rc.Logger, rc.Hooks.ObservePublishFunc, rc.TracerProvider = s.Logger, m.ObservePublish, s.tracer
 	relay, err := outbox.NewRelay(pool, js, rc)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
@@ -245,7 +246,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 		// longer.
 		PublishHorizon: relayConfig().RetryHorizon(),
 		Readers:        s.cfg.Registry.Readers(),
-		Hooks:          registry.Hooks{FailpointFunc: failpoint.Inject, ObserveInboxFunc: m.observeProcess},
+		Hooks:          registry.Hooks{FailpointFunc: failpoint.Inject, ObserveInboxFunc: m.ObserveProcess},
 	})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
@@ -253,15 +254,15 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if err := checkConsumers(s.entry, dom); err != nil {
 		return nil, nil, nil, err
 	}
-	m.watch(pool, relay, dom, s.NATS, s.watch)
-	m.r.MustRegister(s.collectors...)
+	m.Watch(pool, relay, dom, s.NATS, s.watch)
+	m.MustRegister(s.collectors...)
 	if !s.kept { // else the keeper's metrics say it, served by one service
-		m.r.MustRegister(s.drift.collectors()...)
+		m.MustRegister(s.drift.collectors()...)
 	}
-	router := probe.NewRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.instrument)
-	router.Method(http.MethodGet, "/metrics", m.handler())
+	router := probe.NewRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.Instrument)
+	router.Method(http.MethodGet, "/metrics", m.Handler())
 	dom.Routes(router)
-	m.initRoutes(router)
+	m.InitRoutes(router)
 	return relay, dom, router, nil
 }
 
