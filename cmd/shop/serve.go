@@ -9,6 +9,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/registry"
 )
@@ -17,21 +18,21 @@ import (
 // with an embedded NATS server unless NATS_URL names one.
 func serveAll(reg registry.Registry) command {
 	return func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-		var demo bool
+		var withDemo bool
 		cfg, log, err := startUp(reg, "all", args, getenv, stderr, func(fs *flag.FlagSet) {
-			fs.BoolVar(&demo, "demo", false, "stock a small catalogue and print curl commands to try")
+			fs.BoolVar(&withDemo, "demo", false, "stock a small catalogue and print curl commands to try")
 		})
 		if err != nil {
 			return err
 		}
-		if demo {
+		if withDemo {
 			// Before the configuration is logged, so the log shows what runs.
-			if err := app.DemoSettings(cfg); err != nil {
+			if err := demo.Settings(cfg.Settings); err != nil {
 				return err
 			}
 		}
 		log.Info("starting", "services", cfg.Registry.Names(), "config", cfg)
-		if demo {
+		if withDemo {
 			return app.RunDemo(ctx, cfg, log, stdout)
 		}
 		return app.Run(ctx, cfg, cfg.Registry.Names(), log)

@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -528,11 +529,11 @@ func TestComposeSeed(t *testing.T) {
 		got = append(got, m[1]+" "+m[2]+" "+m[3])
 	}
 	var want []string
-	for _, p := range demoCatalogue {
-		want = append(want, fmt.Sprintf("%s %d %d", p.sku, p.onHand, p.price))
+	for _, p := range demo.Catalogue {
+		want = append(want, fmt.Sprintf("%s %d %d", p.SKU, p.OnHand, p.Price))
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("deploy/seed.sh stocks %q, the demo catalogue (demo.go) is %q", got, want)
+		t.Errorf("deploy/seed.sh stocks %q, the demo catalogue (internal/demo) is %q", got, want)
 	}
 }
 

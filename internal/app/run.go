@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/httpx"
 )
 
@@ -47,25 +48,14 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 // try the shop, with the addresses it really bound (the dashboard's may be
 // a free port).
 func RunDemo(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error {
-	if err := DemoSettings(cfg); err != nil {
+	if err := demo.Settings(cfg.Settings); err != nil {
 		return err
 	}
 	return run(ctx, cfg, cfg.Registry.Names(), log, func(ctx context.Context, urls map[string]string) {
-		if err := seedDemo(ctx, urls, setting[string](cfg, "OPERATOR_TOKEN"), out); err != nil && ctx.Err() == nil {
+		if err := demo.Seed(ctx, urls, setting[string](cfg, "OPERATOR_TOKEN"), out); err != nil && ctx.Err() == nil {
 			log.Error("demo seed failed", "err", err)
 		}
 	})
-}
-
-// DemoSettings turns on what only a demo wants: the payment service's fake
-// provider. RunDemo calls it; `shop all -demo` calls it before it logs its
-// configuration too, so that the start-up log says
-// payment_fake_provider=true (it said false, then warned that it was on).
-func DemoSettings(cfg Config) error {
-	if err := cfg.Settings.Set("PAYMENT_FAKE_PROVIDER", "true"); err != nil {
-		return fmt.Errorf("demo: %w", err)
-	}
-	return nil
 }
 
 // run is Run, calling ready (when not nil) once every service it runs
