@@ -302,12 +302,15 @@ func (f secretFlag) Set(s string) error { *f.p = s; return nil }
 // it: for the parts of the shop that read another part's setting (the
 // reconciler and the dashboard the saga's timeouts, the demo the
 // operator's token).
-func setting[T any](cfg Config, env string) T {
+func setting[T any](cfg Config, env string) T { return settingOf[T](cfg.Settings, env) }
+
+// settingOf is setting of the services' settings alone.
+func settingOf[T any](settings *registry.Env, env string) T {
 	var zero T
-	if cfg.Settings == nil {
+	if settings == nil {
 		return zero
 	}
-	v, ok := cfg.Settings.Value(env)
+	v, ok := settings.Value(env)
 	if !ok {
 		return zero
 	}

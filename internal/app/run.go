@@ -273,11 +273,11 @@ func writeDemoNATS(url, auditPassword string) error {
 }
 
 // OperatorNATSURL is where the operator commands (verify, outbox republish)
-// find NATS: NATS_URL; else the embedded server of a demo running here;
-// else DefaultNATSURL.
-func OperatorNATSURL(cfg Config) string {
-	if cfg.NATSURL != "" {
-		return cfg.NATSURL
+// find NATS: natsURL (NATS_URL); else the embedded server of a demo
+// running here; else DefaultNATSURL.
+func OperatorNATSURL(natsURL string) string {
+	if natsURL != "" {
+		return natsURL
 	}
 	if b, err := os.ReadFile(DemoNATSURLFile); err == nil {
 		if u := strings.TrimSpace(string(b)); u != "" {
@@ -287,13 +287,13 @@ func OperatorNATSURL(cfg Config) string {
 	return DefaultNATSURL
 }
 
-// AuditConnectOptions are the options to connect to cfg's NATS as the audit
-// user (broker.UserOptions): with AUDIT_NATS_PASSWORD; else with the
-// password a local demo left in DemoAuditPasswordFile (its server may be on
-// 4222 or, when that was taken, on the port it logged); else anonymous, as
-// an unsecured server allows.
-func AuditConnectOptions(cfg Config) []nats.Option {
-	p := cfg.AuditNATSPassword
+// AuditConnectOptions are the options to connect to NATS as the audit
+// user (broker.UserOptions): with password (AUDIT_NATS_PASSWORD); else with
+// the password a local demo left in DemoAuditPasswordFile (its server may
+// be on 4222 or, when that was taken, on the port it logged); else
+// anonymous, as an unsecured server allows.
+func AuditConnectOptions(password string) []nats.Option {
+	p := password
 	if p == "" { // the demo's, if one ran here: wrong for any other secured server, ignored by an open one
 		if b, err := os.ReadFile(DemoAuditPasswordFile); err == nil {
 			p = strings.TrimSpace(string(b))
