@@ -1,6 +1,9 @@
 // Package app is the plumbing every shop service shares: configuration, the
-// start-up sequence (database, migrations, stream), the health endpoints and
-// the process lifecycle around each service's outbox relay.
+// start-up sequence (database, migrations, stream), the process lifecycle
+// around each service's outbox relay, and the wiring of the parts that live
+// in packages of their own (internal/probe, internal/metrics,
+// internal/tracing, internal/demo). It knows the services only from the
+// registry cmd/shop gives it (Config.Registry).
 //
 // A process runs one service (`shop order`) or all four (`shop all`); either
 // way each service is a Service whose Run returns when ctx ends, so one
