@@ -1,7 +1,9 @@
 // Package services is the shop's registry: the one list of its services.
 // Each service declares itself in its own package (its Registration, a
-// registry.Entry); everything in the shop that needs to know its services
-// iterates All. Adding a service is its package, its migrations and one line
+// registry.Entry). Only cmd/shop, the one composition root, imports this
+// package: it passes All to everything that needs to know the services (a
+// registry.Registry parameter), and tests may import it (imports_test.go
+// holds the rule). Adding a service is its package, its migrations and one line
 // here (docs/adding-a-service.md).
 package services
 

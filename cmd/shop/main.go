@@ -75,18 +75,21 @@ type command func(ctx context.Context, args []string, getenv func(string) string
 // commands is every command of shop by name: one per service
 // (services.All), all of them at once, and the operator's.
 func commands() map[string]command {
-	op := operator.Shop{Services: services.All}
+	// The one place that wires the shop's services: every other package
+	// gets them from here (services/imports_test.go holds the rule).
+	reg := services.All
+	op := operator.Shop{Services: reg}
 	cmds := map[string]command{
-		"all":       serveAll,
-		"dashboard": serveDashboard,
+		"all":       serveAll(reg),
+		"dashboard": serveDashboard(reg),
 		"migrate":   op.Migrate,
 		"verify":    op.Verify,
 		"outbox":    op.Outbox,
 		"trace":     op.Trace,
-		"loadgen":   loadgen.Run,
+		"loadgen":   loadgen.Command{Services: reg}.Run,
 	}
-	for _, name := range services.All.Names() {
-		cmds[name] = serveOne(name)
+	for _, name := range reg.Names() {
+		cmds[name] = serveOne(reg, name)
 	}
 	return cmds
 }

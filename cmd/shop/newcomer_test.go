@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
@@ -36,7 +36,7 @@ const (
 func TestNewcomer(t *testing.T) {
 	t.Parallel()
 	readme := quickStartBlock(t)
-	if want := dedent(app.DemoCommands(readmeOrderURL, readmePaymentURL)); readme != want {
+	if want := dedent(demo.Commands(readmeOrderURL, readmePaymentURL)); readme != want {
 		t.Errorf("the README's quick start shows other commands than the banner prints:\n%s\nwant:\n%s", readme, want)
 	}
 

@@ -9,49 +9,56 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
-// serveAll is `shop all [-demo]`: every service in one process, with an
-// embedded NATS server unless NATS_URL names one.
-func serveAll(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	var demo bool
-	cfg, log, err := startUp("all", args, getenv, stderr, func(fs *flag.FlagSet) {
-		fs.BoolVar(&demo, "demo", false, "stock a small catalogue and print curl commands to try")
-	})
-	if err != nil {
-		return err
-	}
-	if demo {
-		// Before the configuration is logged, so the log shows what runs.
-		if err := app.DemoSettings(cfg); err != nil {
+// serveAll returns `shop all [-demo]`: every service of reg in one process,
+// with an embedded NATS server unless NATS_URL names one.
+func serveAll(reg registry.Registry) command {
+	return func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+		var withDemo bool
+		cfg, log, err := startUp(reg, "all", args, getenv, stderr, func(fs *flag.FlagSet) {
+			fs.BoolVar(&withDemo, "demo", false, "stock a small catalogue and print curl commands to try")
+		})
+		if err != nil {
 			return err
 		}
+		if withDemo {
+			// Before the configuration is logged, so the log shows what runs.
+			if err := demo.Settings(cfg.Settings); err != nil {
+				return err
+			}
+		}
+		log.Info("starting", "services", cfg.Registry.Names(), "config", cfg)
+		if withDemo {
+			return app.RunDemo(ctx, cfg, log, stdout)
+		}
+		return app.Run(ctx, cfg, cfg.Registry.Names(), log)
 	}
-	log.Info("starting", "services", cfg.Registry.Names(), "config", cfg)
-	if demo {
-		return app.RunDemo(ctx, cfg, log, stdout)
-	}
-	return app.Run(ctx, cfg, cfg.Registry.Names(), log)
 }
 
-// serveDashboard is `shop dashboard`: the live dashboard alone, against the
-// services' schemas and public URLs (app.RunDashboard); Compose runs it as
-// a service of its own.
-func serveDashboard(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, log, err := startUp("dashboard", args, getenv, stderr, nil)
-	if err != nil {
-		return err
-	}
-	log.Info("starting", "services", []string{"dashboard"}, "config", cfg)
-	return app.RunDashboard(ctx, cfg, log)
-}
-
-// serveOne returns `shop <service>`: one service (HTTP, its consumers, its
-// relay) against the NATS server of NATS_URL, its default when unset.
-func serveOne(service string) command {
+// serveDashboard returns `shop dashboard`: the live dashboard alone, against
+// the schemas and public URLs of reg's services (app.RunDashboard); Compose
+// runs it as a service of its own.
+func serveDashboard(reg registry.Registry) command {
 	return func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-		cfg, log, err := startUp(service, args, getenv, stderr, nil)
+		cfg, log, err := startUp(reg, "dashboard", args, getenv, stderr, nil)
+		if err != nil {
+			return err
+		}
+		log.Info("starting", "services", []string{"dashboard"}, "config", cfg)
+		return app.RunDashboard(ctx, cfg, log)
+	}
+}
+
+// serveOne returns `shop <service>`: one service of reg (HTTP, its
+// consumers, its relay) against the NATS server of NATS_URL, its default
+// when unset.
+func serveOne(reg registry.Registry, service string) command {
+	return func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+		cfg, log, err := startUp(reg, service, args, getenv, stderr, nil)
 		if err != nil {
 			return err
 		}
@@ -64,11 +71,11 @@ func serveOne(service string) command {
 }
 
 // startUp is what every service command does before it runs: read the
-// configuration from the environment and the flags (the command adds its
+// configuration of reg's services from the environment and the flags (the command adds its
 // own with more, which may be nil), arm the failpoints of SHOP_FAILPOINTS,
 // and make the logger.
-func startUp(target string, args []string, getenv func(string) string, stderr io.Writer, more func(*flag.FlagSet)) (app.Config, *slog.Logger, error) {
-	cfg, err := app.LoadConfig(getenv)
+func startUp(reg registry.Registry, target string, args []string, getenv func(string) string, stderr io.Writer, more func(*flag.FlagSet)) (app.Config, *slog.Logger, error) {
+	cfg, err := app.LoadConfigFor(reg, getenv)
 	if err != nil {
 		return app.Config{}, nil, err
 	}

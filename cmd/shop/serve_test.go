@@ -18,6 +18,7 @@ import (
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/services"
 )
 
 func TestAll(t *testing.T) {
@@ -220,7 +221,7 @@ func TestAllDemo(t *testing.T) {
 // the services' schemas and places an order through ORDER_URL.
 func TestDashboard(t *testing.T) {
 	t.Parallel()
-	s := shoptest.Start(t)
+	s := shoptest.StartFor(t, services.All)
 	s.Restock(t, "SKU-1", 10, 100)
 	vars := map[string]string{"DASHBOARD_ADDR": shoptest.FreeAddr(t), "ORDER_URL": s.URLs["order"], "PAYMENT_URL": s.URLs["payment"]}
 	for k, v := range s.Env {

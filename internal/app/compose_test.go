@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -151,7 +152,7 @@ func portOf(t *testing.T, addr string) string {
 }
 
 func TestComposeEnvVars(t *testing.T) {
-	vars := EnvVars()
+	vars := EnvVars(services.All)
 	// The contract's configuration table.
 	want := []string{"DATABASE_URL", "NATS_URL", "PAYMENT_TIMEOUT", "PAYMENT_WEBHOOK_SECRET", "FULFILLMENT_DELAY"}
 	for _, name := range services.All.Names() {
@@ -160,7 +161,7 @@ func TestComposeEnvVars(t *testing.T) {
 	}
 	for _, v := range want {
 		if !slices.Contains(vars, v) {
-			t.Errorf("EnvVars() = %v lacks %s", vars, v)
+			t.Errorf("EnvVars(services.All) = %v lacks %s", vars, v)
 		}
 	}
 	// Nothing but those: every variable EnvVars names changes the
@@ -220,7 +221,7 @@ func TestComposeServices(t *testing.T) {
 		t.FailNow()
 	}
 
-	envVars := EnvVars()
+	envVars := EnvVars(services.All)
 	pg, nats := byName["postgres"], byName["nats"]
 	for _, s := range composed {
 		// Long-running services report their health; one-shots do not run long.
@@ -532,11 +533,11 @@ func TestComposeSeed(t *testing.T) {
 		got = append(got, m[1]+" "+m[2]+" "+m[3])
 	}
 	var want []string
-	for _, p := range demoCatalogue {
-		want = append(want, fmt.Sprintf("%s %d %d", p.sku, p.onHand, p.price))
+	for _, p := range demo.Catalogue {
+		want = append(want, fmt.Sprintf("%s %d %d", p.SKU, p.OnHand, p.Price))
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("deploy/seed.sh stocks %q, the demo catalogue (demo.go) is %q", got, want)
+		t.Errorf("deploy/seed.sh stocks %q, the demo catalogue (internal/demo) is %q", got, want)
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/registry"
-	"github.com/shop-ref/shop/services"
 )
 
 // Defaults of the contract's configuration.
@@ -31,7 +30,7 @@ const (
 )
 
 // Config is the configuration of one shop process, read from the
-// environment once by LoadConfig; the flags of RegisterFlags override it.
+// environment once by LoadConfigFor; the flags of RegisterFlags override it.
 // Its LogValue masks passwords, so it can be logged whole.
 type Config struct {
 	// DatabaseURL is the database of every service without its own
@@ -119,14 +118,10 @@ type ServiceConfig struct {
 	NATSPassword string
 }
 
-// LoadConfig reads the configuration of the shop's services (services.All)
-// from getenv (os.Getenv in main). It fails on a value it cannot parse and on
-// a registry entry that is incomplete, saying what to add.
-func LoadConfig(getenv func(string) string) (Config, error) {
-	return LoadConfigFor(services.All, getenv)
-}
-
-// LoadConfigFor is LoadConfig for the services of reg.
+// LoadConfigFor reads the configuration of the services of reg (services.All,
+// which only cmd/shop passes; a test may add one) from getenv (os.Getenv in
+// main). It fails on a value it cannot parse and on a registry entry that is
+// incomplete, saying what to add.
 func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, error) {
 	if err := reg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("the service registry: %w", err)
@@ -195,14 +190,15 @@ func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, e
 	return cfg, nil
 }
 
-// EnvVars lists every environment variable LoadConfig reads, in the order it
-// reads them. It is derived from LoadConfig itself, run once with an
-// environment that records each name and answers empty, so the list cannot
-// drift from what the code reads. That holds as long as LoadConfig reads
-// every variable unconditionally (none only when another is set): keep it so.
-func EnvVars() []string {
+// EnvVars lists every environment variable LoadConfigFor reads for the
+// services of reg, in the order it reads them. It is derived from
+// LoadConfigFor itself, run once with an environment that records each name
+// and answers empty, so the list cannot drift from what the code reads. That
+// holds as long as LoadConfigFor reads every variable unconditionally (none
+// only when another is set): keep it so.
+func EnvVars(reg registry.Registry) []string {
 	var names []string
-	_, _ = LoadConfig(func(name string) string { // empty values never fail
+	_, _ = LoadConfigFor(reg, func(name string) string { // empty values never fail
 		if !slices.Contains(names, name) {
 			names = append(names, name)
 		}
@@ -306,12 +302,15 @@ func (f secretFlag) Set(s string) error { *f.p = s; return nil }
 // it: for the parts of the shop that read another part's setting (the
 // reconciler and the dashboard the saga's timeouts, the demo the
 // operator's token).
-func setting[T any](cfg Config, env string) T {
+func setting[T any](cfg Config, env string) T { return settingOf[T](cfg.Settings, env) }
+
+// settingOf is setting of the services' settings alone.
+func settingOf[T any](settings *registry.Env, env string) T {
 	var zero T
-	if cfg.Settings == nil {
+	if settings == nil {
 		return zero
 	}
-	v, ok := cfg.Settings.Value(env)
+	v, ok := settings.Value(env)
 	if !ok {
 		return zero
 	}

@@ -77,7 +77,7 @@ func RunDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
 func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[string]string, log *slog.Logger) error {
 	defer ln.Close()
 	log = log.With("service", "dashboard")
-	shop, closePools, err := OpenShop(ctx, cfg, ShopPoolSize)
+	shop, closePools, err := OpenShop(ctx, cfg.Schemas(), ShopPoolSize)
 	if err != nil {
 		return fmt.Errorf("dashboard: %w", err)
 	}

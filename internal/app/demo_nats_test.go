@@ -10,22 +10,22 @@ import (
 // NATS_URL's default once the demo has stopped.
 func TestOperatorNATSURLFindsTheDemo(t *testing.T) {
 	t.Chdir(t.TempDir())
-	if got := OperatorNATSURL(Config{}); got != DefaultNATSURL {
+	if got := OperatorNATSURL(""); got != DefaultNATSURL {
 		t.Fatalf("no demo: %q, want %q", got, DefaultNATSURL)
 	}
 	if err := writeDemoNATS("nats://127.0.0.1:40123", "pw"); err != nil {
 		t.Fatal(err)
 	}
-	if got := OperatorNATSURL(Config{}); got != "nats://127.0.0.1:40123" {
+	if got := OperatorNATSURL(""); got != "nats://127.0.0.1:40123" {
 		t.Fatalf("a demo running: %q", got)
 	}
-	if got := OperatorNATSURL(Config{NATSURL: "nats://10.0.0.1:4222"}); got != "nats://10.0.0.1:4222" {
+	if got := OperatorNATSURL("nats://10.0.0.1:4222"); got != "nats://10.0.0.1:4222" {
 		t.Fatalf("NATS_URL set: %q", got)
 	}
 	if err := os.Remove(DemoNATSURLFile); err != nil {
 		t.Fatal(err)
 	}
-	if got := OperatorNATSURL(Config{}); got != DefaultNATSURL {
+	if got := OperatorNATSURL(""); got != DefaultNATSURL {
 		t.Fatalf("the demo stopped: %q", got)
 	}
 }

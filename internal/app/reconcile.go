@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shop-ref/shop/internal/reconcile"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // ReconcileInterval is RECONCILE_INTERVAL's default: how often the
@@ -40,11 +41,11 @@ const ReconcileInterval = time.Minute
 // schemas. Copies run it one at a time (the lock in leader.go). close
 // releases the pools and the lock.
 func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (job *reconcile.Job, close func(), err error) {
-	shop, closeShop, err := OpenShop(ctx, cfg, ShopPoolSize)
+	shop, closeShop, err := OpenShop(ctx, cfg.Schemas(), ShopPoolSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
-	rcfg := ReconcileConfig(cfg)
+	rcfg := ReconcileConfig(cfg.Settings)
 	if nc != nil {
 		js, err := jetstream.New(nc)
 		if err != nil {
@@ -83,19 +84,19 @@ func reconcileLockKey(cfg Config) int64 {
 // reconcileGrace is the reconciler's slack past the saga's own deadlines.
 const reconcileGrace = 5 * time.Minute
 
-// ReconcileConfig is the reconciler's configuration for the shop cfg
-// configures, repairs on: an order is stuck only once the saga's own
+// ReconcileConfig is the reconciler's configuration for a shop whose
+// services' settings are settings, repairs on: an order is stuck only once the saga's own
 // deadline for its state (ORDER_RESERVATION_TIMEOUT for PENDING,
 // PAYMENT_TIMEOUT for WAIT_PAY, ORDER_FULFILLMENT_TIMEOUT for PAID and
 // FULFILLING) is past by the grace, since until then the
 // saga's timeouts are the ones to end it.
-func ReconcileConfig(cfg Config) reconcile.Config {
+func ReconcileConfig(settings *registry.Env) reconcile.Config {
 	return reconcile.Config{
 		// The order service's settings; zero (the reconciler's defaults)
 		// for a shop without them.
-		Pending:        setting[time.Duration](cfg, "ORDER_RESERVATION_TIMEOUT") + reconcileGrace,
-		PaymentTimeout: setting[time.Duration](cfg, "PAYMENT_TIMEOUT"),
-		Paid:           setting[time.Duration](cfg, "ORDER_FULFILLMENT_TIMEOUT") + reconcileGrace,
+		Pending:        settingOf[time.Duration](settings, "ORDER_RESERVATION_TIMEOUT") + reconcileGrace,
+		PaymentTimeout: settingOf[time.Duration](settings, "PAYMENT_TIMEOUT"),
+		Paid:           settingOf[time.Duration](settings, "ORDER_FULFILLMENT_TIMEOUT") + reconcileGrace,
 		Grace:          reconcileGrace,
 		Repair:         true,
 		Retention:      OutboxRetention, // the window of the stream audit, when JetStream is set

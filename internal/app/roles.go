@@ -59,7 +59,7 @@ func RolePassword(getenv func(string) string, service string) (string, error) {
 }
 
 // CreateRole makes role a login role with password that may use service's
-// schema, and only it, in the service's database (cfg.DatabaseURLOf,
+// schema, and only it, in the service's database (schemas.DatabaseURLOf,
 // connected as the schema's owner, after the migrations). It is idempotent: a second run sets
 // the password again (a rotation) and re-grants, which also covers tables
 // created since by another owner. What it grants:
@@ -76,12 +76,12 @@ func RolePassword(getenv func(string) string, service string) (string, error) {
 // CREATE on schema public from PUBLIC (the default before PostgreSQL 15).
 // The password travels as a SCRAM-SHA-256 verifier computed here, so neither
 // the statement nor a server log holds it in clear.
-func CreateRole(ctx context.Context, cfg Config, service, role, password string, log *slog.Logger) error {
-	e, err := cfg.Registry.Get(service)
+func CreateRole(ctx context.Context, schemas Schemas, service, role, password string, log *slog.Logger) error {
+	e, err := schemas.Registry.Get(service)
 	if err != nil {
 		return err
 	}
-	databaseURL, schema := cfg.DatabaseURLOf(service), e.Schema
+	databaseURL, schema := schemas.DatabaseURLOf(service), e.Schema
 	if role == "" || password == "" {
 		return fmt.Errorf("role of %s: a name and a password are needed", service)
 	}
@@ -155,7 +155,7 @@ func CreateRole(ctx context.Context, cfg Config, service, role, password string,
 			stmts = append(stmts, "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLE "+pgx.Identifier{schema, vt}.Sanitize()+" FROM "+r)
 		}
 		// Whatever the role may once have had on the other schemas goes.
-		for _, other := range cfg.Registry {
+		for _, other := range schemas.Registry {
 			o := other.Schema
 			if o == schema {
 				continue

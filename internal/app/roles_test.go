@@ -135,7 +135,7 @@ func TestServiceRoles(t *testing.T) {
 	for range 2 { // idempotent: the second run re-grants and sets the password again
 		cfg := adminConfig(t, dbURL)
 		for _, s := range services.All.Names() {
-			if err := CreateRole(ctx, cfg, s, roles[s], password+"-"+s, log); err != nil {
+			if err := CreateRole(ctx, cfg.Schemas(), s, roles[s], password+"-"+s, log); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -329,7 +329,7 @@ func TestCreateRoleRefusesSuperuser(t *testing.T) {
 	if _, err := admin.Exec(t.Context(), "CREATE ROLE "+pgx.Identifier{roles["payment"]}.Sanitize()+" SUPERUSER"); err != nil {
 		t.Fatal(err)
 	}
-	err = CreateRole(t.Context(), adminConfig(t, dbURL), "payment", roles["payment"], "payment-secret", nil)
+	err = CreateRole(t.Context(), adminConfig(t, dbURL).Schemas(), "payment", roles["payment"], "payment-secret", nil)
 	if err == nil || !strings.Contains(err.Error(), "SUPERUSER") {
 		t.Fatalf("err %v, want a refusal", err)
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/httpx"
 )
 
@@ -47,25 +48,14 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 // try the shop, with the addresses it really bound (the dashboard's may be
 // a free port).
 func RunDemo(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error {
-	if err := DemoSettings(cfg); err != nil {
+	if err := demo.Settings(cfg.Settings); err != nil {
 		return err
 	}
 	return run(ctx, cfg, cfg.Registry.Names(), log, func(ctx context.Context, urls map[string]string) {
-		if err := seedDemo(ctx, urls, setting[string](cfg, "OPERATOR_TOKEN"), out); err != nil && ctx.Err() == nil {
+		if err := demo.Seed(ctx, urls, setting[string](cfg, "OPERATOR_TOKEN"), out); err != nil && ctx.Err() == nil {
 			log.Error("demo seed failed", "err", err)
 		}
 	})
-}
-
-// DemoSettings turns on what only a demo wants: the payment service's fake
-// provider. RunDemo calls it; `shop all -demo` calls it before it logs its
-// configuration too, so that the start-up log says
-// payment_fake_provider=true (it said false, then warned that it was on).
-func DemoSettings(cfg Config) error {
-	if err := cfg.Settings.Set("PAYMENT_FAKE_PROVIDER", "true"); err != nil {
-		return fmt.Errorf("demo: %w", err)
-	}
-	return nil
 }
 
 // run is Run, calling ready (when not nil) once every service it runs
@@ -283,11 +273,11 @@ func writeDemoNATS(url, auditPassword string) error {
 }
 
 // OperatorNATSURL is where the operator commands (verify, outbox republish)
-// find NATS: NATS_URL; else the embedded server of a demo running here;
-// else DefaultNATSURL.
-func OperatorNATSURL(cfg Config) string {
-	if cfg.NATSURL != "" {
-		return cfg.NATSURL
+// find NATS: natsURL (NATS_URL); else the embedded server of a demo
+// running here; else DefaultNATSURL.
+func OperatorNATSURL(natsURL string) string {
+	if natsURL != "" {
+		return natsURL
 	}
 	if b, err := os.ReadFile(DemoNATSURLFile); err == nil {
 		if u := strings.TrimSpace(string(b)); u != "" {
@@ -297,13 +287,13 @@ func OperatorNATSURL(cfg Config) string {
 	return DefaultNATSURL
 }
 
-// AuditConnectOptions are the options to connect to cfg's NATS as the audit
-// user (broker.UserOptions): with AUDIT_NATS_PASSWORD; else with the
-// password a local demo left in DemoAuditPasswordFile (its server may be on
-// 4222 or, when that was taken, on the port it logged); else anonymous, as
-// an unsecured server allows.
-func AuditConnectOptions(cfg Config) []nats.Option {
-	p := cfg.AuditNATSPassword
+// AuditConnectOptions are the options to connect to NATS as the audit
+// user (broker.UserOptions): with password (AUDIT_NATS_PASSWORD); else with
+// the password a local demo left in DemoAuditPasswordFile (its server may
+// be on 4222 or, when that was taken, on the port it logged); else
+// anonymous, as an unsecured server allows.
+func AuditConnectOptions(password string) []nats.Option {
+	p := password
 	if p == "" { // the demo's, if one ran here: wrong for any other secured server, ignored by an open one
 		if b, err := os.ReadFile(DemoAuditPasswordFile); err == nil {
 			p = strings.TrimSpace(string(b))

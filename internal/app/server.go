@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -91,4 +92,17 @@ func newHTTPServer(h http.Handler, l httpLimits, log *slog.Logger) (*http.Server
 		IdleTimeout:       l.idle,
 		MaxHeaderBytes:    l.headerBytes,
 	}, nil
+}
+
+// listenerURL is the URL to call a listener at: an unspecified host (":8081",
+// "0.0.0.0") is reached on the loopback address.
+func listenerURL(ln net.Listener) string {
+	host, port, err := net.SplitHostPort(ln.Addr().String())
+	if err != nil {
+		return "http://" + ln.Addr().String()
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }

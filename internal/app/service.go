@@ -1,6 +1,9 @@
 // Package app is the plumbing every shop service shares: configuration, the
-// start-up sequence (database, migrations, stream), the health endpoints and
-// the process lifecycle around each service's outbox relay.
+// start-up sequence (database, migrations, stream), the process lifecycle
+// around each service's outbox relay, and the wiring of the parts that live
+// in packages of their own (internal/probe, internal/metrics,
+// internal/tracing, internal/demo). It knows the services only from the
+// registry cmd/shop gives it (Config.Registry).
 //
 // A process runs one service (`shop order`) or all four (`shop all`); either
 // way each service is a Service whose Run returns when ctx ends, so one
@@ -27,6 +30,8 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/metrics"
+	"github.com/shop-ref/shop/internal/probe"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/migrations"
 	"github.com/shop-ref/shop/pkg/outbox"
@@ -57,7 +62,7 @@ type Service struct {
 	tracer trace.TracerProvider // the service's spans; nil: none
 	access broker.Access        // what it does on NATS: its stream and the streams it reads
 	ln     net.Listener         // bound by listen, before Run
-	watch  *jetStreamWatch      // whether JetStream answers, for /readyz and /metrics
+	watch  *probe.JetStream     // whether JetStream answers, for /readyz and /metrics
 
 	collectors []prometheus.Collector // extra metrics for its registry (the reconciler's, in `shop all`)
 
@@ -75,7 +80,7 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 		return nil, err
 	}
 	access := e.Access()
-	watch, err := newJetStreamWatch(nc, log.With("service", name))
+	watch, err := probe.NewJetStream(nc, log.With("service", name))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -155,7 +160,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	g.Go(func() error { s.watch.run(ctx); return nil })
+	g.Go(func() error { s.watch.Run(ctx); return nil })
 	g.Go(func() error {
 		// The relay starts once the streams exist: before, every event
 		// would wait out a missing stream as an outage. (The consumers wait
@@ -220,18 +225,18 @@ func relayConfig() outbox.Config {
 // metrics registry: the outbox relay, the domain and the HTTP router
 // (/healthz, /readyz, /metrics and the domain's routes). It does no I/O.
 func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.Relay, registry.Domain, http.Handler, error) {
-	m := newMetrics(s.Name, s.Logger)
+	m := metrics.New(s.Name, s.Logger)
 	// Name is left to the relay's default (host, pid, random), which keeps
 	// several copies of one service apart in claimed_by.
 	rc := relayConfig()
-	rc.Logger, rc.Hooks.ObservePublishFunc, rc.TracerProvider = s.Logger, m.observePublish, s.tracer
+	rc.Logger, rc.Hooks.ObservePublishFunc, rc.TracerProvider = s.Logger, m.ObservePublish, s.tracer
 	relay, err := outbox.NewRelay(pool, js, rc)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
 	build := s.cfg.build[s.Name]
-	if build == nil { // a Config not made by LoadConfig
-		return nil, nil, nil, fmt.Errorf("%s: no constructor: load the configuration with app.LoadConfig", s.Name)
+	if build == nil { // a Config not made by LoadConfigFor
+		return nil, nil, nil, fmt.Errorf("%s: no constructor: load the configuration with app.LoadConfigFor", s.Name)
 	}
 	dom, err := build(registry.Deps{
 		Pool:           pool,
@@ -239,7 +244,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 		Logger:         s.Logger,
 		TracerProvider: s.tracer,
 		Readers:        s.cfg.Registry.Readers(),
-		Hooks:          registry.Hooks{FailpointFunc: failpoint.Inject, ObserveInboxFunc: m.observeProcess},
+		Hooks:          registry.Hooks{FailpointFunc: failpoint.Inject, ObserveInboxFunc: m.ObserveProcess},
 	})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
@@ -247,15 +252,15 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if err := checkConsumers(s.entry, dom); err != nil {
 		return nil, nil, nil, err
 	}
-	m.watch(pool, relay, dom, s.NATS, s.watch)
-	m.r.MustRegister(s.collectors...)
+	m.Watch(pool, relay, dom, s.NATS, s.watch)
+	m.MustRegister(s.collectors...)
 	if !s.kept { // else the keeper's metrics say it, served by one service
-		m.r.MustRegister(s.drift.collectors()...)
+		m.MustRegister(s.drift.collectors()...)
 	}
-	router := newRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.instrument)
-	router.Method(http.MethodGet, "/metrics", m.handler())
+	router := probe.NewRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.Instrument)
+	router.Method(http.MethodGet, "/metrics", m.Handler())
 	dom.Routes(router)
-	m.initRoutes(router)
+	m.InitRoutes(router)
 	return relay, dom, router, nil
 }
 

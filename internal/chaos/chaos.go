@@ -15,11 +15,15 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/internal/verify"
 )
 
 // Config sizes a run.
 type Config struct {
+	// Services are the shop's services as the binary under test runs them:
+	// services.All, which only cmd/shop wires (the test passes it).
+	Services registry.Registry
 	Duration time.Duration // how long the chaos lasts (at least RetentionWait)
 	Rate     float64       // orders started per second while it lasts
 	Copies   int           // processes per service (at least 2)
@@ -141,6 +145,9 @@ type harness struct {
 func Run(t testing.TB, cfg Config) Result {
 	t.Helper()
 	start := time.Now()
+	if len(cfg.Services) == 0 {
+		t.Fatal("chaos: Config.Services is empty: pass the services the shop binary runs (services.All)")
+	}
 	cfg.Copies = max(cfg.Copies, 2)
 	if cfg.Nodes != 1 {
 		cfg.Nodes = 3
@@ -156,7 +163,7 @@ func Run(t testing.TB, cfg Config) Result {
 
 	h.build()
 	h.database()
-	h.nats = newCluster(ctx, t, h.natsBin, filepath.Join(h.logDir, "nats"), cfg.Nodes)
+	h.nats = newCluster(ctx, t, h.natsBin, filepath.Join(h.logDir, "nats"), cfg.Nodes, cfg.Services)
 	h.migrate(ctx)
 	h.fill(ctx)
 	h.startAll()

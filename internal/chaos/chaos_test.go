@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shop-ref/shop/services"
 )
 
 var (
@@ -39,5 +41,5 @@ func TestChaos(t *testing.T) {
 		}
 		ls = append(ls, l)
 	}
-	Run(t, Config{Duration: d, Rate: *rate, Copies: 2, Nodes: *nodes, Out: os.Stdout, LogDir: *logDir, Lanes: ls})
+	Run(t, Config{Services: services.All, Duration: d, Rate: *rate, Copies: 2, Nodes: *nodes, Out: os.Stdout, LogDir: *logDir, Lanes: ls})
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
-	"github.com/shop-ref/shop/services"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // cluster is the run's NATS: n separate nats-server processes (3, or 1 for
@@ -37,6 +37,9 @@ type cluster struct {
 	// passwords are the NATS users' (broker.Users and adminUser), made for
 	// the run: every node requires them, as deploy/nats/auth.conf does.
 	passwords map[string]string
+	// access is what each of the shop's NATS users may do, for every
+	// node's configuration.
+	access []broker.Access
 	// nc is the harness's admin connection, straight to every node's client
 	// port (never through the shop's proxies), for the JetStream API.
 	nc   *nats.Conn
@@ -67,9 +70,9 @@ type node struct {
 
 // newCluster starts n nodes and waits until JetStream is up on all of
 // them. t.Cleanup stops them.
-func newCluster(ctx context.Context, t testing.TB, bin, dir string, n int) *cluster {
-	c := &cluster{t: t, bin: bin, http: &http.Client{Timeout: 2 * time.Second}, passwords: map[string]string{adminUser: rand.Text()}}
-	for _, name := range services.All.Names() {
+func newCluster(ctx context.Context, t testing.TB, bin, dir string, n int, reg registry.Registry) *cluster {
+	c := &cluster{t: t, bin: bin, access: reg.Access(), http: &http.Client{Timeout: 2 * time.Second}, passwords: map[string]string{adminUser: rand.Text()}}
+	for _, name := range reg.Names() {
 		c.passwords[name] = rand.Text()
 	}
 	c.passwords[broker.AuditUser] = rand.Text()
@@ -141,7 +144,7 @@ func (nd *node) config() string {
 	// that a killed node loses nothing it acknowledged (internal/broker).
 	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  enabled: %t\n  sync_interval: always\n}\n", filepath.Join(nd.dir, "store"), !nd.jsOff)
 	// The shop's users, as deploy/nats/auth.conf has them, and the harness's.
-	b.WriteString(broker.AuthConfig(services.All.Access(), func(user string) string { return strconv.Quote(nd.c.passwords[user]) },
+	b.WriteString(broker.AuthConfig(nd.c.access, func(user string) string { return strconv.Quote(nd.c.passwords[user]) },
 		&server.User{Username: adminUser, Password: nd.c.passwords[adminUser]}))
 	if len(nd.c.nodes) > 1 {
 		routes := make([]string, len(nd.c.nodes))

@@ -10,7 +10,6 @@ import (
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
-	"github.com/shop-ref/shop/services"
 )
 
 // database creates a throwaway database, dropped at the end.
@@ -44,8 +43,8 @@ func (h *harness) migrate(ctx context.Context) {
 		h.t.Fatal(err)
 	}
 	h.t.Cleanup(admin.Close)
-	h.shop = verify.Shop{Services: services.All, Pools: map[string]*pgxpool.Pool{}}
-	for _, e := range services.All {
+	h.shop = verify.Shop{Services: h.cfg.Services, Pools: map[string]*pgxpool.Pool{}}
+	for _, e := range h.cfg.Services {
 		// One connection each: verify's queries run one at a time, and
 		// Postgres's 100 connections are shared with the shop processes.
 		p, err := database.NewPool(ctx, withAppName(h.dbURL, "chaos-verify"), e.Schema, 1)
@@ -65,7 +64,7 @@ func (h *harness) migrate(ctx context.Context) {
 // fill puts old published events in fulfillment's outbox (one aggregate of
 // its own, gap-free) for retention to delete in more than one batch.
 func (h *harness) fill(ctx context.Context) {
-	s := schema("fulfillment")
+	s := h.schema("fulfillment")
 	_, err := h.admin.Exec(ctx, `
 		INSERT INTO `+s+`.outbox (event_id, aggregate_type, aggregate_id, aggregate_seq, event_type,
 		                          schema_version, subject, payload, occurred_at, published_at)

@@ -254,7 +254,7 @@ func (d *driver) results(ctx context.Context) []ScenarioResult {
 	d.mu.Unlock()
 	status := map[string]string{}
 	rows, err := d.h.admin.Query(ctx, `SELECT order_id::text, status FROM `+
-		schema("order")+`.orders`)
+		d.h.schema("order")+`.orders`)
 	if err == nil {
 		for rows.Next() {
 			var id, s string

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/registry"
-	"github.com/shop-ref/shop/services"
 )
 
 // The broker faults, as the report names them.
@@ -58,9 +57,9 @@ type kill struct {
 }
 
 // streamNames are the shop's streams, in the order the faults pick them.
-func streamNames() []string {
+func (h *harness) streamNames() []string {
 	var names []string
-	for _, e := range services.All {
+	for _, e := range h.cfg.Services {
 		names = append(names, e.Stream)
 	}
 	return names
@@ -68,7 +67,7 @@ func streamNames() []string {
 
 // durables are the shop's durable consumers, in the order the operator
 // deletes them.
-func durables() []registry.Reader { return services.All.Readers() }
+func (h *harness) durables() []registry.Reader { return h.cfg.Services.Readers() }
 
 // chaos runs the fault lanes until ctx ends and returns once every fault
 // they injected has healed: shop processes (SIGKILLs, failpoints, a reset
@@ -224,7 +223,7 @@ func (h *harness) healthy(ctx context.Context) string {
 // leaderKill SIGKILLs the node that leads one stream (the JetStream API's
 // stream info names it) and restarts it after leaderDown.
 func (h *harness) leaderKill(ctx context.Context, round int) {
-	streams := streamNames()
+	streams := h.streamNames()
 	stream := streams[round%len(streams)]
 	nd, err := h.nats.streamLeader(ctx, stream)
 	if err != nil {
@@ -270,7 +269,7 @@ func (h *harness) quorumLoss(ctx context.Context, round int) {
 // its core NATS stays up (a configuration reload), and enables it again
 // after jetStreamOff.
 func (h *harness) jetStreamOff(ctx context.Context, round int) {
-	streams := streamNames()
+	streams := h.streamNames()
 	stream := streams[(round+1)%len(streams)]
 	nd, err := h.nats.streamLeader(ctx, stream)
 	if err != nil {
@@ -294,7 +293,7 @@ func (h *harness) jetStreamOff(ctx context.Context, round int) {
 // deleteConsumer deletes a durable consumer through the JetStream API, as
 // an operator might, and notes when the shop has created it again.
 func (h *harness) deleteConsumer(ctx context.Context, round int) {
-	all := durables()
+	all := h.durables()
 	d := all[round%len(all)]
 	f := h.begin(KindConsumerDelete, d.Name+" on "+d.Stream)
 	if err := h.nats.deleteConsumer(ctx, d.Stream, d.Name); err != nil {

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/shop-ref/shop/services"
 )
 
 // The hostile lane: a peer that misbehaves the way a buggy producer could —
@@ -177,16 +176,16 @@ func (p *hostile) count(f func(*Hostile)) {
 func (p *hostile) someOrder(ctx context.Context, applied bool) (string, bool) {
 	where := ""
 	if applied {
-		where = `JOIN ` + schema("order") + `.outbox e
+		where = `JOIN ` + p.h.schema("order") + `.outbox e
 			ON e.aggregate_type = 'order' AND e.aggregate_id = o.order_id::text AND e.aggregate_seq = 1
 			WHERE o.status IN ('COMPLETED', 'CLOSED', 'REJECTED')`
-		for service, consumer := range orderConsumers() {
-			where += ` AND EXISTS (SELECT 1 FROM ` + schema(service) + `.processed_events p
+		for service, consumer := range p.h.orderConsumers() {
+			where += ` AND EXISTS (SELECT 1 FROM ` + p.h.schema(service) + `.processed_events p
 				WHERE p.consumer_name = '` + consumer + `' AND p.event_id = e.event_id)`
 		}
 	}
 	var id string
-	err := p.h.admin.QueryRow(ctx, `SELECT o.order_id::text FROM `+schema("order")+`.orders o `+where+
+	err := p.h.admin.QueryRow(ctx, `SELECT o.order_id::text FROM `+p.h.schema("order")+`.orders o `+where+
 		` ORDER BY random() LIMIT 1`).Scan(&id)
 	return id, err == nil
 }
@@ -195,9 +194,9 @@ func (p *hostile) someOrder(ctx context.Context, applied bool) (string, bool) {
 // forged one would collide with: every consumer of ORDERS that receives
 // OrderCreated (one that filters on other types, fulfillment's on
 // OrderPaid, never sees a forged OrderCreated), by service.
-func orderConsumers() map[string]string {
+func (h *harness) orderConsumers() map[string]string {
 	out := map[string]string{}
-	for _, r := range services.All.Readers() {
+	for _, r := range h.cfg.Services.Readers() {
 		if r.Stream == "ORDERS" && (len(r.Types) == 0 || slices.Contains(r.Types, "OrderCreated")) {
 			out[r.Service] = r.Name
 		}
@@ -206,8 +205,8 @@ func orderConsumers() map[string]string {
 }
 
 // schema is the quoted schema of service, for the harness's own queries.
-func schema(service string) string {
-	e, err := services.All.Get(service)
+func (h *harness) schema(service string) string {
+	e, err := h.cfg.Services.Get(service)
 	if err != nil {
 		panic(err) // the harness names only the shop's own services
 	}
@@ -224,11 +223,11 @@ func (p *hostile) cleanUp(ctx context.Context) (Hostile, error) {
 	}
 	n := p.n
 	p.mu.Unlock()
-	for _, r := range services.All.Readers() {
+	for _, r := range p.h.cfg.Services.Readers() {
 		if r.Stream != "ORDERS" {
 			continue // the lane forges order events only
 		}
-		service, s := r.Service, schema(r.Service)
+		service, s := r.Service, p.h.schema(r.Service)
 		tag, err := p.h.admin.Exec(ctx, `UPDATE `+s+`.inbox_parked SET discarded_at = now(), discard_reason = 'chaos: forged by the hostile lane'
 			WHERE discarded_at IS NULL AND event_id = ANY($1)`, ids)
 		if err != nil {

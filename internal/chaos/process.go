@@ -19,7 +19,6 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
-	"github.com/shop-ref/shop/services"
 )
 
 // slot is one service copy: a supervisor restarts its process whenever it
@@ -108,7 +107,7 @@ func (s *slot) natsURL() string {
 // are ready.
 func (h *harness) startAll() {
 	bySvc := map[string][]*slot{}
-	for _, svc := range services.All.Names() {
+	for _, svc := range h.cfg.Services.Names() {
 		for i := 1; i <= h.cfg.Copies; i++ {
 			s := &slot{h: h, name: fmt.Sprintf("%s-%d", svc, i), service: svc,
 				addr: fmt.Sprintf("127.0.0.1:%d", freePort(h.t))}

@@ -8,17 +8,15 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/shop-ref/shop/services"
 )
 
 // consumersOf are service's durable consumers and the producer whose outbox
 // feeds each.
-func consumersOf(service string) []struct{ name, producer string } {
+func (h *harness) consumersOf(service string) []struct{ name, producer string } {
 	var out []struct{ name, producer string }
-	for _, r := range services.All.Readers() {
+	for _, r := range h.cfg.Services.Readers() {
 		if r.Service == service {
-			producer, _ := services.All.Owner(r.Stream)
+			producer, _ := h.cfg.Services.Owner(r.Stream)
 			out = append(out, struct{ name, producer string }{r.Name, producer.Name})
 		}
 	}
@@ -56,12 +54,12 @@ func (h *harness) redelivery(ctx context.Context) ([]Redelivery, error) {
 	var out []Redelivery
 	for _, k := range kills {
 		var worst *time.Duration
-		for _, c := range consumersOf(k.service) {
+		for _, c := range h.consumersOf(k.service) {
 			var secs *float64
 			err := h.admin.QueryRow(ctx, `
 				SELECT max(extract(epoch FROM p.processed_at - o.published_at))::float8
-				FROM `+schema(k.service)+`.processed_events p
-				JOIN `+schema(c.producer)+`.outbox o ON o.event_id = p.event_id
+				FROM `+h.schema(k.service)+`.processed_events p
+				JOIN `+h.schema(c.producer)+`.outbox o ON o.event_id = p.event_id
 				WHERE p.consumer_name = $1 AND o.published_at BETWEEN $2::timestamptz - $3::interval AND $2`,
 				c.name, k.at, redeliveryWindow.String()).Scan(&secs)
 			if err != nil {

@@ -14,7 +14,6 @@ import (
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/verify"
-	"github.com/shop-ref/shop/services"
 )
 
 // verify runs the checks of `shop verify` until they pass, for a minute at
@@ -125,11 +124,11 @@ func (h *harness) judge(r Result) {
 // the first error of each service that has some.
 func (h *harness) deadEvents(ctx context.Context) (int, []string, error) {
 	total, notes := 0, []string(nil)
-	for _, name := range services.All.Names() {
+	for _, name := range h.cfg.Services.Names() {
 		var n int
 		var sample string
 		err := h.admin.QueryRow(ctx, `SELECT count(*), coalesce(min(event_type || ': ' || coalesce(last_error, '')), '') FROM `+
-			schema(name)+`.outbox WHERE dead_at IS NOT NULL`).Scan(&n, &sample)
+			h.schema(name)+`.outbox WHERE dead_at IS NOT NULL`).Scan(&n, &sample)
 		if err != nil {
 			return 0, nil, fmt.Errorf("count dead events of %s: %w", name, err)
 		}
@@ -198,9 +197,9 @@ func (h *harness) scrapeAll() {
 // is older than the retention and not counted).
 func (h *harness) published(ctx context.Context) int64 {
 	var total int64
-	for _, name := range services.All.Names() {
+	for _, name := range h.cfg.Services.Names() {
 		var n int64
-		s := schema(name)
+		s := h.schema(name)
 		if err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+s+`.outbox
 			WHERE published_at IS NOT NULL AND event_type <> 'ChaosRetentionFiller'`).Scan(&n); err != nil {
 			h.t.Errorf("count published events: %v", err)
@@ -216,7 +215,7 @@ func (h *harness) waitEnded(ctx context.Context, timeout time.Duration) int {
 	deadline := time.Now().Add(timeout)
 	for {
 		var n int
-		err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+schema("order")+
+		err := h.admin.QueryRow(ctx, `SELECT count(*) FROM `+h.schema("order")+
 			`.orders WHERE status NOT IN ('COMPLETED', 'CLOSED', 'REJECTED')`).Scan(&n)
 		if err == nil && n == 0 {
 			return 0

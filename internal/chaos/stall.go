@@ -109,7 +109,7 @@ type span struct{ created, ended time.Time }
 
 func (h *harness) history(ctx context.Context) (spans, error) {
 	rows, err := h.admin.Query(ctx, `SELECT order_id::text, status, at, coalesce(reason, '') FROM `+
-		schema("order")+`.order_history ORDER BY order_id, id`)
+		h.schema("order")+`.order_history ORDER BY order_id, id`)
 	if err != nil {
 		return spans{}, fmt.Errorf("read order history: %w", err)
 	}

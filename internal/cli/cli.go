@@ -1,6 +1,7 @@
 // Package cli is what the commands of the shop binary share: the error that
 // marks a command line as a usage mistake, and the flag set of the commands
-// that take the shop's whole configuration (the services, migrate, verify).
+// that take a configuration (the services the whole of it, migrate and
+// verify the part they need).
 //
 // A command is a function of ctx, its arguments, the environment (getenv)
 // and its two outputs that returns an error; cmd/shop turns the error into
@@ -13,8 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-
-	"github.com/shop-ref/shop/internal/app"
 )
 
 // ErrUsage marks a command line the command does not understand. The
@@ -22,13 +21,18 @@ import (
 // prints nothing more.
 var ErrUsage = errors.New("usage")
 
+// Config is a command's configuration, which adds a flag for each of its
+// settings (app.Config, app.Schemas, or a command's own small one): a
+// command takes the few settings it needs, and has flags for those alone.
+type Config interface{ RegisterFlags(fs *flag.FlagSet) }
+
 // ConfigFlags returns the flag set of command name ("shop verify"), with a
 // flag for every setting of cfg (each overrides its environment variable)
 // and a usage text of the synopsis (name, "[flags]", then operands), help,
 // and the flags. The command adds its own flags before parsing: they exist
 // for it alone, so another command's flag is a usage error rather than a
 // flag accepted and ignored.
-func ConfigFlags(name, operands, help string, cfg *app.Config, stderr io.Writer) *flag.FlagSet {
+func ConfigFlags(name, operands, help string, cfg Config, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {

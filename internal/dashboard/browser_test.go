@@ -291,7 +291,7 @@ func startShop(t *testing.T) shopURLs {
 	for _, name := range services.All.Names() {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr(t)
 	}
-	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
+	cfg, err := app.LoadConfigFor(services.All, func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -129,7 +129,7 @@ func runMain(m *testing.M) (code int) {
 	}
 	env[broker.PasswordVar(broker.AuditUser)] = passwords[broker.AuditUser]
 	env[broker.PasswordVar(broker.StreamsUser)] = passwords[broker.StreamsUser]
-	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
+	cfg, err := app.LoadConfigFor(services.All, func(k string) string { return env[k] })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -163,7 +163,7 @@ func runMain(m *testing.M) (code int) {
 			return 1
 		}
 	}
-	checked, closePools, err := app.OpenShop(ctx, cfg, 2)
+	checked, closePools, err := app.OpenShop(ctx, cfg.Schemas(), 2)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -19,14 +19,15 @@ import (
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/journey"
 	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/internal/tracing"
 )
 
 // traceServices gives every service of cfg a tracer provider of its own,
 // as a process per service would have, with the resource the shop gives
-// its exporting providers (app.TraceResources), all exporting to one
+// its exporting providers (tracing.Resources), all exporting to one
 // in-memory exporter, which it returns.
 func traceServices(ctx context.Context, cfg app.Config) (*tracetest.InMemoryExporter, error) {
-	resourceOf, err := app.TraceResources(ctx)
+	resourceOf, err := tracing.Resources(ctx)
 	if err != nil {
 		return nil, err
 	}

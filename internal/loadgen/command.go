@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -12,8 +13,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // config is what the flags of shop loadgen set.
@@ -73,15 +74,21 @@ func checkLocal(flagName, raw string) (string, error) {
 	return strings.TrimRight(u.String(), "/"), nil
 }
 
+// Command is `shop loadgen` for the services of Services (services.All,
+// which cmd/shop passes): of their configuration it needs only where the
+// order and payment services listen, each entry's Addr unless ORDER_ADDR
+// or PAYMENT_ADDR says otherwise.
+type Command struct{ Services registry.Registry }
+
 // Run is `shop loadgen [flags]`: it checks its flags (a mistake, or a
 // target that is not this machine, is a usage error), fails fast when no
 // shop answers, then places the orders, showing its progress on stdout,
 // and prints the report. It returns an error when an order failed, when
 // -timeout stopped it first, or when ctx ended.
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := app.LoadConfig(getenv)
-	if err != nil {
-		return err
+func (c Command) Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	addr := func(service string) string {
+		e, _ := c.Services.Get(service) // a shop without it: an empty default, and a flag to give
+		return cmp.Or(getenv(strings.ToUpper(service)+"_ADDR"), e.Addr)
 	}
 	var lc config
 	var skus skuList
@@ -109,8 +116,8 @@ Flags:
 	fs.Float64Var(&lc.pay, "pay", 0.9, "fraction of the orders to pay (0…1); the rest are left waiting for payment")
 	fs.Var(&skus, "sku", "`SKU` to order, one per order in turn (repeatable or comma-separated; default SKU-1)")
 	fs.IntVar(&lc.quantity, "quantity", 1, "quantity of each order's one line")
-	fs.StringVar(&lc.orderURL, "order-url", localURL(cfg.Services["order"].Addr), "base `URL` of the order service (default from ORDER_ADDR)")
-	fs.StringVar(&lc.paymentURL, "payment-url", localURL(cfg.Services["payment"].Addr), "base `URL` of the payment service (default from PAYMENT_ADDR)")
+	fs.StringVar(&lc.orderURL, "order-url", localURL(addr("order")), "base `URL` of the order service (default from ORDER_ADDR)")
+	fs.StringVar(&lc.paymentURL, "payment-url", localURL(addr("payment")), "base `URL` of the payment service (default from PAYMENT_ADDR)")
 	fs.DurationVar(&lc.timeout, "timeout", 2*time.Minute, "stop after this long, finished or not")
 	fs.DurationVar(&lc.requestTimeout, "request-timeout", 10*time.Second, "timeout of one HTTP request (a timed-out order creation is retried with the same key)")
 	fs.BoolVar(&lc.waitComplete, "wait-complete", true, "follow each paid order to COMPLETED (or CLOSED/REJECTED) to measure order-to-COMPLETED")
@@ -146,6 +153,7 @@ Flags:
 	if len(lc.skus) == 0 {
 		lc.skus = []string{"SKU-1"}
 	}
+	var err error
 	if lc.orderURL, err = checkLocal("order-url", lc.orderURL); err != nil {
 		return bad("%v", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services"
 	"github.com/shop-ref/shop/services/payment"
 )
 
@@ -28,7 +29,7 @@ func env(vars map[string]string) func(string) string {
 
 func TestLoadgen(t *testing.T) {
 	t.Parallel()
-	s := shoptest.Start(t)
+	s := shoptest.StartFor(t, services.All)
 	s.Restock(t, "SKU-LOAD", 1000, 250)
 
 	var out, errOut strings.Builder
@@ -374,7 +375,7 @@ func TestLoadgenHonoursRetryAfter(t *testing.T) {
 // may open more connections than Postgres's default 100 (each shop's pools
 // grow to about 80 under this load), which answers "too many clients".
 func TestPayingTheInstantItSaysWaitPayUnderLoad(t *testing.T) {
-	s := shoptest.Start(t)
+	s := shoptest.StartFor(t, services.All)
 	s.Restock(t, "SKU-BUSY", 10_000, 250)
 	s.Restock(t, "SKU-NOW", 40, 990)
 

@@ -164,7 +164,7 @@ func (c *command) show(ctx context.Context, args []string) error {
 	tw := newTable(c.stdout)
 	for _, kv := range [][2]string{
 		{"event id", r.EventID.String()},
-		{"service", fmt.Sprintf("%s (schema %s)", name, schemaOf(c.cfg.Registry, name))},
+		{"service", fmt.Sprintf("%s (schema %s)", name, schemaOf(c.schemas.Registry, name))},
 		{"state", ev.State},
 		{"aggregate", fmt.Sprintf("%s %s, seq %d", r.AggregateType, r.AggregateID, r.Seq)},
 		{"event type", fmt.Sprintf("%s (schema version %d)", r.Type, r.SchemaVersion)},

@@ -35,12 +35,14 @@ A service started with its role does not migrate; it checks that nothing is pend
 // creates or updates each one's role. An unknown service, or a missing
 // password with -roles, stops it before anything is changed.
 func (s Shop) Migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := app.LoadConfigFor(s.Services, getenv)
+	// Only where the schemas are: a setting of the services' that does not
+	// parse stops them, not their migrations.
+	schemas, err := app.LoadSchemas(s.Services, getenv)
 	if err != nil {
 		return err
 	}
 	var roles bool
-	fs := cli.ConfigFlags("shop migrate", " [service…]", migrateHelp, &cfg, stderr)
+	fs := cli.ConfigFlags("shop migrate", " [service…]", migrateHelp, &schemas, stderr)
 	fs.BoolVar(&roles, "roles", false, "also create or update each service's database role shop_<service> (passwords from <SERVICE>_ROLE_PASSWORD or SHOP_ROLE_PASSWORD)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -49,11 +51,11 @@ func (s Shop) Migrate(ctx context.Context, args []string, getenv func(string) st
 
 	names := fs.Args()
 	if len(names) == 0 {
-		names = cfg.Registry.Names()
+		names = schemas.Registry.Names()
 	}
 	entries := make([]registry.Entry, len(names))
 	for i, name := range names {
-		e, err := cfg.Registry.Get(name)
+		e, err := schemas.Registry.Get(name)
 		if err != nil {
 			return fmt.Errorf("migrate: %w", err)
 		}
@@ -70,13 +72,13 @@ func (s Shop) Migrate(ctx context.Context, args []string, getenv func(string) st
 		}
 	}
 	for _, e := range entries {
-		if err := app.Migrate(ctx, cfg.DatabaseURLOf(e.Name), e, log.With("service", e.Name)); err != nil {
+		if err := app.Migrate(ctx, schemas.DatabaseURLOf(e.Name), e, log.With("service", e.Name)); err != nil {
 			return err
 		}
 	}
 	if roles {
 		for _, name := range names {
-			err := app.CreateRole(ctx, cfg, name, app.RoleName(name), passwords[name], log.With("service", name))
+			err := app.CreateRole(ctx, schemas, name, app.RoleName(name), passwords[name], log.With("service", name))
 			if err != nil {
 				return fmt.Errorf("migrate -roles: %w", err)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/database"
 )
@@ -136,7 +137,9 @@ func (s Shop) Outbox(ctx context.Context, args []string, getenv func(string) str
 // every such command has, and the pools it has opened, one per service,
 // closed by close.
 type command struct {
-	cfg            app.Config
+	schemas        app.Schemas // where each service's tables are
+	natsURL        string      // NATS_URL (republish); empty: app.OperatorNATSURL finds the server
+	auditPassword  string      // AUDIT_NATS_PASSWORD (republish)
 	stdout, stderr io.Writer
 	name           string // "shop outbox status", for messages
 	json           bool
@@ -144,14 +147,15 @@ type command struct {
 	pools          map[string]*pgxpool.Pool
 }
 
-// newCommand reads the configuration from the environment for command
-// name.
+// newCommand reads what the operator's commands need of the configuration
+// from the environment for command name: where the schemas are and how to
+// read the streams, nothing more.
 func (s Shop) newCommand(name string, getenv func(string) string, stdout, stderr io.Writer) (*command, error) {
-	cfg, err := app.LoadConfigFor(s.Services, getenv)
+	schemas, err := app.LoadSchemas(s.Services, getenv)
 	if err != nil {
 		return nil, err
 	}
-	return &command{cfg: cfg, stdout: stdout, stderr: stderr, name: name, pools: map[string]*pgxpool.Pool{}}, nil
+	return &command{schemas: schemas, natsURL: getenv("NATS_URL"), auditPassword: getenv(broker.PasswordVar(broker.AuditUser)), stdout: stdout, stderr: stderr, name: name, pools: map[string]*pgxpool.Pool{}}, nil
 }
 
 // close closes the pools the command opened.
@@ -200,9 +204,9 @@ func (c *command) parse(fs *flag.FlagSet, args []string, nargs int, operands str
 		return nil, c.usageErr("want %s, got %d argument(s) %q", strings.TrimSpace(operands), len(pos), pos)
 	}
 	if c.databaseURL != "" {
-		c.cfg.DatabaseURL = c.databaseURL
-		for _, sc := range c.cfg.Services {
-			sc.DatabaseURL = ""
+		c.schemas.DatabaseURL = c.databaseURL
+		for name := range c.schemas.Own {
+			c.schemas.Own[name] = ""
 		}
 	}
 	return pos, nil
@@ -231,11 +235,11 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 // resolve resolves the --service flag: "" or "all" is every service.
 func (c *command) resolve(flagValue string) ([]string, error) {
 	if flagValue == "" || flagValue == "all" {
-		return c.cfg.Registry.Names(), nil
+		return c.schemas.Registry.Names(), nil
 	}
-	e, ok := serviceOf(c.cfg.Registry, flagValue)
+	e, ok := serviceOf(c.schemas.Registry, flagValue)
 	if !ok {
-		return nil, c.usageErr("unknown service %q: want one of %s or all", flagValue, strings.Join(c.cfg.Registry.Names(), ", "))
+		return nil, c.usageErr("unknown service %q: want one of %s or all", flagValue, strings.Join(c.schemas.Registry.Names(), ", "))
 	}
 	name := e.Name
 	return []string{name}, nil
@@ -246,11 +250,11 @@ func (c *command) pool(ctx context.Context, service string) (*pgxpool.Pool, erro
 	if p := c.pools[service]; p != nil {
 		return p, nil
 	}
-	e, err := c.cfg.Registry.Get(service)
+	e, err := c.schemas.Registry.Get(service)
 	if err != nil {
 		return nil, err
 	}
-	p, err := database.NewPool(ctx, c.cfg.DatabaseURLOf(service), e.Schema, 2)
+	p, err := database.NewPool(ctx, c.schemas.DatabaseURLOf(service), e.Schema, 2)
 	if err != nil {
 		return nil, err
 	}

@@ -62,8 +62,8 @@ func (c *command) republish(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	url := cmp.Or(*natsURL, app.OperatorNATSURL(c.cfg))
-	nc, err := nats.Connect(url, append(app.AuditConnectOptions(c.cfg), nats.Name("shop outbox republish"), nats.Timeout(5*time.Second))...)
+	url := cmp.Or(*natsURL, app.OperatorNATSURL(c.natsURL))
+	nc, err := nats.Connect(url, append(app.AuditConnectOptions(c.auditPassword), nats.Name("shop outbox republish"), nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return fmt.Errorf("%s: cannot reach NATS at %s: %w", c.name, app.MaskURL(url), err)
 	}
@@ -77,7 +77,7 @@ func (c *command) republish(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	audits, err := verify.AuditStreams(ctx, verify.Shop{Services: c.cfg.Registry, Pools: c.pools}, js, verify.AuditConfig{Window: app.OutboxRetention, Services: names})
+	audits, err := verify.AuditStreams(ctx, verify.Shop{Services: c.schemas.Registry, Pools: c.pools}, js, verify.AuditConfig{Window: app.OutboxRetention, Services: names})
 	if err != nil {
 		return fmt.Errorf("%s: %w", c.name, err)
 	}

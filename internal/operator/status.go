@@ -47,7 +47,7 @@ func (c *command) status(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		s := serviceStatus{Service: name, Schema: schemaOf(c.cfg.Registry, name), Pending: st.Pending, Dead: st.Dead,
+		s := serviceStatus{Service: name, Schema: schemaOf(c.schemas.Registry, name), Pending: st.Pending, Dead: st.Dead,
 			OldestPendingSeconds: st.OldestPending.Seconds()}
 		if err := p.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE conflict_with IS NOT NULL)
 			FROM dead_letters WHERE resolved_at IS NULL`).Scan(&s.DeadLetters, &s.Conflicts); err != nil {

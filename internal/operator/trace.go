@@ -53,8 +53,8 @@ func (s Shop) Trace(ctx context.Context, args []string, getenv func(string) stri
 	if err != nil {
 		return c.usageErr("%q is not an order id (a UUID)", pos[0])
 	}
-	pools := make(map[string]journey.DB, len(c.cfg.Registry))
-	for _, name := range c.cfg.Registry.Names() {
+	pools := make(map[string]journey.DB, len(c.schemas.Registry))
+	for _, name := range c.schemas.Registry.Names() {
 		p, err := c.pool(ctx, name)
 		if err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"github.com/shop-ref/shop/internal/journey"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/services"
 )
 
 // TestTrace runs `shop trace` against an order that went all the way to
@@ -20,7 +21,7 @@ import (
 // and the saga's states; --json carries the same steps.
 func TestTrace(t *testing.T) {
 	t.Parallel()
-	sh := shoptest.Start(t)
+	sh := shoptest.StartFor(t, services.All)
 	sh.Restock(t, "SKU-T", 10, 500)
 	cli := shopCLI{t, env(sh.Env)}
 

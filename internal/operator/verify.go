@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/reconcile"
 	"github.com/shop-ref/shop/internal/registry"
@@ -42,7 +44,7 @@ var ErrNoShop = errors.New("no shop to verify")
 // none of the shop's streams) it says so in one line and exits 1: never a
 // pass, and no report of checks that had nothing to read.
 func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := app.LoadConfigFor(s.Services, getenv)
+	cfg, err := loadVerifyConfig(s.Services, getenv)
 	if err != nil {
 		return err
 	}
@@ -58,7 +60,7 @@ func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) str
 		return err
 	}
 
-	vp, closePools, err := app.OpenShop(ctx, cfg, 2)
+	vp, closePools, err := app.OpenShop(ctx, cfg.schemas, 2)
 	if err != nil {
 		return err
 	}
@@ -68,10 +70,10 @@ func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) str
 	}
 	var opts []verify.Option
 	var js jetstream.JetStream
-	natsURL := app.OperatorNATSURL(cfg)
+	natsURL := app.OperatorNATSURL(cfg.natsURL)
 	if streams {
 		// As the read-only audit user (AUDIT_NATS_PASSWORD, or the demo's).
-		nc, err := nats.Connect(natsURL, append(app.AuditConnectOptions(cfg), nats.Name("shop verify"), nats.Timeout(5*time.Second))...)
+		nc, err := nats.Connect(natsURL, append(app.AuditConnectOptions(cfg.auditPassword), nats.Name("shop verify"), nats.Timeout(5*time.Second))...)
 		if err == nil {
 			defer nc.Close()
 			js, err = jetstream.New(nc)
@@ -86,7 +88,7 @@ func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) str
 		opts = append(opts, verify.WithStreams(js))
 	}
 	if repair {
-		rcfg := app.ReconcileConfig(cfg)
+		rcfg := app.ReconcileConfig(cfg.settings)
 		rcfg.JetStream = js // nil when the streams are not audited
 		rep, err := reconcile.Run(ctx, vp, rcfg)
 		if err != nil {
@@ -106,6 +108,38 @@ func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) str
 		return ErrViolations
 	}
 	return nil
+}
+
+// verifyConfig is what shop verify needs of the shop's configuration, and
+// nothing more: where the schemas are, how to read the streams as the
+// audit user, and the services' settings that -repair reads (the saga's
+// timeouts).
+type verifyConfig struct {
+	schemas       app.Schemas
+	natsURL       string // NATS_URL; empty: app.OperatorNATSURL finds the server
+	auditPassword string // AUDIT_NATS_PASSWORD; empty: a local demo's, else anonymous
+	settings      *registry.Env
+}
+
+func loadVerifyConfig(reg registry.Registry, getenv func(string) string) (verifyConfig, error) {
+	schemas, err := app.LoadSchemas(reg, getenv)
+	if err != nil {
+		return verifyConfig{}, err
+	}
+	settings, err := app.LoadSettings(reg, getenv)
+	if err != nil {
+		return verifyConfig{}, err
+	}
+	return verifyConfig{schemas: schemas, natsURL: getenv("NATS_URL"),
+		auditPassword: getenv(broker.PasswordVar(broker.AuditUser)), settings: settings}, nil
+}
+
+// RegisterFlags adds the flags of the database URLs, of the NATS server
+// and of the services' settings.
+func (c *verifyConfig) RegisterFlags(fs *flag.FlagSet) {
+	c.schemas.RegisterFlags(fs)
+	app.SecretVar(fs, &c.natsURL, "nats-url", "NATS server `URL` whose streams are audited (NATS_URL)")
+	c.settings.RegisterFlags(fs)
 }
 
 // schemasExist returns ErrNoShop, naming the schemas that are missing, when

@@ -1,5 +1,5 @@
 // Package shoptest is what the tests of the shop's commands share: a whole
-// shop running in the test process (Start), a database the command under
+// shop running in the test process (StartFor), a database the command under
 // test must create itself (NewDatabaseURL), and the small waits around them.
 // Like pgtest and natstest it uses the real Postgres and a real NATS server.
 package shoptest
@@ -30,7 +30,6 @@ import (
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
-	"github.com/shop-ref/shop/services"
 )
 
 // NewDatabaseURL returns the URL of a database that does not exist yet, on
@@ -83,12 +82,6 @@ type Shop struct {
 	OrderURL string            // http://<order service>
 	StockURL string            // http://<inventory service>/stock/
 	URLs     map[string]string // every service's base URL, by name
-}
-
-// Start runs every service of the shop (services.All); see StartFor.
-func Start(t testing.TB) *Shop {
-	t.Helper()
-	return StartFor(t, services.All)
 }
 
 // StartFor runs every service of reg against a throwaway database and a

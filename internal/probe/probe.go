@@ -1,4 +1,8 @@
-package app
+// Package probe is what every service answers about itself: /healthz (the
+// process is up) and /readyz (it can do its job, with each dependency's
+// state), and the JetStream watch behind the readiness report and
+// /metrics, which asks JetStream itself every 2 s.
+package probe
 
 import (
 	"context"
@@ -14,17 +18,17 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 )
 
-// pinger is the one method of a pool that readiness needs.
-type pinger interface {
+// Pinger is the one method of a pool that readiness needs.
+type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
-// newRouter returns the routes every service has: /healthz and /readyz,
+// NewRouter returns the routes every service has: /healthz and /readyz,
 // behind middlewares (chi wants them before the first route). HEAD is
 // served wherever GET is, by the GET handler (net/http drops the body), as
 // RFC 9110 expects and as monitors and curl -I assume; chi alone answers
 // it 405.
-func newRouter(db pinger, nc *nats.Conn, js *jetStreamWatch, middlewares ...func(http.Handler) http.Handler) chi.Router {
+func NewRouter(db Pinger, nc *nats.Conn, js *JetStream, middlewares ...func(http.Handler) http.Handler) chi.Router {
 	r := chi.NewRouter()
 	r.Use(middlewares...)
 	r.Use(middleware.GetHead)
@@ -54,7 +58,7 @@ type readiness struct {
 // they fail apart: "nats" is the connection, "jetstream" whether JetStream
 // itself answers (it may be off, without quorum or electing a leader while
 // the connection is fine), with the time of its last change.
-func readyz(db pinger, nc *nats.Conn, js *jetStreamWatch) http.HandlerFunc {
+func readyz(db Pinger, nc *nats.Conn, js *JetStream) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()

@@ -1,4 +1,7 @@
-package app
+// Package metrics is what each service serves on /metrics: its own
+// Prometheus registry, the instruments its parts feed while they run, and
+// what is read when Prometheus scrapes.
+package metrics
 
 import (
 	"context"
@@ -16,21 +19,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/shop-ref/shop/internal/probe"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
 
-// metrics is one service's Prometheus registry and the instruments that the
+// Service is one service's Prometheus registry and the instruments that the
 // service's parts feed while they run. Everything else is read when
 // Prometheus scrapes: the outbox backlog from Postgres, the consumers' lag
 // from JetStream, the libraries' running totals from memory.
 //
 // The libraries know nothing of Prometheus: pkg/outbox, pkg/inbox and
 // pkg/saga keep plain counters and call optional observer funcs, and this
-// file adapts them. Each service has a registry of its own, so that `shop
+// package adapts them. Each service has a registry of its own, so that `shop
 // all` serves four separate /metrics, like four processes would.
-type metrics struct {
+type Service struct {
 	reg *prometheus.Registry
 	r   prometheus.Registerer // reg, adding the service label to every metric
 	log *slog.Logger
@@ -42,10 +46,10 @@ type metrics struct {
 	duration *prometheus.HistogramVec // HTTP latency by method, route
 }
 
-// newMetrics returns the metrics of the service called service.
-func newMetrics(service string, log *slog.Logger) *metrics {
+// New returns the metrics of the service called service.
+func New(service string, log *slog.Logger) *Service {
 	reg := prometheus.NewRegistry()
-	m := &metrics{
+	m := &Service{
 		reg: reg,
 		r:   prometheus.WrapRegistererWith(prometheus.Labels{"service": service}, reg),
 		log: log,
@@ -80,29 +84,29 @@ func newMetrics(service string, log *slog.Logger) *metrics {
 	return m
 }
 
-// observePublish is the relay's outbox.Hooks.ObservePublishFunc.
-func (m *metrics) observePublish(d time.Duration) { m.publish.Observe(d.Seconds()) }
+// ObservePublish is the relay's outbox.Hooks.ObservePublishFunc.
+func (m *Service) ObservePublish(d time.Duration) { m.publish.Observe(d.Seconds()) }
 
-// observeProcess is the consumers' inbox.Hooks.ObserveFunc.
-func (m *metrics) observeProcess(consumer string, d time.Duration) {
+// ObserveProcess is the consumers' inbox.Hooks.ObserveFunc.
+func (m *Service) ObserveProcess(consumer string, d time.Duration) {
 	m.process.WithLabelValues(consumer).Observe(d.Seconds())
 }
 
-// handler serves the registry in the Prometheus text format. A part that
+// Handler serves the registry in the Prometheus text format. A part that
 // cannot be read (the database or NATS is down) is left out and logged;
 // the rest is still served, because an outage is when metrics matter most.
-func (m *metrics) handler() http.Handler {
+func (m *Service) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
 		ErrorLog:      slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
 		ErrorHandling: promhttp.ContinueOnError,
 	})
 }
 
-// instrument is the router middleware that counts and times requests by
+// Instrument is the router middleware that counts and times requests by
 // chi route pattern ("/orders/{id}"), read after the handler ran, when
 // routing has filled it in. Paths no route matched share one label value,
 // so that scanners probing random URLs cannot grow the series without end.
-func (m *metrics) instrument(next http.Handler) http.Handler {
+func (m *Service) Instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
@@ -131,10 +135,10 @@ func (m *metrics) instrument(next http.Handler) http.Handler {
 	})
 }
 
-// initRoutes creates the error and latency series of every route r serves,
+// InitRoutes creates the error and latency series of every route r serves,
 // so that a route's error count reads 0 instead of being absent until its
 // first failure (absent series make rate() and alerts blind).
-func (m *metrics) initRoutes(r chi.Routes) {
+func (m *Service) InitRoutes(r chi.Routes) {
 	_ = chi.Walk(r, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
 		m.failures.WithLabelValues(method, route)
 		m.duration.WithLabelValues(method, route)
@@ -142,13 +146,18 @@ func (m *metrics) initRoutes(r chi.Routes) {
 	})
 }
 
+// MustRegister adds collectors of the service's other parts (the
+// reconciler's, the stream keeper's) to its registry, with the service
+// label.
+func (m *Service) MustRegister(cs ...prometheus.Collector) { m.r.MustRegister(cs...) }
+
 // scrapeTimeout bounds the queries one scrape makes.
 const scrapeTimeout = 5 * time.Second
 
-// watch registers what is read at scrape time: the outbox of db and the
+// Watch registers what is read at scrape time: the outbox of db and the
 // totals of relay, the counters and lag of the domain's consumers and, when
 // the domain runs sagas, their instances per state and the timeouts fired.
-func (m *metrics) watch(db outbox.DB, relay *outbox.Relay, dom registry.Domain, nc *nats.Conn, js *jetStreamWatch) {
+func (m *Service) Watch(db outbox.DB, relay *outbox.Relay, dom registry.Domain, nc *nats.Conn, js *probe.JetStream) {
 	c := &scrapeCollector{db: db, relay: relay, nc: nc, js: js, started: time.Now(), seenStates: map[string]bool{}}
 	c.consumers = dom.Consumers()
 	for _, cons := range c.consumers {
@@ -231,7 +240,7 @@ type scrapeCollector struct {
 	db            outbox.DB
 	relay         *outbox.Relay
 	nc            *nats.Conn
-	js            *jetStreamWatch
+	js            *probe.JetStream
 	started       time.Time
 	consumers     []*inbox.Consumer
 	timeoutsFired func() int64 // nil: the domain runs no sagas
@@ -287,8 +296,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(descNATSConnected, oneIf(c.nc.Status() == nats.CONNECTED))
-	js := c.js.state()
-	gauge(descJetStreamUp, oneIf(js.known && js.up))
+	gauge(descJetStreamUp, oneIf(c.js.Up()))
 	rs := c.relay.State()
 	gauge(descRelayUnavailable, oneIf(!rs.UnavailableSince.IsZero()))
 	gauge(descSincePublish, time.Since(latest(rs.LastPublish, c.started)).Seconds())

@@ -1,4 +1,4 @@
-package app
+package probe
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func TestHealth(t *testing.T) {
 	t.Run("healthz answers ok", func(t *testing.T) {
 		t.Parallel()
 		var body map[string]string
-		if code := get(t, newRouter(db.Pool, nc, nil), "/healthz", &body); code != http.StatusOK || body["status"] != "ok" {
+		if code := get(t, NewRouter(db.Pool, nc, nil), "/healthz", &body); code != http.StatusOK || body["status"] != "ok" {
 			t.Errorf("GET /healthz = %d %v, want 200 {status: ok}", code, body)
 		}
 	})
@@ -49,7 +49,7 @@ func TestHealth(t *testing.T) {
 	t.Run("readyz is ready with database and nats up", func(t *testing.T) {
 		t.Parallel()
 		var body readiness
-		code := get(t, newRouter(db.Pool, nc, nil), "/readyz", &body)
+		code := get(t, NewRouter(db.Pool, nc, nil), "/readyz", &body)
 		if code != http.StatusOK || body.Status != "ok" ||
 			body.Dependencies["database"].Status != "up" || body.Dependencies["nats"].Status != "up" {
 			t.Errorf("GET /readyz = %d %+v, want 200 with both up", code, body)
@@ -66,13 +66,13 @@ func TestHealth(t *testing.T) {
 		}
 		t.Cleanup(pool.Close)
 		var body readiness
-		code := get(t, newRouter(pool, nc, nil), "/readyz", &body)
+		code := get(t, NewRouter(pool, nc, nil), "/readyz", &body)
 		dep := body.Dependencies["database"]
 		if code != http.StatusServiceUnavailable || body.Status != "unavailable" || dep.Status != "down" || dep.Error == "" {
 			t.Errorf("GET /readyz = %d %+v, want 503 with the database down and why", code, body)
 		}
 		rec := httptest.NewRecorder()
-		newRouter(pool, nc, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		NewRouter(pool, nc, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 		if got := rec.Header().Get("Retry-After"); rec.Code != http.StatusServiceUnavailable || got != "1" {
 			t.Errorf("GET /readyz = %d with Retry-After %q, want 503 with Retry-After: 1", rec.Code, got)
 		}
@@ -80,7 +80,7 @@ func TestHealth(t *testing.T) {
 
 	t.Run("HEAD is served wherever GET is", func(t *testing.T) {
 		t.Parallel()
-		h := newRouter(db.Pool, nc, nil)
+		h := NewRouter(db.Pool, nc, nil)
 		for _, path := range []string{"/healthz", "/readyz"} {
 			// A real server: it is net/http that leaves out the body.
 			srv := httptest.NewServer(h)
@@ -109,7 +109,7 @@ func TestReadyWithoutNATS(t *testing.T) {
 	db := pgtest.New(t)
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
-	h := newRouter(db.Pool, nc, nil)
+	h := NewRouter(db.Pool, nc, nil)
 
 	ns.Stop()
 	poll.Until(t, 10*time.Second, "the client to notice the server stopped", func() bool { return nc.Status() != nats.CONNECTED })
@@ -135,11 +135,11 @@ func TestReadyReportsJetStreamItself(t *testing.T) {
 	db := pgtest.New(t)
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
-	watch, err := newJetStreamWatch(nc, slog.New(slog.DiscardHandler))
+	watch, err := NewJetStream(nc, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newRouter(db.Pool, nc, watch)
+	h := NewRouter(db.Pool, nc, watch)
 	ctx := context.Background()
 
 	var body readiness

@@ -1,11 +1,16 @@
-package app
+// Package tracing is where the spans of the shop's processes say they come
+// from and how they leave: each service has its own tracer provider,
+// passed down through its configuration (never the otel global one): in
+// `shop all` the four services are four service.names in the trace, as
+// four processes would be. The libraries only see a trace.TracerProvider,
+// and nil means no spans.
+package tracing
 
 import (
 	"context"
 	"fmt"
 	"net"
 	"runtime/debug"
-	"time"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
@@ -14,17 +19,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// Tracing. Each service has its own tracer provider, passed down through
-// its configuration (never the otel global one): in `shop all` the four
-// services are four service.names in the trace, as four processes would
-// be. The libraries only see a trace.TracerProvider, and nil means no
-// spans.
-
-// traceShutdownTimeout bounds the flush of the spans still buffered when
-// the process stops.
-const traceShutdownTimeout = 5 * time.Second
-
-// TraceResources returns what the spans of this process say about where
+// Resources returns what the spans of this process say about where
 // they come from, for a trace UI: the resource of one service's spans,
 // given its name. All of a process's services share the host and process
 // attributes — host.name, host.id (where the machine has one), os.type,
@@ -42,7 +37,7 @@ const traceShutdownTimeout = 5 * time.Second
 // The standard OTEL_RESOURCE_ATTRIBUTES (and OTEL_SERVICE_NAME) override
 // any of them but service.name, which stays the service's own: one process
 // may run all four.
-func TraceResources(ctx context.Context) (func(service string) *resource.Resource, error) {
+func Resources(ctx context.Context) (func(service string) *resource.Resource, error) {
 	// A detector that finds nothing leaves its attribute out rather than
 	// stopping the process: most containers have no /etc/machine-id, and
 	// their spans are no less useful for it.
@@ -129,49 +124,14 @@ func buildVersion() string {
 	return rev + dirty
 }
 
-// newExportingTracerProvider returns a provider that exports over
+// NewProvider returns a provider that exports over
 // OTLP/HTTP, configured by the standard OTEL_* variables (endpoint,
 // headers, timeout, sampler, batch processor), with res for resource. Its
 // Shutdown flushes what is buffered.
-func newExportingTracerProvider(ctx context.Context, res *resource.Resource) (*sdktrace.TracerProvider, error) {
+func NewProvider(ctx context.Context, res *resource.Resource) (*sdktrace.TracerProvider, error) {
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("otlp trace exporter: %w", err)
 	}
 	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
-}
-
-// exportTraces gives each of services that has no tracer provider yet one
-// that exports to cfg.TracesEndpoint, when it is set. The returned func
-// shuts them down, flushing their spans; call it once the services have
-// stopped.
-func exportTraces(ctx context.Context, cfg Config, services []*Service) (func(), error) {
-	var providers []*sdktrace.TracerProvider
-	shutdown := func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), traceShutdownTimeout)
-		defer cancel()
-		for _, tp := range providers {
-			_ = tp.Shutdown(ctx) // a collector that is away loses the last spans; nothing else to do
-		}
-	}
-	if cfg.TracesEndpoint == "" {
-		return shutdown, nil
-	}
-	resourceOf, err := TraceResources(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range services {
-		if s.tracer != nil {
-			continue
-		}
-		tp, err := newExportingTracerProvider(ctx, resourceOf(s.Name))
-		if err != nil {
-			shutdown()
-			return nil, fmt.Errorf("%s: %w", s.Name, err)
-		}
-		providers = append(providers, tp)
-		s.tracer = tp
-	}
-	return shutdown, nil
 }

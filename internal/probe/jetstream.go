@@ -1,4 +1,4 @@
-package app
+package probe
 
 import (
 	"context"
@@ -11,13 +11,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// jetStreamWatch tells whether JetStream itself answers, which the NATS
+// JetStream tells whether JetStream itself answers, which the NATS
 // connection's status cannot: core NATS may be CONNECTED while JetStream is
 // switched off, has lost its quorum or is electing a leader. A process asks
 // every jsProbeEvery; /readyz and /metrics report the last answer. It
 // decides nothing: the relay and the consumers find out for themselves and
 // wait (see pkg/outbox and pkg/inbox); this is what an operator reads.
-type jetStreamWatch struct {
+type JetStream struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	log *slog.Logger
@@ -31,16 +31,17 @@ type jetStreamWatch struct {
 
 const jsProbeEvery = 2 * time.Second
 
-func newJetStreamWatch(nc *nats.Conn, log *slog.Logger) (*jetStreamWatch, error) {
+// NewJetStream returns the watch of JetStream over nc; Run probes.
+func NewJetStream(nc *nats.Conn, log *slog.Logger) (*JetStream, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream watch: %w", err)
 	}
-	return &jetStreamWatch{nc: nc, js: js, log: log}, nil
+	return &JetStream{nc: nc, js: js, log: log}, nil
 }
 
-// run probes until ctx ends.
-func (w *jetStreamWatch) run(ctx context.Context) {
+// Run probes until ctx ends.
+func (w *JetStream) Run(ctx context.Context) {
 	t := time.NewTicker(jsProbeEvery)
 	defer t.Stop()
 	for {
@@ -53,7 +54,7 @@ func (w *jetStreamWatch) run(ctx context.Context) {
 	}
 }
 
-func (w *jetStreamWatch) probe(ctx context.Context) {
+func (w *JetStream) probe(ctx context.Context) {
 	var err error
 	if st := w.nc.Status(); st != nats.CONNECTED {
 		err = fmt.Errorf("nats connection %s", st)
@@ -90,8 +91,15 @@ type jetStreamState struct {
 	err       error
 }
 
-func (w *jetStreamWatch) state() jetStreamState {
+func (w *JetStream) state() jetStreamState {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return jetStreamState{known: w.checked, up: w.up, since: w.since, err: w.err}
+}
+
+// Up reports whether JetStream answered the last probe (false before the
+// first), for /metrics.
+func (w *JetStream) Up() bool {
+	s := w.state()
+	return s.known && s.up
 }

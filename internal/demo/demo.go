@@ -1,4 +1,8 @@
-package app
+// Package demo is what `shop all -demo` adds to a shop: the payment
+// service's fake provider switched on (Settings), a small catalogue stocked
+// through the inventory service's public API (Seed), and the shell blocks
+// that try it (Commands), which the README shows too.
+package demo
 
 import (
 	"bytes"
@@ -6,34 +10,36 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
+
+	"github.com/shop-ref/shop/internal/registry"
 )
 
-// demoCatalogue is what `shop all -demo` stocks: SKU, units, price in cents.
-var demoCatalogue = []struct {
-	sku           string
-	onHand, price int
+// Catalogue is what `shop all -demo` stocks: SKU, units, price in cents
+// (deploy/seed.sh stocks the same for docker compose).
+var Catalogue = []struct {
+	SKU           string
+	OnHand, Price int
 }{
 	{"SKU-1", 100, 1999},
 	{"SKU-2", 50, 1299},
 	{"SKU-3", 200, 499},
 }
 
-// seedDemo stocks the demo catalogue through the inventory service's public
+// Seed stocks the demo catalogue through the inventory service's public
 // API (an operator's restock, so the order service learns it from
 // ProductUpdated events like any other SKU), and prints the three shell
-// blocks of DemoCommands that place an order, pay it and watch it complete.
+// blocks of Commands that place an order, pay it and watch it complete.
 // urls are the base URLs this process's services really listen on (see
-// RunDemo), so it never stocks another process that happens to answer on a
+// app.RunDemo), so it never stocks another process that happens to answer on a
 // configured address.
 // A restock is an operator's call: with a token set, it is sent.
-func seedDemo(ctx context.Context, urls map[string]string, operatorToken string, out io.Writer) error {
+func Seed(ctx context.Context, urls map[string]string, operatorToken string, out io.Writer) error {
 	inv, ord, pay := urls["inventory"], urls["order"], urls["payment"]
-	for _, p := range demoCatalogue {
-		body, _ := json.Marshal(map[string]int{"on_hand": p.onHand, "price": p.price})
-		req, err := http.NewRequestWithContext(ctx, http.MethodPut, inv+"/stock/"+p.sku, bytes.NewReader(body))
+	for _, p := range Catalogue {
+		body, _ := json.Marshal(map[string]int{"on_hand": p.OnHand, "price": p.Price})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPut, inv+"/stock/"+p.SKU, bytes.NewReader(body))
 		if err != nil {
 			return err
 		}
@@ -43,11 +49,11 @@ func seedDemo(ctx context.Context, urls map[string]string, operatorToken string,
 		}
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return fmt.Errorf("seed %s: %w", p.sku, err)
+			return fmt.Errorf("seed %s: %w", p.SKU, err)
 		}
 		res.Body.Close()
 		if res.StatusCode != http.StatusOK {
-			return fmt.Errorf("seed %s: inventory answered %s", p.sku, res.Status)
+			return fmt.Errorf("seed %s: inventory answered %s", p.SKU, res.Status)
 		}
 	}
 	fmt.Fprintf(out, `
@@ -57,24 +63,23 @@ Try, in another terminal (sh or bash), pasting each block in order:
 %s
 Or watch and click in the dashboard: %s
 
-`, DemoCommands(ord, pay), urls["dashboard"])
+`, Commands(ord, pay), urls["dashboard"])
 	return nil
 }
 
-// listenerURL is the URL to call a listener at: an unspecified host (":8081",
-// "0.0.0.0") is reached on the loopback address.
-func listenerURL(ln net.Listener) string {
-	host, port, err := net.SplitHostPort(ln.Addr().String())
-	if err != nil {
-		return "http://" + ln.Addr().String()
+// Settings turns on what only a demo wants in settings, the services'
+// settings of the shop's configuration: the payment service's fake
+// provider. app.RunDemo calls it; `shop all -demo` calls it before it logs
+// its configuration too, so that the start-up log says
+// payment_fake_provider=true (it said false, then warned that it was on).
+func Settings(settings *registry.Env) error {
+	if err := settings.Set("PAYMENT_FAKE_PROVIDER", "true"); err != nil {
+		return fmt.Errorf("demo: %w", err)
 	}
-	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-		host = "127.0.0.1"
-	}
-	return "http://" + net.JoinHostPort(host, port)
+	return nil
 }
 
-// DemoCommands is the banner's three shell blocks, order's and payment's
+// Commands is the banner's three shell blocks, order's and payment's
 // base URLs filled in; the README's quick start shows the same blocks with
 // the default ports, and cmd/shop's TestNewcomer runs both in sh and bash.
 // They use only curl and POSIX tools (no $RANDOM, which sh lacks, so every
@@ -86,7 +91,7 @@ func listenerURL(ln net.Listener) string {
 // Step 2 waits for WAIT_PAY because a payment before it is refused (409
 // order-not-payable): the payment intent is opened by an event, not by POST
 // /orders. Step 3 polls until a final state, printing each change it sees.
-func DemoCommands(order, payment string) string {
+func Commands(order, payment string) string {
 	return strings.NewReplacer("{order}", order, "{payment}", payment).Replace(demoCommands)
 }
 

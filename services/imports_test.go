@@ -1,0 +1,68 @@
+package services_test
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// One composition root: only cmd/shop imports package services to wire
+// services.All; every other package receives the registry as a parameter
+// (registry.Registry) from there, so a reader finds in one place which
+// services a command runs. Tests may import it (_test.go files), and so
+// may services' own subpackages' tests. Every file is checked, whatever
+// its build tags.
+func TestOnlyCmdShopWiresTheServices(t *testing.T) {
+	const pkg = "github.com/shop-ref/shop/services"
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("the module root is not %s: %v", root, err)
+	}
+	checked := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			name := d.Name()
+			if rel != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "vendor" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			if rel == "cmd/shop" || rel == "services" || strings.HasPrefix(rel, "services/") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		checked++
+		for _, imp := range f.Imports {
+			if p, _ := strconv.Unquote(imp.Path.Value); p == pkg {
+				t.Errorf("%s imports %s: only cmd/shop wires services.All (one composition root); "+
+					"take the services as a registry.Registry parameter from cmd/shop instead (a _test.go file may import it)", rel, pkg)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 50 { // the walk went wrong: the rule would hold vacuously
+		t.Fatalf("checked only %d files under %s", checked, root)
+	}
+}
