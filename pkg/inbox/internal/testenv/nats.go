@@ -15,7 +15,7 @@ import (
 
 // Server is a test's NATS server with JetStream.
 type Server struct {
-	t    testing.TB
+	t    testing.TB // NATS's, for Start, Restart and DisableJetStream
 	port int
 	dir  string
 	srv  *server.Server
@@ -28,16 +28,27 @@ type Server struct {
 // makes the tests that publish thousands several times slower.
 func NATS(t testing.TB) *Server {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	s, err := StartNATS(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &Server{t: t, port: port, dir: t.TempDir()}
-	s.Start()
+	s.t = t
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// StartNATS is NATS for code that has no testing.TB (a runnable example):
+// streams go to dir, and the caller stops the server with Stop. Its Start,
+// Restart and DisableJetStream are only for a Server from NATS.
+func StartNATS(dir string) (*Server, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &Server{port: port, dir: dir}
+	return s, s.start()
 }
 
 // URL is the client URL of the server.
@@ -46,17 +57,23 @@ func (s *Server) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.port
 // Start starts the server (again), keeping its port and its streams.
 func (s *Server) Start() {
 	s.t.Helper()
-	var err error
-	for range 50 { // the port may linger for a moment after a stop
-		if err = s.start(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := s.start(); err != nil {
+		s.t.Fatalf("start nats: %v", err)
 	}
-	s.t.Fatalf("start nats: %v", err)
 }
 
 func (s *Server) start() error {
+	var err error
+	for range 50 { // the port may linger for a moment after a stop
+		if err = s.startOnce(); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+func (s *Server) startOnce() error {
 	srv, err := server.NewServer(&server.Options{
 		Host: "127.0.0.1", Port: s.port, JetStream: true, StoreDir: s.dir,
 		SyncInterval: 2 * time.Minute, NoSigs: true, NoLog: true,

@@ -80,27 +80,68 @@ func New(t testing.TB, sets ...Migrations) *Schema {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	s, err := Open(ctx, sets...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// Open is New for code that has no testing.TB (a runnable example): the
+// caller drops the schema with Close.
+func Open(ctx context.Context, sets ...Migrations) (*Schema, error) {
 	ensureOnce.Do(func() { ensureErr = ensureDatabase(ctx, URL()) })
 	if ensureErr != nil {
-		t.Fatalf("test database (set TEST_DATABASE_URL to use another): %v", ensureErr)
+		return nil, fmt.Errorf("test database (set TEST_DATABASE_URL to use another): %w", ensureErr)
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "t_" + hex.EncodeToString(b[:])
 	url, err := withParams(URL(), map[string]string{"search_path": name})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	migrator := "testenv-migrate-" + name
 	err = retry(ctx, func(ctx context.Context) error { return migrate(ctx, name, migrator, sets) })
-	if err != nil {
-		t.Fatalf("migrate %s: %v", name, err)
-	}
 	s := &Schema{Name: name, URL: url}
-	t.Cleanup(func() { s.drop(t) })
-	s.Pool = s.NewAppPool(t, 10, "testenv "+name)
-	s.WaitSessionsEnded(t, migrator)
-	return s
+	if err == nil {
+		s.Pool, err = s.open(ctx, 10, "testenv "+name)
+	}
+	if err == nil {
+		err = s.waitSessionsEnded(ctx, migrator)
+	}
+	if err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("migrate %s: %w", name, err)
+	}
+	return s, nil
+}
+
+// Close closes the schema's pool and drops the schema.
+func (s *Schema) Close() error {
+	if s.Pool != nil {
+		s.Pool.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := retry(ctx, func(ctx context.Context) error {
+		conn, err := pgx.Connect(ctx, URL())
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s.Name}.Sanitize()+" CASCADE")
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("drop schema %s: %w", s.Name, err)
+	}
+	return nil
 }
 
 func migrate(ctx context.Context, schema, app string, sets []Migrations) error {
@@ -133,23 +174,6 @@ func up(ctx context.Context, db *sql.DB, m Migrations) error {
 	return err
 }
 
-func (s *Schema) drop(t testing.TB) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err := retry(ctx, func(ctx context.Context) error {
-		conn, err := pgx.Connect(ctx, URL())
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{s.Name}.Sanitize()+" CASCADE")
-		return err
-	})
-	if err != nil {
-		t.Errorf("drop schema %s: %v", s.Name, err)
-	}
-}
-
 // NewPool opens another pool on the schema (another "process"), closed when
 // the test ends.
 func (s *Schema) NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
@@ -161,19 +185,23 @@ func (s *Schema) NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 // WaitSessionsEnded can tell when they are all gone.
 func (s *Schema) NewAppPool(t testing.TB, maxConns int32, app string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	pool, err := s.open(context.Background(), maxConns, app)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+func (s *Schema) open(ctx context.Context, maxConns int32, app string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // Postgres's cumulative statistics (pg_stat_user_tables) reach the shared
@@ -205,20 +233,26 @@ func (s *Schema) FlushStats(t testing.TB) {
 // session leaves pg_stat_activity only after it has flushed its statistics.
 func (s *Schema) WaitSessionsEnded(t testing.TB, app string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	if err := s.waitSessionsEnded(context.Background(), app); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *Schema) waitSessionsEnded(ctx context.Context, app string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
 		var n int
 		err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
 		if err != nil {
-			t.Fatalf("wait for the sessions of %s to end: %v", app, err)
+			return fmt.Errorf("wait for the sessions of %s to end: %w", app, err)
 		}
 		if n == 0 {
-			return
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%d sessions of %s still connected after 30s", n, app)
+			return fmt.Errorf("%d sessions of %s still connected after 30s", n, app)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
