@@ -18,11 +18,15 @@ build:
 # one package at a time (tests inside a package still run in parallel):
 # the end-to-end shop and the many-relays test each hold dozens of
 # connections, and together they would pass Postgres's default limit of 100.
+# scripts/lift-check.sh then copies pkg/outbox, pkg/inbox and pkg/saga each
+# alone into a module of its own and runs its tests there (about a minute
+# and a half): the libraries must never import the shop.
 test: lint-api
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
 	go vet -tags tracecheck ./internal/tracecheck
+	scripts/lift-check.sh
 
 # make trace-check — a demo order's trace as Jaeger shows it: Jaeger
 # v1.75.0 built from its module (tools/jaeger, a module of its own; the

@@ -5,9 +5,11 @@ package flowtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,4 +248,77 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
 	})
 	checkEffects(t, consumer.Pool, 1)
+}
+
+// TestRelayAfterAckBeforeMarkAppliedOnce runs the relay into a consumer
+// through the relay's own failpoint: the relay "dies" after the broker
+// acked an event and before marking it; the stream's duplicate window is
+// shorter than the relay's lease, so the relay's second publish is stored
+// as a second message. The inbox applies the event once.
+func TestRelayAfterAckBeforeMarkAppliedOnce(t *testing.T) {
+	t.Parallel()
+	producer := pgtest.New(t)
+	consumer := consumerSide(t)
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	stream, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
+		Name: "EV", Subjects: []string{"ev.>"}, Duplicates: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := inbox.NewConsumer(consumer.Pool, js, inbox.Config{
+		Name: "effects", Stream: "EV", Handler: inbox.Each(recordEffect), Logger: quiet,
+		AckWait: 5 * time.Second, BackoffBase: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, "consumer", c.Run)
+
+	var hits atomic.Int32
+	relay, err := outbox.NewRelay(producer.Pool, js, outbox.Config{
+		LeaseDuration: 600 * time.Millisecond, PublishTimeout: 200 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+		Hooks: outbox.Hooks{FailpointFunc: func(name string) error {
+			if name == "outbox.after_ack_before_mark" && hits.Add(1) == 1 {
+				return errors.New("injected")
+			}
+			return nil
+		}},
+		Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, "relay", relay.Run)
+
+	var w outbox.Writer
+	if err := pgx.BeginFunc(context.Background(), producer.Pool, func(tx pgx.Tx) error {
+		return w.Add(context.Background(), tx, outbox.Event{
+			AggregateType: "order", AggregateID: "o-1", Type: "OrderCreated",
+			Subject: "ev.o-1.OrderCreated", Payload: map[string]string{"order_id": "o-1"},
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	poll.Until(t, 10*time.Second, "the relay marks the event after its retry", func() bool {
+		return scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`) == 1
+	})
+	poll.Until(t, 10*time.Second, "both copies consumed", func() bool {
+		got := c.Counters()
+		return got.Processed+got.Duplicates == 2
+	})
+	checkEffects(t, consumer.Pool, 1)
+	info, err := stream.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hits.Load() != 2 || info.State.Msgs != 2 {
+		t.Fatalf("failpoint hit %d times, stream holds %d messages; want 2 and 2 (the copy stored)", hits.Load(), info.State.Msgs)
+	}
+	if got := c.Counters(); got.Processed != 1 || got.Duplicates != 1 {
+		t.Fatalf("counters %+v: want the effect once and the copy absorbed", got)
+	}
 }

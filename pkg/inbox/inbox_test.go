@@ -21,8 +21,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/inbox/internal/testenv"
+	"github.com/shop-ref/shop/pkg/inbox/migrations"
 )
 
 const (
@@ -33,15 +33,15 @@ const (
 // env is one test's world: its own schema, its own NATS server with an
 // ORDERS stream, and an effects table the handlers write to.
 type env struct {
-	db   *pgtest.Schema
+	db   *testenv.Schema
 	pool *pgxpool.Pool // the consumer's: Workers+2 connections, as documented
-	nats *natstest.Server
+	nats *testenv.Server
 	js   jetstream.JetStream
 }
 
 func setup(t testing.TB) *env {
 	t.Helper()
-	db := pgtest.New(t)
+	db := testenv.New(t, testenv.Migrations{Table: "inbox_goose_version", FS: migrations.FS()})
 	if _, err := db.Pool.Exec(context.Background(), `
 		CREATE TABLE effects (
 			id           bigserial PRIMARY KEY,
@@ -52,7 +52,7 @@ func setup(t testing.TB) *env {
 		)`); err != nil {
 		t.Fatal(err)
 	}
-	srv := natstest.New(t)
+	srv := testenv.NATS(t)
 	_, js := srv.Connect(t)
 	srv.Stream(t, js, testStream, "orders.>")
 	return &env{db: db, pool: db.NewPool(t, 6), nats: srv, js: js}
@@ -142,7 +142,7 @@ func (e *env) publish(t *testing.T, evs ...event) {
 
 func (e *env) publishMsg(t *testing.T, m *nats.Msg) *jetstream.PubAck {
 	t.Helper()
-	return natstest.Publish(t, e.js, m)
+	return testenv.Publish(t, e.js, m)
 }
 
 // eventually waits for cond, polling; it fails the test after 30s.
@@ -161,7 +161,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // every message in the stream.
 func (e *env) settled(t *testing.T) bool {
 	t.Helper()
-	return natstest.Settled(t, e.js, testStream, testConsumer)
+	return testenv.Settled(t, e.js, testStream, testConsumer)
 }
 
 // seqs returns the sequences applied for agg, in the order they committed.

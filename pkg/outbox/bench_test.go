@@ -18,8 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/outbox/internal/testenv"
 )
 
 const (
@@ -55,8 +54,8 @@ func fillBacklog(b *testing.B, e *env, n, aggregates int) {
 func benchEnv(b *testing.B) *env {
 	b.Helper()
 	e := &env{}
-	e.db = pgtest.New(b)
-	e.nats = natstest.New(b)
+	e.db = newSchema(b)
+	e.nats = testenv.NATS(b)
 	_, e.js = e.nats.Connect(b)
 	e.stream = e.nats.Stream(b, e.js, "EV", "ev.>")
 	return e
@@ -70,7 +69,7 @@ func BenchmarkJetStreamPublish(b *testing.B) {
 	const n = backlogEvents
 	for range b.N {
 		start := time.Now()
-		natstest.PublishAll(b, e.js, n, func(i int) (*nats.Msg, string) {
+		testenv.PublishAll(b, e.js, n, func(i int) (*nats.Msg, string) {
 			return &nats.Msg{Subject: fmt.Sprintf("ev.p-%d.Raw", i%1000), Data: payload}, uuid.NewString()
 		})
 		b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")

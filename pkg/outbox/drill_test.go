@@ -25,8 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/outbox/internal/testenv"
 )
 
 const (
@@ -42,7 +41,7 @@ func TestBacklogDrill(t *testing.T) {
 		n = 10_000
 	}
 	ctx := context.Background()
-	e := &env{db: pgtest.New(t), nats: natstest.New(t)}
+	e := &env{db: newSchema(t), nats: testenv.NATS(t)}
 	_, e.js = e.nats.Connect(t)
 	e.stream = e.nats.Stream(t, e.js, "EV", "ev.>")
 

@@ -16,13 +16,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/outbox/internal/testenv"
+	"github.com/shop-ref/shop/pkg/outbox/migrations"
 )
 
 type env struct {
-	db     *pgtest.Schema
-	nats   *natstest.Server
+	db     *testenv.Schema
+	nats   *testenv.Server
 	js     jetstream.JetStream
 	stream jetstream.Stream
 }
@@ -30,7 +30,7 @@ type env struct {
 func setup(t *testing.T) *env {
 	t.Helper()
 	t.Parallel()
-	e := &env{db: pgtest.New(t), nats: natstest.New(t)}
+	e := &env{db: newSchema(t), nats: testenv.NATS(t)}
 	_, e.js = e.nats.Connect(t)
 	e.stream = e.nats.Stream(t, e.js, "EV", "ev.>")
 	return e
@@ -842,4 +842,11 @@ func TestRepublishAllSendsLostEventsAgainInOrder(t *testing.T) {
 			t.Errorf("stream seq %d is %s, want %s (%s)", seq, got, ids[i], []string{"A", "B"}[i])
 		}
 	}
+}
+
+// newSchema is a test's own schema holding the outbox's tables, from this
+// package's migrations/ alone.
+func newSchema(t testing.TB) *testenv.Schema {
+	t.Helper()
+	return testenv.New(t, testenv.Migrations{Table: "outbox_goose_version", FS: migrations.FS()})
 }

@@ -8,15 +8,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/outbox/internal/testenv"
 )
 
 // setupQueue is a schema with the outbox and a business table, tickets; Queue
 // needs no broker.
-func setupQueue(t *testing.T) *pgtest.Schema {
+func setupQueue(t *testing.T) *testenv.Schema {
 	t.Helper()
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newSchema(t)
 	if _, err := db.Pool.Exec(context.Background(), `CREATE TABLE tickets (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func sendTicket(ctx context.Context, tx pgx.Tx, w *Writer, id string, events ...
 	return tx.SendBatch(ctx, b).Close()
 }
 
-func tickets(t *testing.T, db *pgtest.Schema) int {
+func tickets(t *testing.T, db *testenv.Schema) int {
 	t.Helper()
 	var n int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM tickets`).Scan(&n); err != nil {

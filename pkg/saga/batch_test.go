@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shop-ref/shop/internal/streamtest"
 	"github.com/shop-ref/shop/pkg/saga"
 )
 
@@ -60,7 +59,7 @@ func countingTicket(t *testing.T) *saga.Saga {
 // unexpected records and func writes.
 func TestBatchSizeChangesNoTransition(t *testing.T) {
 	t.Parallel()
-	streamtest.Seeds(t, 4, func(t *testing.T, rng *rand.Rand) {
+	seeds(t, 4, func(t *testing.T, rng *rand.Rand) {
 		alone, batched := setup(t, time.Hour), setup(t, time.Hour)
 		ticket := countingTicket(t)
 		for _, e := range []*env{alone, batched} {
@@ -83,7 +82,7 @@ func TestBatchSizeChangesNoTransition(t *testing.T) {
 				return err
 			})
 		}
-		for _, batch := range streamtest.Batches(t, rng, events, 30) {
+		for _, batch := range batches(t, rng, events, 30) {
 			batched.inTx(t, func(ctx context.Context, tx pgx.Tx) error {
 				res, err := ticket.ApplyBatch(ctx, tx, batch)
 				for _, r := range res {
@@ -119,4 +118,36 @@ func (e *env) sagaSnapshot(t *testing.T) string {
 		`SELECT saga_id, name FROM saga_timeouts ORDER BY saga_id, name`,
 		`SELECT saga_id, coalesce(state, '-'), event_type, event_id FROM saga_unexpected ORDER BY event_id`,
 		`SELECT saga_id, from_state, event FROM effects ORDER BY saga_id, at`)
+}
+
+// seeds runs f as n parallel subtests, seed-1 … seed-n, each with a rand
+// seeded by its number, so that a failure names the seed that reproduces it.
+func seeds(t *testing.T, n int, f func(t *testing.T, rng *rand.Rand)) {
+	t.Helper()
+	for run := range n {
+		seed := uint64(run + 1)
+		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
+			t.Parallel()
+			f(t, rand.New(rand.NewPCG(seed, seed)))
+		})
+	}
+}
+
+// batches cuts s, in order, into batches of 1 to most elements. It fails t
+// when no batch holds two: the batch path fed batches of one would prove
+// nothing.
+func batches[T any](t testing.TB, rng *rand.Rand, s []T, most int) [][]T {
+	t.Helper()
+	var out [][]T
+	widest := 0
+	for rest := s; len(rest) > 0; {
+		n := min(len(rest), 1+rng.IntN(most))
+		out = append(out, rest[:n])
+		widest = max(widest, n)
+		rest = rest[n:]
+	}
+	if widest < 2 {
+		t.Fatal("no batch had two events; the test proves nothing")
+	}
+	return out
 }

@@ -62,8 +62,8 @@ func TestFailpointAfterClaimTimeout(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM effects WHERE event = $1`, saga.TimeoutEvent("hold")); n != 1 {
 		t.Fatalf("the timeout's transition ran %d times, want 1", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM outbox WHERE event_type = 'TicketEXPIRED'`); n != 1 {
-		t.Fatalf("%d TicketEXPIRED events, want 1", n)
+	if n := e.count(t, `SELECT count(*) FROM effects WHERE to_state = 'EXPIRED'`); n != 1 {
+		t.Fatalf("%d effects of the expiry, want 1", n)
 	}
 	if n := e.count(t, `SELECT count(*) FROM saga_timeouts`); n != 0 {
 		t.Fatalf("%d timeouts left after firing", n)

@@ -11,41 +11,36 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shop-ref/shop/internal/pgtest"
-	"github.com/shop-ref/shop/migrations"
-	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/saga"
+	"github.com/shop-ref/shop/pkg/saga/internal/testenv"
+	"github.com/shop-ref/shop/pkg/saga/migrations"
 )
 
 // The test saga: a ticket is OPEN, gets HELD for a while (a "hold" timeout),
 // then PAID, or EXPIRED when the hold runs out; an OPEN ticket may be
-// CANCELLED. Every transition queues an effect row and an outbox event on
-// the step's batch, to show that they commit with the state.
+// CANCELLED. Every transition queues an effect row on the step's batch, to
+// show that it commits with the state.
 type env struct {
-	db     *pgtest.Schema
+	db     *testenv.Schema
 	ticket *saga.Saga
 	hold   time.Duration
 }
 
 func setup(t *testing.T, hold time.Duration) *env {
 	t.Helper()
-	db := pgtest.New(t, migrations.Saga())
+	db := newSchema(t)
 	if _, err := db.Pool.Exec(context.Background(),
-		`CREATE TABLE effects (saga_id text, from_state text, event text, at timestamptz DEFAULT clock_timestamp())`); err != nil {
+		`CREATE TABLE effects (saga_id text, from_state text, event text, to_state text, at timestamptz DEFAULT clock_timestamp())`); err != nil {
 		t.Fatal(err)
 	}
-	var w outbox.Writer
 	effect := func(extra func(st *saga.Step)) saga.TransitionFunc {
 		return func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 			if extra != nil {
 				extra(st)
 			}
-			st.Batch().Queue(`INSERT INTO effects (saga_id, from_state, event) VALUES ($1, $2, $3)`,
-				st.Instance.ID, st.Instance.State, st.Event.Type)
-			return w.Queue(ctx, st.Batch(), outbox.Event{
-				AggregateType: "ticket", AggregateID: st.Instance.ID, Type: "Ticket" + st.To,
-				Subject: "tickets." + st.Instance.ID + ".Ticket" + st.To, Payload: map[string]string{"state": st.To},
-			})
+			st.Batch().Queue(`INSERT INTO effects (saga_id, from_state, event, to_state) VALUES ($1, $2, $3, $4)`,
+				st.Instance.ID, st.Instance.State, st.Event.Type, st.To)
+			return nil
 		}
 	}
 	ticket, err := saga.New("ticket",
@@ -164,8 +159,8 @@ func TestEveryTransition(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM effects`); n != 3 {
 		t.Fatalf("%d effects, want 3", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM outbox WHERE event_type IN ('TicketHELD', 'TicketPAID', 'TicketCANCELLED')`); n != 3 {
-		t.Fatalf("%d outbox events, want 3", n)
+	if n := e.count(t, `SELECT count(*) FROM effects WHERE to_state IN ('HELD', 'PAID', 'CANCELLED')`); n != 3 {
+		t.Fatalf("%d effects of the three transitions, want 3", n)
 	}
 }
 
@@ -286,7 +281,7 @@ func TestStartTimeouts(t *testing.T) {
 
 func TestQueuedWritesGoWithTheTransition(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Saga())
+	db := newSchema(t)
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE effects (saga_id text, what text)`); err != nil {
 		t.Fatal(err)
@@ -408,7 +403,7 @@ func TestUnexpectedEventIsRecordedAndIgnored(t *testing.T) {
 
 func TestFuncErrorRollsBack(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Saga())
+	db := newSchema(t)
 	boom := errors.New("boom")
 	sg, err := saga.New("x", saga.Transition{From: "A", Event: "E", To: "B",
 		Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error { return boom }})
@@ -446,8 +441,8 @@ func TestTimeoutFires(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM saga_timeouts`); n != 0 {
 		t.Fatalf("%d timeouts left after firing", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM outbox WHERE event_type = 'TicketEXPIRED'`); n != 1 {
-		t.Fatalf("%d TicketEXPIRED events, want 1", n)
+	if n := e.count(t, `SELECT count(*) FROM effects WHERE to_state = 'EXPIRED'`); n != 1 {
+		t.Fatalf("%d effects of the expiry, want 1", n)
 	}
 }
 
@@ -506,7 +501,7 @@ func TestTwoScannersFireEachTimeoutOnce(t *testing.T) {
 
 func TestFailingTimeoutDoesNotHoldBackOthers(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Saga())
+	db := newSchema(t)
 	sg, err := saga.New("x", saga.Transition{From: "A", Event: saga.TimeoutEvent("t"), To: "B",
 		Func: func(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 			if st.Instance.ID == "bad" {
@@ -544,7 +539,7 @@ func TestFailingTimeoutDoesNotHoldBackOthers(t *testing.T) {
 // still fire, one per transaction, while the failing one is postponed.
 func TestTimeoutsFireInBatches(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Saga())
+	db := newSchema(t)
 	ctx := context.Background()
 	sg, err := saga.New("x",
 		saga.Transition{From: "A", Event: saga.TimeoutEvent("t"), To: "B",
@@ -619,4 +614,11 @@ func TestTimeoutsFireInBatches(t *testing.T) {
 			t.Fatalf("Fired() = %d, want 15", got)
 		}
 	})
+}
+
+// newSchema is a test's own schema holding the saga's tables, from this
+// package's migrations/ alone.
+func newSchema(t testing.TB) *testenv.Schema {
+	t.Helper()
+	return testenv.New(t, testenv.Migrations{Table: "saga_goose_version", FS: migrations.FS()})
 }

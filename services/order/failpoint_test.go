@@ -13,6 +13,7 @@ import (
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
 
 func TestFailpointAfterCommitBeforeResponse(t *testing.T) {
@@ -67,7 +68,7 @@ func TestFailpointAfterCommitBeforeResponse(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM orders`); n != 1 {
 		t.Fatalf("%d orders after the retry, want 1", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM outbox WHERE event_type = 'OrderCreated'`); n != 1 {
+	if n := len(outboxtest.Written(t, e.pool, outboxtest.Want{Type: "OrderCreated"})); n != 1 {
 		t.Fatalf("%d OrderCreated events, want 1", n)
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
+	"github.com/shop-ref/shop/pkg/saga/sagatest"
 )
 
 func TestCreateOrder(t *testing.T) {
@@ -42,8 +44,8 @@ func TestCreateOrder(t *testing.T) {
 	if p["order_id"] != o.ID.String() || p["total"] != float64(o.Total) || p["customer_id"] != "c-1" || len(p["items"].([]any)) != 2 {
 		t.Fatalf("OrderCreated payload %v", p)
 	}
-	if n := e.count(t, `SELECT count(*) FROM outbox WHERE subject = $1`, "orders."+o.ID.String()+".OrderCreated"); n != 1 {
-		t.Fatal("OrderCreated not on orders.<id>.OrderCreated")
+	if rec := outboxtest.RequireWritten(t, e.pool, outboxtest.Want{AggregateID: o.ID.String(), Type: "OrderCreated"}); rec.Subject != "orders."+o.ID.String()+".OrderCreated" {
+		t.Fatalf("OrderCreated on %s, want orders.<id>.OrderCreated", rec.Subject)
 	}
 
 	t.Run("unknown order is 404", func(t *testing.T) {
@@ -76,7 +78,7 @@ func TestIdempotencyKey(t *testing.T) {
 		if a.ID != b.ID || !a.CreatedAt.Equal(b.CreatedAt) {
 			t.Fatalf("replay gave order %s, want %s", b.ID, a.ID)
 		}
-		if n := e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1`, a.ID.String()); n != 1 {
+		if n := e.written(t, a.ID, ""); n != 1 {
 			t.Fatalf("%d events after a replay, want 1", n)
 		}
 	})
@@ -266,7 +268,8 @@ func TestCancel(t *testing.T) {
 			o := e.create(t, "SKU-1", 1)
 			e.publish(t, answer.prefix, o.ID, answer.typ, map[string]any{"order_id": o.ID, "intent_id": uuid.New(), "items": []any{}})
 			poll.Until(t, 15*time.Second, "the saga to take "+answer.typ, func() bool {
-				return e.count(t, `SELECT count(*) FROM saga_instances WHERE id = $1 AND state <> 'PENDING'`, o.ID.String()) == 1
+				s := e.sagaState(t, o.ID)
+				return s != "" && s != "PENDING"
 			})
 			if res := cancel(t, o.ID); res.status != http.StatusAccepted {
 				t.Fatalf("cancel: %d %s", res.status, res.body)
@@ -290,8 +293,8 @@ func TestCancel(t *testing.T) {
 			t.Fatalf("history %s", statuses(got))
 		}
 		wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderClosed")
-		if n := e.count(t, `SELECT count(*) FROM saga_timeouts WHERE saga_id = $1`, o.ID.String()); n != 0 {
-			t.Fatal("the payment timeout outlived the cancel")
+		if got := e.timeouts(t, o.ID); got != "" {
+			t.Fatalf("timeouts %q outlived the cancel", got)
 		}
 	})
 	t.Run("paid is 409", func(t *testing.T) {
@@ -303,7 +306,7 @@ func TestCancel(t *testing.T) {
 		if res := cancel(t, o.ID); res.status != http.StatusConflict {
 			t.Fatalf("cancel: %d %s", res.status, res.body)
 		}
-		if n := e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1`, o.ID.String()); n != 0 {
+		if n := len(sagatest.UnexpectedEvents(t, e.pool, o.ID.String())); n != 0 {
 			t.Fatal("a refused cancel wrote a row")
 		}
 		if got := e.get(t, o.ID); got.Status != Paid {

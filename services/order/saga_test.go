@@ -15,7 +15,9 @@ import (
 
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/inbox/inboxtest"
 	"github.com/shop-ref/shop/pkg/saga"
+	"github.com/shop-ref/shop/pkg/saga/sagatest"
 )
 
 func TestSagaHappyPath(t *testing.T) {
@@ -31,7 +33,7 @@ func TestSagaHappyPath(t *testing.T) {
 	// with nothing to pay yet, until payment has opened its intent.
 	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 4}}})
 	poll.Until(t, 15*time.Second, "the saga to hold the stock", func() bool {
-		return e.count(t, `SELECT count(*) FROM saga_instances WHERE id = $1 AND state = $2`, o.ID.String(), stockHeld) == 1
+		return e.sagaState(t, o.ID) == stockHeld
 	})
 	if got := e.get(t, o.ID); got.Status != Pending || got.Payment != nil || statuses(got) != "PENDING" {
 		t.Fatalf("stock held, no intent yet: %s %s, payment %+v", got.Status, statuses(got), got.Payment)
@@ -51,9 +53,7 @@ func TestSagaHappyPath(t *testing.T) {
 	if d := waiting.Payment; d == nil || d.IntentID != intent || d.Amount != 1000 || !d.PayBy.Equal(payBy) {
 		t.Fatalf("WAIT_PAY shows payment %+v, want intent %s, 1000, due %s", d, intent, payBy)
 	}
-	if n := e.count(t, `SELECT count(*) FROM saga_timeouts WHERE saga_id = $1 AND name = 'payment'`, o.ID.String()); n != 1 {
-		t.Fatal("no payment timeout in WAIT_PAY")
-	}
+	sagatest.RequireTimeout(t, e.pool, o.ID.String(), "payment")
 
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "pay-1", "provider_payment_id": "pp-1", "amount": 1000})
 	e.waitStatus(t, o.ID, Paid)
@@ -161,7 +161,7 @@ func TestSagaReservationTimeout(t *testing.T) {
 
 	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 1}}})
 	poll.Until(t, 15*time.Second, "the late reservation to be recorded", func() bool {
-		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'InventoryReserved' AND state = 'CLOSED'`, o.ID.String()) == 1
+		return e.unexpected(t, o.ID, "InventoryReserved", "CLOSED") == 1
 	})
 	if got := e.get(t, o.ID); got.Status != Closed || statuses(got) != "PENDING CLOSED" {
 		t.Fatalf("after the late reservation: %s %s", got.Status, statuses(got))
@@ -202,10 +202,8 @@ func TestSagaFulfillmentTimeout(t *testing.T) {
 		if got := e.timeouts(t, o); got != fulfillmentTimeout {
 			t.Fatalf("order %s: timeouts %q, want the fulfillment deadline", o, got)
 		}
-		// The deadline falls due now, not in a day.
-		if n := e.count(t, `WITH d AS (UPDATE saga_timeouts SET due_at = now() WHERE saga_id = $1 RETURNING 1) SELECT count(*) FROM d`, o.String()); n != 1 {
-			t.Fatalf("order %s: %d deadlines brought forward", o, n)
-		}
+		// The deadline fires now, not in a day.
+		sagatest.FireTimeout(t, e.pool, e.svc.saga, o.String(), fulfillmentTimeout)
 	}
 	for o, want := range map[uuid.UUID]string{never.ID: "PENDING WAIT_PAY PAID CLOSED", started.ID: "PENDING WAIT_PAY PAID FULFILLING CLOSED"} {
 		got := e.waitStatus(t, o, Closed)
@@ -225,8 +223,8 @@ func TestSagaFulfillmentTimeout(t *testing.T) {
 	e.publish(t, "fulfillment", started.ID, "ShipmentDelivered", map[string]any{"order_id": started.ID, "shipment_id": "s-1", "delivered_at": time.Now()})
 	e.publish(t, "payment", started.ID, "PaymentSucceeded", map[string]any{"order_id": started.ID, "payment_id": "pay-" + started.ID.String(), "amount": 200})
 	poll.Until(t, 15*time.Second, "the late delivery recorded", func() bool {
-		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'ShipmentDelivered'`, started.ID.String()) == 1 &&
-			e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = 'order-payment'`) == 5
+		return e.unexpected(t, started.ID, "ShipmentDelivered", "") == 1 &&
+			len(inboxtest.Processed(t, e.pool, "order-payment")) == 5
 	})
 	if got := e.get(t, started.ID); got.Status != Closed {
 		t.Fatalf("after the late delivery: %s", got.Status)
@@ -246,7 +244,7 @@ func TestSagaWaitsForBothAnswers(t *testing.T) {
 	e.publish(t, "payment", o.ID, "PaymentOpened", map[string]any{"order_id": o.ID, "intent_id": intent, "amount": 100})
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "early", "amount": 100})
 	poll.Until(t, 15*time.Second, "the early payment's refund", func() bool {
-		return e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'RefundRequested'`, o.ID.String()) == 1
+		return e.written(t, o.ID, "RefundRequested") == 1
 	})
 	if p := e.payload(t, o.ID, "RefundRequested"); p["payment_id"] != "early" || p["reason"] != "order_not_awaiting_payment" {
 		t.Fatalf("RefundRequested %v", p)
@@ -333,13 +331,13 @@ func TestSecondPaymentOfPaidOrderRefunded(t *testing.T) {
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-1", "amount": 100})
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "p-2", "amount": 100})
 	poll.Until(t, 15*time.Second, "the refund", func() bool {
-		return e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'RefundRequested'`, o.ID.String()) == 1
+		return e.written(t, o.ID, "RefundRequested") == 1
 	})
 	if p := e.payload(t, o.ID, "RefundRequested"); p["payment_id"] != "p-2" || p["reason"] != "order_already_paid" {
 		t.Fatalf("RefundRequested %v", p)
 	}
 	poll.Until(t, 15*time.Second, "every payment event processed", func() bool {
-		return e.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = 'order-payment'`) == 4 // with PaymentOpened
+		return len(inboxtest.Processed(t, e.pool, "order-payment")) == 4 // with PaymentOpened
 	})
 	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderPaid", "RefundRequested")
 }
@@ -355,9 +353,10 @@ func TestUnexpectedEventIgnored(t *testing.T) {
 	// The reservation comes after the cancel, then an event that does fit
 	// nothing either: both are recorded, neither blocks the consumer.
 	e.publish(t, "inventory", o.ID, "InventoryReserved", map[string]any{"order_id": o.ID})
-	e.publish(t, "inventory", uuid.New(), "InventoryReserved", map[string]any{})
+	nobody := uuid.New()
+	e.publish(t, "inventory", nobody, "InventoryReserved", map[string]any{})
 	poll.Until(t, 15*time.Second, "the unexpected events to be recorded", func() bool {
-		return e.count(t, `SELECT count(*) FROM saga_unexpected WHERE event_type = 'InventoryReserved'`) == 2
+		return e.unexpected(t, o.ID, "InventoryReserved", "") == 1 && e.unexpected(t, nobody, "InventoryReserved", "") == 1
 	})
 	if got := e.get(t, o.ID); got.Status != Closed || statuses(got) != "PENDING CLOSED" {
 		t.Fatalf("order %s %s", got.Status, statuses(got))
@@ -391,7 +390,7 @@ func TestUnknownSchemaVersionIsDeadLettered(t *testing.T) {
 	m.Header.Set(jetstream.MsgIDHeader, uuid.NewString())
 	e.send(t, m)
 	poll.Until(t, 15*time.Second, "the dead letter", func() bool {
-		return e.count(t, `SELECT count(*) FROM dead_letters WHERE consumer_name = 'order-inventory'`) == 1
+		return e.deadLetters(t, "order-inventory") == 1
 	})
 	if n := e.count(t, `SELECT count(*) FROM catalogue`); n != 0 {
 		t.Fatal("a version 2 event was applied")
@@ -444,15 +443,14 @@ func TestHandlerAppliesTheBatchInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for o, want := range map[uuid.UUID]string{a.ID: stockHeld, b.ID: stockHeld, c.ID: Rejected} {
-		var got string
-		if err := e.pool.QueryRow(t.Context(), `SELECT state FROM saga_instances WHERE id = $1`, o.String()).Scan(&got); err != nil || got != want {
-			t.Errorf("order %s: saga in %s (%v), want %s", o, got, err, want)
+		if got := e.sagaState(t, o); got != want {
+			t.Errorf("order %s: saga in %q, want %s", o, got, want)
 		}
 	}
 	if n := e.count(t, `SELECT price FROM catalogue WHERE sku = 'SKU-1'`); n != 300 {
 		t.Errorf("price %d, want 300", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'InventoryReserved'`, a.ID.String()); n != 1 {
+	if n := e.unexpected(t, a.ID, "InventoryReserved", ""); n != 1 {
 		t.Errorf("%d unexpected records for the second InventoryReserved, want 1", n)
 	}
 }

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +28,10 @@ import (
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
+	"github.com/shop-ref/shop/pkg/saga"
+	"github.com/shop-ref/shop/pkg/saga/sagatest"
 	"github.com/shop-ref/shop/services/fulfillment"
 	"github.com/shop-ref/shop/services/inventory"
 	paymentsvc "github.com/shop-ref/shop/services/payment"
@@ -238,28 +245,58 @@ func (e *env) waitStatus(t *testing.T, id uuid.UUID, status string) Order {
 // joined by spaces ("" for none).
 func (e *env) timeouts(t *testing.T, id uuid.UUID) string {
 	t.Helper()
-	var s string
-	if err := e.pool.QueryRow(context.Background(),
-		`SELECT coalesce(string_agg(name, ' ' ORDER BY name), '') FROM saga_timeouts WHERE saga_id = $1`, id.String()).Scan(&s); err != nil {
+	names := slices.Sorted(maps.Keys(sagatest.Timeouts(t, e.pool, id.String())))
+	return strings.Join(names, " ")
+}
+
+// sagaState is the state of the order's saga, "" when it has none.
+func (e *env) sagaState(t *testing.T, id uuid.UUID) string {
+	t.Helper()
+	in, err := saga.Load(context.Background(), e.pool, id.String())
+	if errors.Is(err, saga.ErrNotFound) {
+		return ""
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return in.State
+}
+
+// unexpected counts the events of type typ that the order's saga recorded
+// as unexpected, in state (any state when "").
+func (e *env) unexpected(t *testing.T, id uuid.UUID, typ, state string) int {
+	t.Helper()
+	n := 0
+	for _, u := range sagatest.UnexpectedEvents(t, e.pool, id.String()) {
+		if u.EventType == typ && (state == "" || u.State == state) {
+			n++
+		}
+	}
+	return n
+}
+
+// written counts the order's outbox events of type typ (any type when "").
+func (e *env) written(t *testing.T, id uuid.UUID, typ string) int {
+	t.Helper()
+	return len(outboxtest.Written(t, e.pool, outboxtest.Want{AggregateType: "order", AggregateID: id.String(), Type: typ}))
+}
+
+// deadLetters counts consumer's dead letters.
+func (e *env) deadLetters(t *testing.T, consumer string) int {
+	t.Helper()
+	dead, err := inbox.ListDeadLetters(context.Background(), e.pool, consumer, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(dead)
 }
 
 // events lists the types of the order's outbox events in sequence order.
 func (e *env) events(t *testing.T, id uuid.UUID) []string {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(),
-		`SELECT event_type FROM outbox WHERE aggregate_type = 'order' AND aggregate_id = $1 ORDER BY aggregate_seq`, id.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
 	var out []string
-	for rows.Next() {
-		var s string
-		_ = rows.Scan(&s)
-		out = append(out, s)
+	for _, r := range outboxtest.Written(t, e.pool, outboxtest.Want{AggregateType: "order", AggregateID: id.String()}) {
+		out = append(out, r.Type)
 	}
 	return out
 }
@@ -267,12 +304,8 @@ func (e *env) events(t *testing.T, id uuid.UUID) []string {
 // payload returns the payload of the order's only event of type typ.
 func (e *env) payload(t *testing.T, id uuid.UUID, typ string) map[string]any {
 	t.Helper()
-	var b []byte
-	if err := e.pool.QueryRow(context.Background(),
-		`SELECT payload::text FROM outbox WHERE aggregate_id = $1 AND event_type = $2`, id.String(), typ).Scan(&b); err != nil {
-		t.Fatalf("%s of %s: %v", typ, id, err)
-	}
-	return decode[map[string]any](t, b)
+	rec := outboxtest.RequireWritten(t, e.pool, outboxtest.Want{AggregateID: id.String(), Type: typ})
+	return decode[map[string]any](t, rec.Payload)
 }
 
 func statuses(o Order) string {
