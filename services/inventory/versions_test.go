@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/pkg/inbox"
 )
 
 // withCurrency turns an OrderCreated payload into one of version 2.
@@ -99,8 +100,13 @@ func TestUnknownVersionIsDeadLetter(t *testing.T) {
 	id := f.publishVersion(t, future, 1, TypeOrderCreated, 3, withCurrency(orderCreated(future, Item{"A", 5}), "EUR"))
 	var msg string
 	eventually(t, "the dead letter", func() bool {
-		return f.pool.QueryRow(t.Context(), `SELECT error FROM dead_letters WHERE consumer_name = $1 AND event_id = $2`,
-			ConsumerName, id).Scan(&msg) == nil
+		dead, err := inbox.ListDeadLetters(t.Context(), f.pool, ConsumerName, 100)
+		for _, dl := range dead {
+			if dl.EventID == id {
+				msg = dl.Error
+			}
+		}
+		return err == nil && msg != ""
 	})
 	if !strings.Contains(msg, "OrderCreated schema version 3") || !strings.Contains(msg, "versions 1 to 2") {
 		t.Fatalf("dead letter error %q: want it to name the version", msg)
