@@ -16,6 +16,7 @@ import (
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // One copy at a time holds the reconciler's lock; another takes it when
@@ -118,8 +119,8 @@ func TestALoneOrderServiceRunsTheRepair(t *testing.T) {
 	}
 	other.release()
 	waitFor(t, "the dead event requeued by the order process's reconciler", func() bool {
-		var dead bool
-		return payment.QueryRow(ctx, `SELECT dead_at IS NOT NULL FROM outbox WHERE event_id = $1`, killed).Scan(&dead) == nil && !dead
+		rec, err := outbox.Get(ctx, payment, killed)
+		return err == nil && rec.DeadAt == nil
 	})
 	waitFor(t, "the order service to report it runs the reconciler", func() bool {
 		return strings.Contains(get200(t, "http://"+addr+"/metrics"), "shop_reconcile_leader 1")
