@@ -19,8 +19,9 @@ build:
 # the end-to-end shop and the many-relays test each hold dozens of
 # connections, and together they would pass Postgres's default limit of 100.
 # scripts/lift-check.sh then copies pkg/outbox, pkg/inbox and pkg/saga each
-# alone into a module of its own and runs its tests there (about a minute
-# and a half): the libraries must never import the shop.
+# alone into a module of its own and runs its tests there (about a minute,
+# up to three on a cold build cache): the libraries must never import the
+# shop.
 test: lint-api
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh

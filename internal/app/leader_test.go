@@ -17,6 +17,7 @@ import (
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // One copy at a time holds the reconciler's lock; another takes it when
@@ -119,8 +120,8 @@ func TestALoneOrderServiceRunsTheRepair(t *testing.T) {
 	}
 	other.release()
 	poll.Until(t, time.Minute, "the dead event requeued by the order process's reconciler", func() bool {
-		var dead bool
-		return payment.QueryRow(ctx, `SELECT dead_at IS NOT NULL FROM outbox WHERE event_id = $1`, killed).Scan(&dead) == nil && !dead
+		rec, err := outbox.Get(ctx, payment, killed)
+		return err == nil && rec.DeadAt == nil
 	})
 	poll.Until(t, time.Minute, "the order service to report it runs the reconciler", func() bool {
 		return strings.Contains(get200(t, "http://"+addr+"/metrics"), "shop_reconcile_leader 1")

@@ -19,6 +19,7 @@ import (
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/pkg/saga/sagatest"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -135,7 +136,13 @@ func TestReservationTimeoutReleasesALateReservation(t *testing.T) {
 		return inv.count(`SELECT count(*) FROM reservations WHERE order_id = $1 AND state = 'RELEASED'`, o.ID) == 1
 	})
 	poll.Until(t, time.Minute, "the late InventoryReserved to reach the closed order", func() bool {
-		return ord.count(`SELECT count(*) FROM saga_unexpected WHERE saga_id = $1 AND event_type = 'InventoryReserved' AND state = 'CLOSED'`, o.ID) == 1
+		n := 0
+		for _, u := range sagatest.UnexpectedEvents(t, ord.admin, o.ID) {
+			if u.State == "CLOSED" && u.EventType == "InventoryReserved" {
+				n++
+			}
+		}
+		return n == 1
 	})
 	if n := inv.count(`SELECT reserved FROM stock WHERE sku = 'SKU-R'`); n != 0 {
 		t.Fatalf("SKU-R has %d units reserved, want 0", n)

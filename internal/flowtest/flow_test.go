@@ -23,7 +23,9 @@ import (
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/inbox/inboxtest"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -70,6 +72,16 @@ func scalar(t *testing.T, pool *pgxpool.Pool, sql string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// published reports whether the outbox has marked the event published.
+func published(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) bool {
+	t.Helper()
+	rec, err := outbox.Get(context.Background(), pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.PublishedAt != nil
 }
 
 // checkEffects fails unless every one of want events was applied exactly
@@ -161,7 +173,8 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 	// A consumer may apply an event before its relay has collected the rest
 	// of the batch's acks and marked it; marking follows shortly.
 	poll.Until(t, 30*time.Second, "every event marked published", func() bool {
-		return scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
+		st, err := outbox.ReadStats(context.Background(), producer.Pool)
+		return err == nil && st.Pending == 0 && st.Dead == 0
 	})
 	// Every event is published and nothing is left for the consumers to
 	// settle: no stray copy can still land, so the count is final.
@@ -199,10 +212,7 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := uuid.UUID{}
-	if err := producer.Pool.QueryRow(context.Background(), `SELECT event_id FROM outbox`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
+	id := outboxtest.RequireWritten(t, producer.Pool, outboxtest.Want{AggregateID: "o-1"}).EventID
 	// The first relay published and died before marking: the broker has the
 	// event, the outbox still says pending.
 	if _, err := js.Publish(context.Background(), "ev.o-1.OrderCreated", []byte(`{"order_id":"o-1"}`),
@@ -231,11 +241,11 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 	poll.Until(t, 10*time.Second, "the second copy stored and marked", func() bool {
 		info, err := stream.Info(context.Background())
 		return err == nil && info.State.Msgs == 2 &&
-			scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`) == 1
+			published(t, producer.Pool, id)
 	})
 	poll.Until(t, 10*time.Second, "both copies consumed", func() bool {
-		return scalar(t, consumer.Pool, `SELECT count(*) FROM processed_events`) == 1 &&
-			scalar(t, consumer.Pool, `SELECT coalesce(max(last_seq), 0) FROM inbox_sequences`) == 1
+		return len(inboxtest.Processed(t, consumer.Pool, "effects")) == 1 &&
+			inboxtest.LastSeq(t, consumer.Pool, "effects", "ev", "order", "o-1") == 1
 	})
 	// The second copy is handled as a duplicate; wait until the consumer has
 	// acked everything it was given, then count effects.
@@ -304,7 +314,7 @@ func TestRelayAfterAckBeforeMarkAppliedOnce(t *testing.T) {
 	}
 
 	poll.Until(t, 10*time.Second, "the relay marks the event after its retry", func() bool {
-		return scalar(t, producer.Pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`) == 1
+		return published(t, producer.Pool, outboxtest.RequireWritten(t, producer.Pool, outboxtest.Want{AggregateID: "o-1"}).EventID)
 	})
 	poll.Until(t, 10*time.Second, "both copies consumed", func() bool {
 		got := c.Counters()

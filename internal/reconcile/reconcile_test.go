@@ -12,6 +12,7 @@ import (
 	"github.com/shop-ref/shop/internal/reconcile"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -82,11 +83,11 @@ func (s *shop) reached(stream string, ev uuid.UUID, except ...string) {
 
 func (s *shop) published(pool *pgxpool.Pool, ev uuid.UUID) bool {
 	s.t.Helper()
-	var ok bool
-	if err := pool.QueryRow(context.Background(), `SELECT published_at IS NOT NULL FROM outbox WHERE event_id = $1`, ev).Scan(&ok); err != nil {
+	rec, err := outbox.Get(context.Background(), pool, ev)
+	if err != nil {
 		s.t.Fatal(err)
 	}
-	return ok
+	return rec.PublishedAt != nil
 }
 
 func (s *shop) run(repair bool) reconcile.Report {
@@ -321,11 +322,11 @@ func TestRepairRequeuesEventsAMissingStreamKilled(t *testing.T) {
 	s.exec(s.pools.Inventory, `UPDATE outbox SET published_at = NULL, dead_at = now(), attempts = 1,
 		last_error = 'message size exceeds maximum allowed' WHERE event_id = $1`, poison)
 	dead := func(pool *pgxpool.Pool, ev uuid.UUID) bool {
-		var d bool
-		if err := pool.QueryRow(ctx, `SELECT dead_at IS NOT NULL FROM outbox WHERE event_id = $1`, ev).Scan(&d); err != nil {
+		rec, err := outbox.Get(ctx, pool, ev)
+		if err != nil {
 			t.Fatal(err)
 		}
-		return d
+		return rec.DeadAt != nil
 	}
 
 	rep, err := reconcile.Run(ctx, s.shop, reconcile.Config{})

@@ -23,7 +23,9 @@ import (
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/inbox/inboxtest"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
 
 const testDelay = 100 * time.Millisecond
@@ -133,26 +135,9 @@ type outboxRow struct {
 // events returns the outbox events of type typ for orderID, in sequence order.
 func events(t *testing.T, pool *pgxpool.Pool, orderID uuid.UUID, typ string) []outboxRow {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `
-		SELECT aggregate_seq, subject, payload::text FROM outbox
-		WHERE aggregate_type = 'order' AND aggregate_id = $1 AND event_type = $2
-		ORDER BY aggregate_seq`, orderID.String(), typ)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
 	var out []outboxRow
-	for rows.Next() {
-		var r outboxRow
-		var payload string
-		if err := rows.Scan(&r.Seq, &r.Subject, &payload); err != nil {
-			t.Fatal(err)
-		}
-		r.Payload = json.RawMessage(payload)
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+	for _, rec := range outboxtest.Written(t, pool, outboxtest.Want{AggregateType: "order", AggregateID: orderID.String(), Type: typ}) {
+		out = append(out, outboxRow{Seq: rec.Seq, Subject: rec.Subject, Payload: json.RawMessage(rec.Payload)})
 	}
 	return out
 }
@@ -275,7 +260,7 @@ func TestDuplicateOrderPaidIsNoOp(t *testing.T) {
 	publish(t, e.js, orderPaidMsg(uuid.New(), orderID, 2, 1))
 
 	poll.Until(t, 10*time.Second, "both OrderPaid events processed", func() bool {
-		return count(t, s.pool, `SELECT count(*) FROM processed_events WHERE consumer_name = $1`, ConsumerName) == 2
+		return len(inboxtest.Processed(t, s.pool, ConsumerName)) == 2
 	})
 	poll.Until(t, 10*time.Second, "the delivery", func() bool { return shipmentState(t, s, orderID) == StateDelivered })
 	if n := count(t, s.pool, `SELECT count(*) FROM shipments`); n != 1 {
@@ -311,8 +296,8 @@ func TestOtherEventsAreNotDeliveredAndUnknownVersionsArePoison(t *testing.T) {
 		return len(dead) == 1
 	})
 	// The filter keeps OrderCreated away: never delivered, never recorded.
-	if n := count(t, s.pool, `SELECT count(*) FROM processed_events`); n != 0 {
-		t.Errorf("processed_events = %d, want 0", n)
+	if n := len(inboxtest.Processed(t, s.pool, ConsumerName)); n != 0 {
+		t.Errorf("%d events processed, want 0", n)
 	}
 	if lag, err := s.consumer.Lag(context.Background()); err != nil || lag != 0 {
 		t.Errorf("consumer lag = %d, %v; want 0 (OrderCreated is not its to settle)", lag, err)
@@ -320,9 +305,7 @@ func TestOtherEventsAreNotDeliveredAndUnknownVersionsArePoison(t *testing.T) {
 	if n := count(t, s.pool, `SELECT count(*) FROM shipments`); n != 0 {
 		t.Errorf("shipments = %d, want 0", n)
 	}
-	if n := count(t, s.pool, `SELECT count(*) FROM outbox`); n != 0 {
-		t.Errorf("outbox events = %d, want 0", n)
-	}
+	outboxtest.RequireNotWritten(t, s.pool, outboxtest.Want{})
 }
 
 func TestShipmentDueWhileDownIsDeliveredOnStart(t *testing.T) {
@@ -386,13 +369,17 @@ func TestConcurrentScannersDeliverEachShipmentOnce(t *testing.T) {
 	close(stop)
 	wg.Wait()
 
-	if n := count(t, seed.pool, `SELECT count(*) FROM outbox WHERE event_type = $1`, typeShipmentDelivered); n != orders {
-		t.Errorf("ShipmentDelivered events = %d, want %d", n, orders)
+	delivered := map[string]int{}
+	for _, rec := range outboxtest.Written(t, seed.pool, outboxtest.Want{Type: typeShipmentDelivered}) {
+		delivered[rec.AggregateID]++
 	}
-	if n := count(t, seed.pool, `
-		SELECT count(*) FROM (SELECT aggregate_id FROM outbox WHERE event_type = $1
-		GROUP BY aggregate_id HAVING count(*) <> 1) x`, typeShipmentDelivered); n != 0 {
-		t.Errorf("%d orders do not have exactly one ShipmentDelivered", n)
+	if len(delivered) != orders {
+		t.Errorf("ShipmentDelivered for %d orders, want %d", len(delivered), orders)
+	}
+	for order, n := range delivered {
+		if n != 1 {
+			t.Errorf("order %s has %d ShipmentDelivered, want 1", order, n)
+		}
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/inbox/inboxtest"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
 
 // orderCreated is an OrderCreated payload as the order service writes it.
@@ -65,8 +67,7 @@ func (f *fixture) waitEvents(t *testing.T, orderID string, n int) []outboxEvent 
 func (f *fixture) waitProcessed(t *testing.T, orderID string, seq int64) {
 	t.Helper()
 	poll.Until(t, 15*time.Second, fmt.Sprintf("seq %d of %s processed", seq, orderID), func() bool {
-		return f.count(t, `SELECT count(*) FROM inbox_sequences
-			WHERE consumer_name = $1 AND aggregate_id = $2 AND last_seq >= $3`, ConsumerName, orderID, seq) == 1
+		return inboxtest.LastSeq(t, f.pool, ConsumerName, "orders", "order", orderID) >= seq
 	})
 }
 
@@ -92,11 +93,7 @@ func TestReserveAllLines(t *testing.T) {
 	if a, b := f.stock(t, "A"), f.stock(t, "B"); a.Reserved != 3 || a.Available != 7 || b.Reserved != 5 || b.Available != 0 {
 		t.Fatalf("stock A %+v, B %+v", a, b)
 	}
-	var subject string
-	if err := f.pool.QueryRow(t.Context(), `SELECT subject FROM outbox WHERE aggregate_type = 'order' AND aggregate_id = $1`, o).
-		Scan(&subject); err != nil {
-		t.Fatal(err)
-	}
+	subject := outboxtest.RequireWritten(t, f.pool, outboxtest.Want{AggregateType: "order", AggregateID: o}).Subject
 	if subject != "inventory."+o+".InventoryReserved" {
 		t.Fatalf("subject %q", subject)
 	}
@@ -362,8 +359,8 @@ func TestConcurrentReservationsDoNotOversell(t *testing.T) {
 	if hot.Reserved != 20 || hot.Available != 0 {
 		t.Fatalf("HOT %+v, want exactly 20 reserved", hot)
 	}
-	reserved := f.count(t, `SELECT count(*) FROM outbox WHERE event_type = $1`, TypeInventoryReserved)
-	rejected := f.count(t, `SELECT count(*) FROM outbox WHERE event_type = $1`, TypeInventoryRejected)
+	reserved := len(outboxtest.Written(t, f.pool, outboxtest.Want{Type: TypeInventoryReserved}))
+	rejected := len(outboxtest.Written(t, f.pool, outboxtest.Want{Type: TypeInventoryRejected}))
 	if reserved != 20 || rejected != 180 {
 		t.Fatalf("%d reserved, %d rejected; want 20 and 180", reserved, rejected)
 	}
@@ -405,9 +402,7 @@ func TestHandlerSkipsAndPoisons(t *testing.T) {
 			t.Errorf("%s: err %v, want poison", name, err)
 		}
 	}
-	if n := f.count(t, `SELECT count(*) FROM outbox WHERE aggregate_type = 'order'`); n != 0 {
-		t.Fatalf("%d events", n)
-	}
+	outboxtest.RequireNotWritten(t, f.pool, outboxtest.Want{AggregateType: "order"})
 }
 
 // The reservation's writes are sent together after the checks; a failure
@@ -601,7 +596,7 @@ func TestBatchesOnSharedSKUsDoNotDeadlock(t *testing.T) {
 	}
 	f.runConsumer(t)
 	poll.Until(t, 15*time.Second, "every event is applied", func() bool {
-		return f.count(t, `SELECT count(*) FROM processed_events WHERE consumer_name = $1`, ConsumerName) == 2*orders
+		return len(inboxtest.Processed(t, f.pool, ConsumerName)) == 2*orders
 	})
 	for _, sku := range skus {
 		st := f.stock(t, sku)

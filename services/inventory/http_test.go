@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
 
 // do sends a request to the service and returns the status, content type and
@@ -84,11 +85,11 @@ func TestPutAndGetStock(t *testing.T) {
 			t.Errorf("ProductUpdated payload lacks %q: %s", k, evs[1].Payload)
 		}
 	}
-	var subject, aggType string
-	if err := f.pool.QueryRow(t.Context(), `SELECT subject, aggregate_type FROM outbox WHERE aggregate_id = 'SKU-1' LIMIT 1`).
-		Scan(&subject, &aggType); err != nil {
-		t.Fatal(err)
+	rec := outboxtest.Written(t, f.pool, outboxtest.Want{AggregateID: "SKU-1"})
+	if len(rec) == 0 {
+		t.Fatal("no event of SKU-1")
 	}
+	subject, aggType := rec[0].Subject, rec[0].AggregateType
 	if subject != "inventory.SKU-1.ProductUpdated" || aggType != "product" {
 		t.Fatalf("subject %q, aggregate type %q", subject, aggType)
 	}
@@ -146,7 +147,7 @@ func TestPutStockRefusesBadInput(t *testing.T) {
 	if n := f.count(t, `SELECT count(*) FROM stock`); n != 0 {
 		t.Errorf("%d stock rows after refused requests", n)
 	}
-	if n := f.count(t, `SELECT count(*) FROM outbox`); n != 0 {
+	if n := len(outboxtest.Written(t, f.pool, outboxtest.Want{})); n != 0 {
 		t.Errorf("%d outbox rows after refused requests", n)
 	}
 }
@@ -158,14 +159,14 @@ func TestPutStockBelowReserved(t *testing.T) {
 	if err := f.apply(t, message(t, "o-1", 1, TypeOrderCreated, orderCreated("o-1", Item{"SKU-1", 6}))); err != nil {
 		t.Fatal(err)
 	}
-	before := f.count(t, `SELECT count(*) FROM outbox`)
+	before := len(outboxtest.Written(t, f.pool, outboxtest.Want{}))
 
 	status, ct, body := f.do(t, http.MethodPut, "/stock/SKU-1", "application/json", `{"on_hand":5,"price":100}`)
 	checkProblem(t, status, ct, body, http.StatusConflict, "below-reserved")
 	if got := f.stock(t, "SKU-1"); got.OnHand != 10 || got.Reserved != 6 || got.Supplied != 10 {
 		t.Fatalf("a refused restock changed stock: %+v", got)
 	}
-	if n := f.count(t, `SELECT count(*) FROM outbox`); n != before {
+	if n := len(outboxtest.Written(t, f.pool, outboxtest.Want{})); n != before {
 		t.Fatalf("a refused restock wrote %d outbox rows", n-before)
 	}
 

@@ -18,6 +18,7 @@ import (
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
 
 // fixture is one test's service on its own schema and NATS server.
@@ -166,22 +167,9 @@ type outboxEvent struct {
 // events returns the outbox rows of one aggregate in sequence order.
 func (f *fixture) events(t *testing.T, aggregateID string) []outboxEvent {
 	t.Helper()
-	rows, err := f.pool.Query(context.Background(),
-		`SELECT event_type, payload::text FROM outbox WHERE aggregate_id = $1 ORDER BY aggregate_seq`, aggregateID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
 	var out []outboxEvent
-	for rows.Next() {
-		var e outboxEvent
-		if err := rows.Scan(&e.Type, &e.Payload); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+	for _, rec := range outboxtest.Written(t, f.pool, outboxtest.Want{AggregateID: aggregateID}) {
+		out = append(out, outboxEvent{Type: rec.Type, Payload: string(rec.Payload)})
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/pkg/inbox"
 )
 
 // withCurrency turns an OrderCreated payload into one of version 2.
@@ -101,8 +102,13 @@ func TestUnknownVersionIsDeadLetter(t *testing.T) {
 	id := f.publishVersion(t, future, 1, TypeOrderCreated, 3, withCurrency(orderCreated(future, Item{"A", 5}), "EUR"))
 	var msg string
 	poll.Until(t, 15*time.Second, "the dead letter", func() bool {
-		return f.pool.QueryRow(t.Context(), `SELECT error FROM dead_letters WHERE consumer_name = $1 AND event_id = $2`,
-			ConsumerName, id).Scan(&msg) == nil
+		dead, err := inbox.ListDeadLetters(t.Context(), f.pool, ConsumerName, 100)
+		for _, dl := range dead {
+			if dl.EventID == id {
+				msg = dl.Error
+			}
+		}
+		return err == nil && msg != ""
 	})
 	if !strings.Contains(msg, "OrderCreated schema version 3") || !strings.Contains(msg, "versions 1 to 2") {
 		t.Fatalf("dead letter error %q: want it to name the version", msg)

@@ -1,7 +1,6 @@
 package payment
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
 
 // nothingWritten fails unless no payment and no outbox row exist.
@@ -23,9 +23,7 @@ func (e *env) nothingWritten(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM payments`); n != 0 {
 		t.Fatalf("%d payments written, want none", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM outbox`); n != 0 {
-		t.Fatalf("%d outbox rows written, want none", n)
-	}
+	outboxtest.RequireNotWritten(t, e.db.Pool, outboxtest.Want{})
 }
 
 func TestWebhookSignature(t *testing.T) {
@@ -125,27 +123,13 @@ type outboxRow struct {
 
 func (e *env) outboxRows(t *testing.T, typ string) []outboxRow {
 	t.Helper()
-	rows, err := e.db.Pool.Query(context.Background(), `
-		SELECT event_type, subject, aggregate_type, aggregate_id, payload::text
-		FROM outbox WHERE event_type = $1 ORDER BY aggregate_seq`, typ)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
 	var out []outboxRow
-	for rows.Next() {
-		var r outboxRow
-		var payload string
-		if err := rows.Scan(&r.Type, &r.Subject, &r.AggregateType, &r.AggregateID, &payload); err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal([]byte(payload), &r.Payload); err != nil {
+	for _, rec := range outboxtest.Written(t, e.db.Pool, outboxtest.Want{Type: typ}) {
+		r := outboxRow{Type: rec.Type, Subject: rec.Subject, AggregateType: rec.AggregateType, AggregateID: rec.AggregateID}
+		if err := json.Unmarshal(rec.Payload, &r.Payload); err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return out
 }
@@ -200,9 +184,7 @@ func TestWebhookRecordsPaymentAndEvent(t *testing.T) {
 		if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
 			t.Fatalf("%d payments, want 1", n)
 		}
-		if n := e.count(t, `SELECT count(*) FROM outbox`); n != 1 {
-			t.Fatalf("%d events, want 1", n)
-		}
+		outboxtest.RequireWritten(t, e.db.Pool, outboxtest.Want{})
 	})
 
 	t.Run("same provider id with other details is a conflict", func(t *testing.T) {
@@ -247,9 +229,7 @@ func TestConcurrentTwinCallbacksRecordOnePayment(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
 		t.Fatalf("%d payments, want 1", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM outbox`); n != 1 {
-		t.Fatalf("%d events, want 1", n)
-	}
+	outboxtest.RequireWritten(t, e.db.Pool, outboxtest.Want{})
 }
 
 // Money taken for an order that is no longer waiting is still recorded and
@@ -261,9 +241,7 @@ func TestLateSuccessIsRecordedAndEmitted(t *testing.T) {
 		t.Run(state, func(t *testing.T) {
 			order := e.intent(t, state, 1200)
 			wantStatus(t, e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_late_" + state, Status: StatusSucceeded, Amount: 1200}), http.StatusOK)
-			if n := e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'PaymentSucceeded'`, order); n != 1 {
-				t.Fatalf("%d PaymentSucceeded, want 1", n)
-			}
+			outboxtest.RequireWritten(t, e.db.Pool, outboxtest.Want{AggregateID: order, Type: "PaymentSucceeded"})
 		})
 	}
 }

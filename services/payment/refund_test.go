@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/pkg/inbox"
 )
 
 // closedAndPaid makes an order that payment learned from ORDERS events and
@@ -112,8 +113,8 @@ func TestDuplicateRefundRequestedRefundsOnce(t *testing.T) {
 	if n := len(e.outboxRows(t, EventPaymentRefunded)); n != 1 {
 		t.Fatalf("%d PaymentRefunded events, want 1", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM dead_letters`); n != 0 {
-		t.Fatalf("%d dead letters, want none", n)
+	if dead, err := inbox.ListDeadLetters(context.Background(), e.db.Pool, ConsumerName, 10); err != nil || len(dead) != 0 {
+		t.Fatalf("dead letters %+v (%v), want none", dead, err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
 
 // rejectedResult is the webhook's answer to a success it cannot apply.
@@ -78,9 +79,8 @@ func TestRejectedPaymentsAreRecordedAndRefunded(t *testing.T) {
 				ev.Payload["provider_payment_id"] != tc.cb.ProviderPaymentID {
 				t.Fatalf("PaymentRejected %+v", ev)
 			}
-			if n := e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'PaymentSucceeded'`, tc.cb.OrderID); n != 0 {
-				t.Fatal("a rejected payment announced PaymentSucceeded: the saga would take it")
-			}
+			// A rejected payment never announces PaymentSucceeded: the saga would take it.
+			outboxtest.RequireNotWritten(t, e.db.Pool, outboxtest.Want{AggregateID: tc.cb.OrderID, Type: "PaymentSucceeded"})
 
 			replay := func(when string) {
 				t.Helper()
@@ -100,7 +100,7 @@ func TestRejectedPaymentsAreRecordedAndRefunded(t *testing.T) {
 				if n := e.count(t, `SELECT count(*) FROM refunds WHERE payment_id = $1`, res.PaymentID); n != 1 {
 					t.Fatalf("replay %s: %d refunds, want 1", when, n)
 				}
-				if n := e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'PaymentRejected'`, tc.cb.OrderID); n != 1 {
+				if n := len(outboxtest.Written(t, e.db.Pool, outboxtest.Want{AggregateID: tc.cb.OrderID, Type: "PaymentRejected"})); n != 1 {
 					t.Fatalf("replay %s: %d PaymentRejected events, want 1", when, n)
 				}
 			}
@@ -133,7 +133,7 @@ func TestRejectedPaymentsAreRecordedAndRefunded(t *testing.T) {
 			if n := e.provider.Refunds() - refundsBefore; n != 1 {
 				t.Fatalf("after the replays the provider made %d refunds, want 1", n)
 			}
-			if n := e.count(t, `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = 'PaymentRefunded'`, tc.cb.OrderID); n != 1 {
+			if n := len(outboxtest.Written(t, e.db.Pool, outboxtest.Want{AggregateID: tc.cb.OrderID, Type: "PaymentRefunded"})); n != 1 {
 				t.Fatalf("%d PaymentRefunded events, want 1", n)
 			}
 		})
@@ -185,8 +185,8 @@ func TestConcurrentTwinsOfAnUnknownOrderRefundOnce(t *testing.T) {
 			t.Fatalf("twins answered different payments: %v", ids)
 		}
 	}
-	if n := e.count(t, `SELECT (SELECT count(*) FROM payments) + (SELECT count(*) FROM refunds)
-		+ (SELECT count(*) FROM outbox WHERE event_type = 'PaymentRejected')`); n != 3 {
+	if n := e.count(t, `SELECT (SELECT count(*) FROM payments) + (SELECT count(*) FROM refunds)`) +
+		len(outboxtest.Written(t, e.db.Pool, outboxtest.Want{Type: "PaymentRejected"})); n != 3 {
 		t.Fatalf("%d payments, refunds and PaymentRejected events, want one of each", n)
 	}
 	poll.Until(t, 30*time.Second, "the refund is DONE", func() bool { state, _, _ := e.refundOf(t, ids[0]); return state == RefundDone })

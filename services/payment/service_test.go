@@ -21,6 +21,7 @@ import (
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/inbox"
 )
 
 const testSecret = "test-secret"
@@ -283,7 +284,8 @@ func TestIntentsFollowOrderEvents(t *testing.T) {
 	future := uuid.NewString()
 	e.publishMsg(t, orderMsg(uuid.Must(uuid.NewV7()), future, "OrderCreated", 1, 2, []byte(`{"order_id":"`+future+`","total":1}`)))
 	poll.Until(t, 30*time.Second, "the version-2 event is a dead letter", func() bool {
-		return e.count(t, `SELECT count(*) FROM dead_letters WHERE consumer_name = $1`, ConsumerName) == 1
+		dead, err := inbox.ListDeadLetters(context.Background(), e.db.Pool, ConsumerName, 10)
+		return err == nil && len(dead) == 1
 	})
 	if s := e.intentState(t, future); s != "" {
 		t.Fatalf("poison event created an intent in state %s", s)

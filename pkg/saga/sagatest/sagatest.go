@@ -71,6 +71,9 @@ func FireTimeout(t testing.TB, pool *pgxpool.Pool, sg *saga.Saga, id, name strin
 		case err != nil:
 			t.Fatalf("sagatest: read timeout %s of %s: %v", name, id, err)
 		case !infinite: // the scanner postponed it: the transition failed
+			for logs.String() == "" && ctx.Err() == nil { // the scanner logs why just after
+				time.Sleep(time.Millisecond)
+			}
 			t.Fatalf("sagatest: timeout %s of %s did not fire: %s", name, id, logs.String())
 		}
 		select {
