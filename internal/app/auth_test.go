@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -84,6 +86,67 @@ func TestServiceConnectsAsItsOwnUser(t *testing.T) {
 			t.Errorf("warned %d times, want once; log:\n%s", n, out.String())
 		}
 	})
+}
+
+// A NATS server that refuses the service's credentials (its auth.conf has
+// no such user: the service was added after it was generated) is no
+// outage that passes: /readyz is not ready and says why, and the log says
+// it is authentication and what to fix, once.
+func TestRefusedCredentialsAreLoud(t *testing.T) {
+	t.Parallel()
+	var others registry.Registry
+	for _, e := range services.All {
+		if e.Name != "inventory" {
+			others = append(others, e)
+		}
+	}
+	ns, _ := natstest.NewSecured(t, others.Access())
+	db := pgtest.NewDatabase(t, "shop_app_auth_")
+	addr := freeAddr(t)
+	env := map[string]string{"NATS_URL": ns.URL(), "INVENTORY_NATS_PASSWORD": "not-the-servers",
+		"DATABASE_URL": db.URL, "INVENTORY_ADDR": addr}
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, []string{"inventory"}, slog.New(slog.NewTextHandler(out, nil))) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	var body readiness
+	waitFor(t, "/readyz to report the refused credentials", func() bool {
+		res, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		body = readiness{}
+		return json.NewDecoder(res.Body).Decode(&body) == nil && res.StatusCode == http.StatusServiceUnavailable
+	})
+	if nats := body.Dependencies["nats"]; body.Status == "ok" || nats.Status != "down" ||
+		!strings.Contains(strings.ToLower(nats.Error), "authorization violation") || !strings.Contains(nats.Error, "INVENTORY_NATS_PASSWORD") {
+		t.Errorf("/readyz: %+v", body)
+	}
+	time.Sleep(3 * time.Second) // more attempts to connect, more probes: still one log line
+	log := out.String()
+	if n := strings.Count(log, "nats authentication failed"); n != 1 {
+		t.Errorf("logged the refusal %d times, want once:\n%s", n, log)
+	}
+	for _, want := range []string{"level=ERROR", "deploy/nats/auth.conf", "INVENTORY_NATS_PASSWORD", "TestAuthConfMatchesTheTable"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log does not say %q:\n%s", want, log)
+		}
+	}
+	if strings.Contains(log, "not-the-servers") {
+		t.Errorf("the log shows the password:\n%s", log)
+	}
 }
 
 // runInventory runs the inventory service against natsURL until the test

@@ -146,7 +146,7 @@ func TestReadyReportsJetStreamItself(t *testing.T) {
 	db := pgtest.New(t)
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
-	watch, err := newJetStreamWatch(nc, slog.New(slog.DiscardHandler))
+	watch, err := newJetStreamWatch(nc, "inventory", slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 		return nil, err
 	}
 	access := e.Access()
-	watch, err := newJetStreamWatch(nc, log.With("service", name))
+	watch, err := newJetStreamWatch(nc, name, log.With("service", name))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
