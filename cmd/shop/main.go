@@ -13,11 +13,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
+	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/loadgen"
 	"github.com/shop-ref/shop/internal/operator"
@@ -96,9 +98,23 @@ func commands() map[string]command {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	warnUnknownServices(os.Environ(), os.Stderr)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(exitCode(err, os.Stderr))
+}
+
+// warnUnknownServices warns of each variable of environ that configures a
+// service shop does not have (app.UnknownServiceVars): a service whose
+// package is left out of services.All is otherwise absent without a word.
+// A warning, not an error: the variable may be meant for another program.
+func warnUnknownServices(environ []string, stderr io.Writer) {
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	for _, u := range app.UnknownServiceVars(services.All, environ) {
+		log.Warn("a variable configures a service this shop does not have: if "+u.Service+" is a service, "+
+			"add the line `"+u.Service+".Registration,` to All in services/services.go, with its import (docs/adding-a-service.md); "+
+			"otherwise unset it", "var", u.Var, "service", u.Service, "services", services.All.Names())
+	}
 }
 
 // exitCode is the exit status of a command that returned err: 0 on success

@@ -79,6 +79,24 @@ func TestEveryCommandIsDispatched(t *testing.T) {
 	}
 }
 
+// A variable for a service that is not in services.All (its package left
+// out of the registry) is a warning at start-up naming the service and the
+// line to add; the shop's own variables are not.
+func TestUnknownServiceIsAWarning(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	warnUnknownServices([]string{"NOSUCHSERVICE_ADDR=:8090", "ORDER_ADDR=:8081", "DASHBOARD_ADDR=:8080"}, &out)
+	log := out.String()
+	for _, want := range []string{"level=WARN", "var=NOSUCHSERVICE_ADDR", "service=nosuchservice", "nosuchservice.Registration,", "services/services.go"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the warning does not say %q:\n%s", want, log)
+		}
+	}
+	if n := strings.Count(log, "\n"); n != 1 {
+		t.Errorf("%d lines, want one warning:\n%s", n, log)
+	}
+}
+
 func TestExitCode(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

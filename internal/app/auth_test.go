@@ -1,15 +1,23 @@
 package app
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"maps"
+	"net"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
@@ -84,6 +92,116 @@ func TestServiceConnectsAsItsOwnUser(t *testing.T) {
 		if n := strings.Count(out.String(), "no NATS password"); n != 1 {
 			t.Errorf("warned %d times, want once; log:\n%s", n, out.String())
 		}
+	})
+}
+
+// A NATS server that refuses the service's credentials (its auth.conf has
+// no such user: the service was added after it was generated) is no
+// outage that passes: /readyz is not ready and says why, and the log says
+// it is authentication and what to fix, once. Once the server is mended,
+// the service connects by itself and is ready.
+func TestRefusedCredentialsAreLoud(t *testing.T) {
+	t.Parallel()
+	const password = "inventory-secret"
+	passwords := map[string]string{broker.AuditUser: "audit-secret", broker.StreamsUser: "streams-secret", "inventory": password}
+	var others registry.Registry
+	for _, e := range services.All {
+		passwords[e.Name] = cmp.Or(passwords[e.Name], e.Name+"-secret")
+		if e.Name != "inventory" {
+			others = append(others, e)
+		}
+	}
+	natsAddr, dir := freeAddr(t), t.TempDir()
+	_, p, _ := net.SplitHostPort(natsAddr)
+	port, _ := strconv.Atoi(p)
+	// serve runs a NATS server with the users of reg on natsAddr until the
+	// returned stop, the test's end at the latest.
+	serve := func(reg registry.Registry) (stop func()) {
+		t.Helper()
+		users, err := broker.Users(reg.Access(), passwords)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var srv *server.Server
+		for range 50 { // the port may linger for a moment after a stop
+			if srv, err = broker.Embedded("127.0.0.1", port, dir, broker.WithUsers(users)); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop = sync.OnceFunc(func() { srv.Shutdown(); srv.WaitForShutdown() })
+		t.Cleanup(stop)
+		return stop
+	}
+	stop := serve(others) // an auth.conf from before the inventory service
+
+	db := pgtest.NewDatabase(t, "shop_app_auth_")
+	addr := freeAddr(t)
+	env := map[string]string{"NATS_URL": "nats://" + natsAddr, "INVENTORY_NATS_PASSWORD": password,
+		"DATABASE_URL": db.URL, "INVENTORY_ADDR": addr}
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, []string{"inventory"}, slog.New(slog.NewTextHandler(out, nil))) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	// What /readyz answers (internal/probe), as a client reads it.
+	type readiness struct {
+		Status       string
+		Dependencies map[string]struct{ Status, Error string }
+	}
+	readyz := func(want int) readiness {
+		var body readiness
+		poll.Until(t, time.Minute, fmt.Sprintf("/readyz to answer %d", want), func() bool {
+			res, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			defer res.Body.Close()
+			body = readiness{}
+			return json.NewDecoder(res.Body).Decode(&body) == nil && res.StatusCode == want
+		})
+		return body
+	}
+	body := readyz(http.StatusServiceUnavailable)
+	if nats := body.Dependencies["nats"]; body.Status == "ok" || nats.Status != "down" ||
+		!strings.Contains(strings.ToLower(nats.Error), "authorization violation") || !strings.Contains(nats.Error, "INVENTORY_NATS_PASSWORD") {
+		t.Errorf("/readyz: %+v", body)
+	}
+	time.Sleep(3 * time.Second) // more attempts to connect, more probes: still one log line
+	log := out.String()
+	if n := strings.Count(log, "nats authentication failed"); n != 1 {
+		t.Errorf("logged the refusal %d times, want once:\n%s", n, log)
+	}
+	for _, want := range []string{"level=ERROR", "deploy/nats/auth.conf", "INVENTORY_NATS_PASSWORD", "TestAuthConfMatchesTheTable"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log does not say %q:\n%s", want, log)
+		}
+	}
+	if strings.Contains(log, password) {
+		t.Errorf("the log shows the password:\n%s", log)
+	}
+
+	// The operator regenerates auth.conf and restarts the server.
+	stop()
+	serve(services.All)
+	if body := readyz(http.StatusOK); body.Dependencies["nats"].Status != "up" {
+		t.Errorf("/readyz after the server was mended: %+v", body)
+	}
+	poll.Until(t, time.Minute, "the log to say the credentials are accepted", func() bool {
+		return strings.Contains(out.String(), "nats authentication succeeded")
 	})
 }
 

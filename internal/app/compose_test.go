@@ -785,6 +785,10 @@ func TestComposeNATSUsers(t *testing.T) {
 	}
 	for _, name := range services.All.Names() {
 		s := byName[name]
+		if s == nil {
+			t.Errorf("docker-compose.yml has no service %s (TestComposeServices says what to add)", name)
+			continue
+		}
 		for _, u := range users {
 			v, ok := s.env[broker.PasswordVar(u)]
 			// Its own user's, and the order service the keeper's too.
@@ -814,7 +818,9 @@ func TestComposeNATSUsers(t *testing.T) {
 			t.Fatalf("deploy/nats/%s: %v", file, err)
 		}
 		if opts.NoAuthUser != "" || len(opts.Users) != len(want) {
-			t.Fatalf("deploy/nats/%s: %d users (no_auth_user %q), want the %d of broker.Users", file, len(opts.Users), opts.NoAuthUser, len(want))
+			t.Fatalf("deploy/nats/%s: %d users (no_auth_user %q), want the %d of broker.Users "+
+				"(regenerate deploy/nats/auth.conf: go test ./internal/broker -run TestAuthConfMatchesTheTable -update)",
+				file, len(opts.Users), opts.NoAuthUser, len(want))
 		}
 		for i, u := range opts.Users {
 			w := want[i]

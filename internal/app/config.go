@@ -207,6 +207,39 @@ func EnvVars(reg registry.Registry) []string {
 	return names
 }
 
+// UnknownVar is a variable named like a service's own (<NAME>_ADDR,
+// <NAME>_DATABASE_URL, <NAME>_NATS_PASSWORD) for a service the registry does
+// not have.
+type UnknownVar struct {
+	Var     string // LOYALTY_ADDR
+	Service string // loyalty
+}
+
+// serviceVar matches the variables every service has, by its name.
+var serviceVar = regexp.MustCompile(`^([A-Z][A-Z0-9]*)_(ADDR|DATABASE_URL|NATS_PASSWORD)$`)
+
+// UnknownServiceVars lists the variables of environ (os.Environ's
+// NAME=value) that would configure a service reg does not have: what a
+// service package left out of services.All leaves behind, ignored without a
+// word otherwise. The shop's own variables (DASHBOARD_ADDR,
+// AUDIT_NATS_PASSWORD, …) are not listed.
+func UnknownServiceVars(reg registry.Registry, environ []string) []UnknownVar {
+	known := map[string]bool{}
+	_, _ = LoadConfigFor(reg, func(name string) string { known[name] = true; return "" })
+	var unknown []UnknownVar
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		m := serviceVar.FindStringSubmatch(name)
+		if m == nil || known[name] {
+			continue
+		}
+		if _, err := reg.Get(strings.ToLower(m[1])); err != nil {
+			unknown = append(unknown, UnknownVar{Var: name, Service: strings.ToLower(m[1])})
+		}
+	}
+	return unknown
+}
+
 // RegisterFlags adds a flag for every setting to fs, defaulting to the value
 // cfg has now, so that a flag given on the command line wins over the
 // environment.

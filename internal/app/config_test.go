@@ -2,6 +2,7 @@ package app
 
 import (
 	"flag"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,5 +153,20 @@ func TestLoadConfigRefusesBadValues(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), k) {
 			t.Errorf("%s=%q: err = %v, want an error naming %s", k, v, err, k)
 		}
+	}
+}
+
+// A variable for a service the registry lacks (its package left out of
+// services.All) is found, with the service it names; the shop's own
+// variables and the registered services' are not.
+func TestUnknownServiceVars(t *testing.T) {
+	t.Parallel()
+	environ := []string{"NOSUCHSERVICE_ADDR=:8090", "NOSUCHSERVICE_DATABASE_URL=postgres://x", "ORDER_ADDR=:8081",
+		"DASHBOARD_ADDR=:8080", "AUDIT_NATS_PASSWORD=x", "STREAMS_NATS_PASSWORD=x", "PAYMENT_NATS_PASSWORD=x",
+		"DATABASE_URL=postgres://y", "NATS_URL=nats://z", "HOME=/root", "OTEL_EXPORTER_OTLP_ENDPOINT=http://j:4318"}
+	got := UnknownServiceVars(services.All, environ)
+	want := []UnknownVar{{"NOSUCHSERVICE_ADDR", "nosuchservice"}, {"NOSUCHSERVICE_DATABASE_URL", "nosuchservice"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("UnknownServiceVars = %v, want %v", got, want)
 	}
 }

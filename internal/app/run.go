@@ -334,7 +334,9 @@ const (
 // and keeps reconnecting for as long as the process lives, including when
 // the server is not up yet at start-up: a broker outage delays publishing
 // but stops no service. A permissions violation — the server refusing
-// something this user may not do — is logged at ERROR and ends nothing.
+// something this user may not do — is logged at ERROR and ends nothing; so
+// is a server refusing the credentials themselves, which the service's
+// watch reports and /readyz answers not ready for (jetstream.go).
 func connectNATS(url, user, password string, log *slog.Logger) (*nats.Conn, error) {
 	masked := MaskURL(url)
 	log = log.With("nats_user", user)
@@ -355,6 +357,11 @@ func connectNATS(url, user, password string, log *slog.Logger) (*nats.Conn, erro
 		// `shop all`: nothing beside the traffic of one order.
 		nats.PingInterval(PingInterval),
 		nats.MaxPingsOutstanding(MaxPingsOut),
+		// A server that refuses the credentials twice would otherwise make
+		// the client close the connection for good: the service would run
+		// deaf until restarted, even after the server is mended. It keeps
+		// trying; the service's watch reports the refusal (jetstream.go).
+		nats.IgnoreAuthErrorAbort(),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "url", masked, "err", err)

@@ -80,7 +80,7 @@ func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, er
 		return nil, err
 	}
 	access := e.Access()
-	watch, err := probe.NewJetStream(nc, log.With("service", name))
+	watch, err := probe.NewJetStream(nc, name, log.With("service", name))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

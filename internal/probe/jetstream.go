@@ -2,6 +2,7 @@ package probe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shop-ref/shop/internal/broker"
 )
 
 // JetStream tells whether JetStream itself answers, which the NATS
@@ -17,27 +20,35 @@ import (
 // every jsProbeEvery; /readyz and /metrics report the last answer. It
 // decides nothing: the relay and the consumers find out for themselves and
 // wait (see pkg/outbox and pkg/inbox); this is what an operator reads.
+//
+// It also tells whether the server refuses the service's credentials, which
+// no amount of waiting mends: a deployed server whose auth.conf lacks the
+// service's user, or a password that differs from the server's. That is
+// logged at ERROR with the fix, and /readyz is not ready while it lasts.
 type JetStream struct {
-	nc  *nats.Conn
-	js  jetstream.JetStream
-	log *slog.Logger
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	log     *slog.Logger
+	service string // whose connection: its NATS user and <NAME>_NATS_PASSWORD
 
 	mu      sync.Mutex
 	checked bool
 	up      bool
 	since   time.Time // of the current state
 	err     error     // why it is down
+	refused error     // why the server refuses the credentials; nil once it accepts them
 }
 
 const jsProbeEvery = 2 * time.Second
 
-// NewJetStream returns the watch of JetStream over nc; Run probes.
-func NewJetStream(nc *nats.Conn, log *slog.Logger) (*JetStream, error) {
+// NewJetStream returns the watch of JetStream over the connection nc of
+// service; Run probes.
+func NewJetStream(nc *nats.Conn, service string, log *slog.Logger) (*JetStream, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream watch: %w", err)
 	}
-	return &JetStream{nc: nc, js: js, log: log}, nil
+	return &JetStream{nc: nc, js: js, log: log, service: service}, nil
 }
 
 // Run probes until ctx ends.
@@ -55,6 +66,7 @@ func (w *JetStream) Run(ctx context.Context) {
 }
 
 func (w *JetStream) probe(ctx context.Context) {
+	w.checkCredentials()
 	var err error
 	if st := w.nc.Status(); st != nats.CONNECTED {
 		err = fmt.Errorf("nats connection %s", st)
@@ -84,17 +96,47 @@ func (w *JetStream) probe(ctx context.Context) {
 	w.checked, w.up, w.since = true, up, now
 }
 
+// checkCredentials notes whether the server refused the connection's
+// credentials at its last attempt (the client keeps trying, connectNATS),
+// and logs each change. Only a connection clears it: while the server is
+// unreachable the refusal stands.
+func (w *JetStream) checkCredentials() {
+	var refused error
+	switch st, last := w.nc.Status(), w.nc.LastError(); {
+	case st == nats.CONNECTED:
+	case errors.Is(last, nats.ErrAuthorization):
+		v := broker.PasswordVar(w.service)
+		refused = fmt.Errorf("the NATS server refuses user %s (%v): it has no such user or another password; "+
+			"regenerate deploy/nats/auth.conf from the registry (go test ./internal/broker -run TestAuthConfMatchesTheTable -update), "+
+			"give the server %s and reload it, and set %s for this service to the same password", w.service, last, v, v)
+	default:
+		w.mu.Lock()
+		refused = w.refused
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case refused != nil && w.refused == nil:
+		w.log.Error("nats authentication failed: the server refuses this service's credentials", "nats_user", w.service, "err", refused)
+	case refused == nil && w.refused != nil:
+		w.log.Info("nats authentication succeeded: the server accepts this service's credentials again", "nats_user", w.service)
+	}
+	w.refused = refused
+}
+
 // jetStreamState is the last answer: known false before the first probe.
 type jetStreamState struct {
 	known, up bool
 	since     time.Time
 	err       error
+	refused   error // the server refuses the credentials (checkCredentials)
 }
 
 func (w *JetStream) state() jetStreamState {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return jetStreamState{known: w.checked, up: w.up, since: w.since, err: w.err}
+	return jetStreamState{known: w.checked, up: w.up, since: w.since, err: w.err, refused: w.refused}
 }
 
 // Up reports whether JetStream answered the last probe (false before the

@@ -54,7 +54,9 @@ type readiness struct {
 // readyz answers 200 when the service can do its job, which means its
 // database answers. The broker is reported but does not decide: while it is
 // away, business transactions still commit their events to the outbox and
-// the relay publishes them when it is back. Two lines report it, because
+// the relay publishes them when it is back. A broker that refuses the
+// service's credentials does decide: that does not pass by itself, so the
+// service is not ready until an operator mends it (the error says how). Two lines report it, because
 // they fail apart: "nats" is the connection, "jetstream" whether JetStream
 // itself answers (it may be off, without quorum or electing a leader while
 // the connection is fine), with the time of its last change.
@@ -78,7 +80,12 @@ func readyz(db Pinger, nc *nats.Conn, js *JetStream) http.HandlerFunc {
 			body.Dependencies["nats"] = dependency{Status: "down", Error: "connection " + st.String()}
 		}
 		if js != nil {
-			body.Dependencies["jetstream"] = js.state().dependency()
+			st := js.state()
+			body.Dependencies["jetstream"] = st.dependency()
+			if st.refused != nil {
+				body.Dependencies["nats"] = dependency{Status: "down", Error: st.refused.Error()}
+				body.Status, code = "unavailable", http.StatusServiceUnavailable
+			}
 		}
 		if code == http.StatusServiceUnavailable {
 			httpx.SetRetryAfter(w, 0)

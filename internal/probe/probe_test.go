@@ -135,7 +135,7 @@ func TestReadyReportsJetStreamItself(t *testing.T) {
 	db := pgtest.New(t)
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
-	watch, err := NewJetStream(nc, slog.New(slog.DiscardHandler))
+	watch, err := NewJetStream(nc, "inventory", slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
