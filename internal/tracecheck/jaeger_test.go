@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/journey"
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/services"
@@ -85,11 +86,11 @@ func TestJaegerShowsAnOrdersTraceCleanly(t *testing.T) {
 	shop.Restock(t, sku, 10, 1000)
 	id := placeAndPay(t, shop, sku)
 
-	cfg, err := app.LoadConfigFor(services.All, func(k string) string { return shop.Env[k] })
+	cfg, err := config.LoadFor(services.All, func(k string) string { return shop.Env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
-	opened, closePools, err := app.OpenShop(context.Background(), cfg, 2)
+	opened, closePools, err := app.OpenShop(context.Background(), cfg.Schemas(), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
