@@ -72,9 +72,9 @@ func serveOne(reg registry.Registry, service string) command {
 }
 
 // startUp is what every service command does before it runs: read the
-// configuration of reg's services from the environment and the flags (the command adds its
-// own with more, which may be nil), arm the failpoints of SHOP_FAILPOINTS,
-// and make the logger.
+// configuration of reg's services from the environment and the flags (the
+// command adds its own with more, which may be nil), arm the failpoints of
+// SHOP_FAILPOINTS, and make the logger.
 func startUp(reg registry.Registry, target string, args []string, getenv func(string) string, stderr io.Writer, more func(*flag.FlagSet)) (config.Config, *slog.Logger, error) {
 	cfg, err := config.LoadFor(reg, getenv)
 	if err != nil {
