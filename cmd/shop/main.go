@@ -19,8 +19,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/loadgen"
 	"github.com/shop-ref/shop/internal/operator"
 	"github.com/shop-ref/shop/services"
@@ -105,12 +105,12 @@ func main() {
 }
 
 // warnUnknownServices warns of each variable of environ that configures a
-// service shop does not have (app.UnknownServiceVars): a service whose
+// service shop does not have (config.UnknownServiceVars): a service whose
 // package is left out of services.All is otherwise absent without a word.
 // A warning, not an error: the variable may be meant for another program.
 func warnUnknownServices(environ []string, stderr io.Writer) {
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	for _, u := range app.UnknownServiceVars(services.All, environ) {
+	for _, u := range config.UnknownServiceVars(services.All, environ) {
 		log.Warn("a variable configures a service this shop does not have: if "+u.Service+" is a service, "+
 			"add the line `"+u.Service+".Registration,` to All in services/services.go, with its import (docs/adding-a-service.md); "+
 			"otherwise unset it", "var", u.Var, "service", u.Service, "services", services.All.Names())

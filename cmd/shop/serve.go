@@ -9,6 +9,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/registry"
@@ -63,7 +64,7 @@ func serveOne(reg registry.Registry, service string) command {
 			return err
 		}
 		if cfg.NATSURL == "" { // only `shop all` embeds a server
-			cfg.NATSURL = app.DefaultNATSURL
+			cfg.NATSURL = config.DefaultNATSURL
 		}
 		log.Info("starting", "services", []string{service}, "config", cfg)
 		return app.Run(ctx, cfg, []string{service}, log)
@@ -71,33 +72,33 @@ func serveOne(reg registry.Registry, service string) command {
 }
 
 // startUp is what every service command does before it runs: read the
-// configuration of reg's services from the environment and the flags (the command adds its
-// own with more, which may be nil), arm the failpoints of SHOP_FAILPOINTS,
-// and make the logger.
-func startUp(reg registry.Registry, target string, args []string, getenv func(string) string, stderr io.Writer, more func(*flag.FlagSet)) (app.Config, *slog.Logger, error) {
-	cfg, err := app.LoadConfigFor(reg, getenv)
+// configuration of reg's services from the environment and the flags (the
+// command adds its own with more, which may be nil), arm the failpoints of
+// SHOP_FAILPOINTS, and make the logger.
+func startUp(reg registry.Registry, target string, args []string, getenv func(string) string, stderr io.Writer, more func(*flag.FlagSet)) (config.Config, *slog.Logger, error) {
+	cfg, err := config.LoadFor(reg, getenv)
 	if err != nil {
-		return app.Config{}, nil, err
+		return config.Config{}, nil, err
 	}
 	fs := cli.ConfigFlags("shop "+target, "", "", &cfg, stderr)
 	if more != nil {
 		more(fs)
 	}
 	if err := cli.Parse(fs, args); err != nil {
-		return app.Config{}, nil, err
+		return config.Config{}, nil, err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	// The failpoints are armed once, here, from SHOP_FAILPOINTS; a name
 	// that no failpoint has stops the start-up.
 	if err := failpoint.Init(getenv); err != nil {
-		return app.Config{}, nil, err
+		return config.Config{}, nil, err
 	}
 	if spec := failpoint.Spec(); spec != "" {
 		log.Warn("failpoints armed: this process will fail or crash on purpose", "SHOP_FAILPOINTS", spec)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "shop %s: unexpected arguments %q\n", target, fs.Args())
-		return app.Config{}, nil, cli.ErrUsage
+		return config.Config{}, nil, cli.ErrUsage
 	}
 	return cfg, log, nil
 }

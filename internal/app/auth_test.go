@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
@@ -216,7 +217,7 @@ func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
 // runInventoryWith is runInventory with env (beside its database and
 // address) and the configuration changed by tweak, when not nil; it
 // returns the service's base URL too.
-func runInventoryWith(t *testing.T, env map[string]string, tweak func(*Config)) (*syncBuffer, string) {
+func runInventoryWith(t *testing.T, env map[string]string, tweak func(*config.Config)) (*syncBuffer, string) {
 	t.Helper()
 	db := pgtest.NewDatabase(t, "shop_app_auth_")
 	addr := freeAddr(t)
@@ -251,7 +252,7 @@ func runInventoryWith(t *testing.T, env map[string]string, tweak func(*Config)) 
 // when it starts, for tests that run the services' parts without Run.
 func ensureEveryStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
 	for _, a := range services.All.Access() {
-		s := &Service{Name: a.User, Stream: a.Stream, Subjects: a.Subjects, access: a, Logger: log, cfg: Config{Registry: services.All}}
+		s := &Service{Name: a.User, Stream: a.Stream, Subjects: a.Subjects, access: a, Logger: log, cfg: config.Config{Registry: services.All}}
 		if err := s.ensureStreams(ctx, js); err != nil {
 			return err
 		}
@@ -260,9 +261,9 @@ func ensureEveryStream(ctx context.Context, js jetstream.JetStream, log *slog.Lo
 }
 
 // buildDomain builds the service called name as cfg configures it, over d.
-func buildDomain(t *testing.T, cfg Config, name string, d registry.Deps) registry.Domain {
+func buildDomain(t *testing.T, cfg config.Config, name string, d registry.Deps) registry.Domain {
 	t.Helper()
-	build := cfg.build[name]
+	build := cfg.Constructor(name)
 	if build == nil {
 		t.Fatalf("no service %q in the configuration", name)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/services"
 )
@@ -152,7 +153,7 @@ func portOf(t *testing.T, addr string) string {
 }
 
 func TestComposeEnvVars(t *testing.T) {
-	vars := EnvVars(services.All)
+	vars := config.EnvVars(services.All)
 	// The contract's configuration table.
 	want := []string{"DATABASE_URL", "NATS_URL", "PAYMENT_TIMEOUT", "PAYMENT_WEBHOOK_SECRET", "FULFILLMENT_DELAY"}
 	for _, name := range services.All.Names() {
@@ -161,10 +162,10 @@ func TestComposeEnvVars(t *testing.T) {
 	}
 	for _, v := range want {
 		if !slices.Contains(vars, v) {
-			t.Errorf("EnvVars(services.All) = %v lacks %s", vars, v)
+			t.Errorf("config.EnvVars(services.All) = %v lacks %s", vars, v)
 		}
 	}
-	// Nothing but those: every variable EnvVars names changes the
+	// Nothing but those: every variable config.EnvVars names changes the
 	// configuration LoadConfig returns (as its log shows it: every setting,
 	// a secret as whether it is set).
 	base, err := LoadConfig(func(string) string { return "" })
@@ -194,7 +195,7 @@ func TestComposeEnvVars(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s=%s: %v", v, value, err)
 		} else if cfg.LogValue().String() == base.LogValue().String() {
-			t.Errorf("EnvVars names %s, but LoadConfig ignores it", v)
+			t.Errorf("config.EnvVars names %s, but LoadConfig ignores it", v)
 		}
 	}
 }
@@ -221,7 +222,7 @@ func TestComposeServices(t *testing.T) {
 		t.FailNow()
 	}
 
-	envVars := EnvVars(services.All)
+	envVars := config.EnvVars(services.All)
 	pg, nats := byName["postgres"], byName["nats"]
 	for _, s := range composed {
 		// Long-running services report their health; one-shots do not run long.
@@ -396,7 +397,7 @@ func TestComposeServices(t *testing.T) {
 // its own port, calling the order and payment services by their compose
 // names, offering "Pay" exactly when the payment service's fake provider
 // is on, and started once they are healthy.
-func checkComposeDashboard(t *testing.T, s *composeService, cfg Config, byName map[string]*composeService) {
+func checkComposeDashboard(t *testing.T, s *composeService, cfg config.Config, byName map[string]*composeService) {
 	t.Helper()
 	port := portOf(t, cfg.DashboardAddr)
 	if want := "${SHOP_DASHBOARD_PORT:-8080}"; !slices.Contains(s.ports, "8080:"+port) {

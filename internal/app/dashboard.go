@@ -10,12 +10,13 @@ import (
 	"slices"
 	"time"
 
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/dashboard"
 )
 
 // runsAll reports whether names holds every service of cfg: `shop all`, the
 // one process that serves the dashboard and runs the reconciler.
-func runsAll(cfg Config, names []string) bool {
+func runsAll(cfg config.Config, names []string) bool {
 	for _, n := range cfg.Registry.Names() {
 		if !slices.Contains(names, n) {
 			return false
@@ -27,7 +28,7 @@ func runsAll(cfg Config, names []string) bool {
 // listenDashboard binds cfg.DashboardAddr. The page is a convenience, not a
 // service: when its address is taken (8080 often is) it listens on a free
 // loopback port instead and says where, rather than stopping the shop.
-func listenDashboard(cfg Config, log *slog.Logger) (net.Listener, error) {
+func listenDashboard(cfg config.Config, log *slog.Logger) (net.Listener, error) {
 	ln, err := net.Listen("tcp", cfg.DashboardAddr)
 	if err == nil {
 		return ln, nil
@@ -45,10 +46,10 @@ func listenDashboard(cfg Config, log *slog.Logger) (net.Listener, error) {
 // process per service). It reads the services' schemas (DATABASE_URL,
 // <SERVICE>_DATABASE_URL), places and pays orders through the order and
 // payment services' URLs and shows every service's /readyz from its URL
-// (ServiceConfig.URL: ORDER_URL, …). Unlike `shop all` it does not move to a free port
+// (config.ServiceConfig.URL: ORDER_URL, …). Unlike `shop all` it does not move to a free port
 // when its address is taken: it is the process's only job, and where it
 // listens is what the operator asked for.
-func RunDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
+func RunDashboard(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	urls := map[string]string{}
 	for _, name := range cfg.Registry.Names() {
 		sc := cfg.Services[name]
@@ -74,7 +75,7 @@ func RunDashboard(ctx context.Context, cfg Config, log *slog.Logger) error {
 // every service's schema through a small pool of its own (connected lazily,
 // so reads simply fail until the services have migrated) and acts through
 // the order and payment services' public APIs, at the base URLs in urls.
-func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[string]string, log *slog.Logger) error {
+func runDashboard(ctx context.Context, ln net.Listener, cfg config.Config, urls map[string]string, log *slog.Logger) error {
 	defer ln.Close()
 	log = log.With("service", "dashboard")
 	shop, closePools, err := OpenShop(ctx, cfg.Schemas(), ShopPoolSize)
@@ -95,8 +96,8 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[str
 		Pools:          pools,
 		OrderURL:       urls["order"],
 		PaymentURL:     urls["payment"],
-		PaymentTimeout: setting[time.Duration](cfg, "PAYMENT_TIMEOUT"),
-		CanPay:         setting[bool](cfg, "PAYMENT_FAKE_PROVIDER"),
+		PaymentTimeout: config.Setting[time.Duration](cfg.Settings, "PAYMENT_TIMEOUT"),
+		CanPay:         config.Setting[bool](cfg.Settings, "PAYMENT_FAKE_PROVIDER"),
 		ServiceURLs:    services,
 		Consumers:      dashboardConsumers(cfg),
 		TraceUIURL:     cfg.TraceUIURL,
@@ -130,7 +131,7 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg Config, urls map[str
 
 // dashboardConsumers lists the registry's consumers with the service that
 // runs each and the service whose stream it reads, for the lag chart.
-func dashboardConsumers(cfg Config) []dashboard.Consumer {
+func dashboardConsumers(cfg config.Config) []dashboard.Consumer {
 	source := map[string]string{} // stream -> the service that publishes to it
 	for _, e := range cfg.Registry {
 		source[e.Stream] = e.Name

@@ -3,6 +3,8 @@ package app
 import (
 	"os"
 	"testing"
+
+	"github.com/shop-ref/shop/internal/config"
 )
 
 // The operator commands run beside a demo read the demo's embedded server,
@@ -10,8 +12,8 @@ import (
 // NATS_URL's default once the demo has stopped.
 func TestOperatorNATSURLFindsTheDemo(t *testing.T) {
 	t.Chdir(t.TempDir())
-	if got := OperatorNATSURL(""); got != DefaultNATSURL {
-		t.Fatalf("no demo: %q, want %q", got, DefaultNATSURL)
+	if got := OperatorNATSURL(""); got != config.DefaultNATSURL {
+		t.Fatalf("no demo: %q, want %q", got, config.DefaultNATSURL)
 	}
 	if err := writeDemoNATS("nats://127.0.0.1:40123", "pw"); err != nil {
 		t.Fatal(err)
@@ -25,7 +27,7 @@ func TestOperatorNATSURLFindsTheDemo(t *testing.T) {
 	if err := os.Remove(DemoNATSURLFile); err != nil {
 		t.Fatal(err)
 	}
-	if got := OperatorNATSURL(""); got != DefaultNATSURL {
+	if got := OperatorNATSURL(""); got != config.DefaultNATSURL {
 		t.Fatalf("the demo stopped: %q", got)
 	}
 }

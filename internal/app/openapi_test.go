@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/apitest"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/registry"
@@ -375,7 +376,7 @@ func asSlice(v any) []any        { s, _ := v.([]any); return s }
 
 // assembled is the router of service e exactly as a running service
 // assembles it, over a schema of its own.
-func assembled(t *testing.T, e registry.Entry, cfg Config, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) http.Handler {
+func assembled(t *testing.T, e registry.Entry, cfg config.Config, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) http.Handler {
 	t.Helper()
 	db := pgtest.New(t, e.Sets()...)
 	svc, err := New(e.Name, cfg, nc, log)

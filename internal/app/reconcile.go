@@ -12,13 +12,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/reconcile"
 	"github.com/shop-ref/shop/internal/registry"
 )
-
-// ReconcileInterval is RECONCILE_INTERVAL's default: how often the
-// reconciler runs.
-const ReconcileInterval = time.Minute
 
 // The reconciler compares every service's schema (orders, payments and
 // reservations side by side). Each of its queries runs on the owning
@@ -40,7 +37,7 @@ const ReconcileInterval = time.Minute
 // runs simply fail (and are logged) until the services have migrated their
 // schemas. Copies run it one at a time (the lock in leader.go). close
 // releases the pools and the lock.
-func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (job *reconcile.Job, close func(), err error) {
+func newReconcileJob(ctx context.Context, cfg config.Config, nc *nats.Conn, log *slog.Logger) (job *reconcile.Job, close func(), err error) {
 	shop, closeShop, err := OpenShop(ctx, cfg.Schemas(), ShopPoolSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reconcile: %w", err)
@@ -59,7 +56,7 @@ func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.L
 	return &reconcile.Job{
 			Shop:     shop,
 			Config:   rcfg,
-			Interval: cmp.Or(cfg.ReconcileInterval, ReconcileInterval),
+			Interval: cmp.Or(cfg.ReconcileInterval, config.ReconcileInterval),
 			Logger:   log,
 			Leader:   lock.hold,
 		}, func() {
@@ -71,7 +68,7 @@ func newReconcileJob(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.L
 // reconcileLockKey is the advisory lock the reconciler's copies share: one
 // per shop, named by the order service's database and schema, so that two
 // shops in one database (tests, say) do not stand each other by.
-func reconcileLockKey(cfg Config) int64 {
+func reconcileLockKey(cfg config.Config) int64 {
 	h := fnv.New64a()
 	schema := ""
 	if e, err := cfg.Registry.Get("order"); err == nil {
@@ -94,9 +91,9 @@ func ReconcileConfig(settings *registry.Env) reconcile.Config {
 	return reconcile.Config{
 		// The order service's settings; zero (the reconciler's defaults)
 		// for a shop without them.
-		Pending:        settingOf[time.Duration](settings, "ORDER_RESERVATION_TIMEOUT") + reconcileGrace,
-		PaymentTimeout: settingOf[time.Duration](settings, "PAYMENT_TIMEOUT"),
-		Paid:           settingOf[time.Duration](settings, "ORDER_FULFILLMENT_TIMEOUT") + reconcileGrace,
+		Pending:        config.Setting[time.Duration](settings, "ORDER_RESERVATION_TIMEOUT") + reconcileGrace,
+		PaymentTimeout: config.Setting[time.Duration](settings, "PAYMENT_TIMEOUT"),
+		Paid:           config.Setting[time.Duration](settings, "ORDER_FULFILLMENT_TIMEOUT") + reconcileGrace,
 		Grace:          reconcileGrace,
 		Repair:         true,
 		Retention:      OutboxRetention, // the window of the stream audit, when JetStream is set

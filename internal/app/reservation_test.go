@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
@@ -28,7 +29,7 @@ import (
 type part struct {
 	t     *testing.T
 	name  string
-	cfg   Config
+	cfg   config.Config
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	pool  *pgxpool.Pool // the service's

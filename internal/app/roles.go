@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shop-ref/shop/internal/config"
 )
 
 // Least privilege: `shop migrate -roles` gives each service a login role of
@@ -76,7 +78,7 @@ func RolePassword(getenv func(string) string, service string) (string, error) {
 // CREATE on schema public from PUBLIC (the default before PostgreSQL 15).
 // The password travels as a SCRAM-SHA-256 verifier computed here, so neither
 // the statement nor a server log holds it in clear.
-func CreateRole(ctx context.Context, schemas Schemas, service, role, password string, log *slog.Logger) error {
+func CreateRole(ctx context.Context, schemas config.Schemas, service, role, password string, log *slog.Logger) error {
 	e, err := schemas.Registry.Get(service)
 	if err != nil {
 		return err

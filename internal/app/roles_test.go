@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/services"
@@ -336,7 +337,7 @@ func TestCreateRoleRefusesSuperuser(t *testing.T) {
 }
 
 // adminConfig is the shop's configuration with every service on dbURL.
-func adminConfig(t *testing.T, dbURL string) Config {
+func adminConfig(t *testing.T, dbURL string) config.Config {
 	t.Helper()
 	cfg, err := LoadConfig(func(k string) string { return map[string]string{"DATABASE_URL": dbURL}[k] })
 	if err != nil {

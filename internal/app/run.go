@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/httpx"
 )
@@ -29,14 +30,14 @@ import (
 // own NATS connection as its own user: `shop all` passes every name, `shop
 // order` one. When cfg.NATSURL is empty it first starts an embedded NATS
 // server with JetStream on 127.0.0.1:4222 (a free port if that is taken),
-// storing under EmbeddedNATSDir, whose users (broker.Users) get random
+// storing under config.EmbeddedNATSDir, whose users (broker.Users) get random
 // passwords. Where it knows the stream keeper's password (the embedded
 // server's, or STREAMS_NATS_PASSWORD) it keeps the shop's streams
 // (streamkeeper.go). Running every service, it serves the dashboard on
 // cfg.DashboardAddr too. Every listener is bound before anything starts, so
 // an address that is taken stops the start-up at once. When one service
 // fails, the others are stopped too and Run returns the error.
-func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) error {
+func Run(ctx context.Context, cfg config.Config, names []string, log *slog.Logger) error {
 	return run(ctx, cfg, names, log, nil)
 }
 
@@ -47,12 +48,12 @@ func Run(ctx context.Context, cfg Config, names []string, log *slog.Logger) erro
 // service (with cfg.OperatorToken, if one is set) and prints to out how to
 // try the shop, with the addresses it really bound (the dashboard's may be
 // a free port).
-func RunDemo(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error {
+func RunDemo(ctx context.Context, cfg config.Config, log *slog.Logger, out io.Writer) error {
 	if err := demo.Settings(cfg.Settings); err != nil {
 		return err
 	}
 	return run(ctx, cfg, cfg.Registry.Names(), log, func(ctx context.Context, urls map[string]string) {
-		if err := demo.Seed(ctx, urls, setting[string](cfg, "OPERATOR_TOKEN"), out); err != nil && ctx.Err() == nil {
+		if err := demo.Seed(ctx, urls, config.Setting[string](cfg.Settings, "OPERATOR_TOKEN"), out); err != nil && ctx.Err() == nil {
 			log.Error("demo seed failed", "err", err)
 		}
 	})
@@ -61,7 +62,7 @@ func RunDemo(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) e
 // run is Run, calling ready (when not nil) once every service it runs
 // answers /readyz, with the base URL each listens on by service name, and
 // the dashboard's under "dashboard".
-func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
+func run(ctx context.Context, cfg config.Config, names []string, log *slog.Logger,
 	ready func(ctx context.Context, urls map[string]string)) error {
 	url, auth := cfg.NATSURL, natsAuth(cfg)
 	if url == "" {
@@ -76,7 +77,7 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 			srv.WaitForShutdown()
 		}()
 		url, auth = srv.ClientURL(), passwords
-		log.Info("embedded nats started", "url", url, "store", EmbeddedNATSDir)
+		log.Info("embedded nats started", "url", url, "store", config.EmbeddedNATSDir)
 		if err := writeDemoNATS(url, passwords[broker.AuditUser]); err != nil {
 			log.Warn("could not leave the embedded server's address and audit password for shop verify", "err", err)
 		}
@@ -189,7 +190,7 @@ func run(ctx context.Context, cfg Config, names []string, log *slog.Logger,
 		g.Go(func() error { return job.Run(ctx) })
 	}
 	if keeper != nil {
-		g.Go(func() error { keeper.run(ctx, cfg.streamCheckInterval()); return nil })
+		g.Go(func() error { keeper.run(ctx, streamCheckInterval(cfg)); return nil })
 	}
 	for _, s := range services {
 		g.Go(func() error { return s.Run(ctx) })
@@ -220,7 +221,7 @@ func closeListeners(services []*Service) {
 }
 
 // natsAuth is the NATS password of each user cfg gives one, by user name.
-func natsAuth(cfg Config) map[string]string {
+func natsAuth(cfg config.Config) map[string]string {
 	auth := map[string]string{broker.AuditUser: cfg.AuditNATSPassword, broker.StreamsUser: cfg.StreamsNATSPassword}
 	for name, sc := range cfg.Services {
 		auth[name] = sc.NATSPassword
@@ -243,7 +244,7 @@ func anonymous(auth map[string]string, names []string) []string {
 // the embedded server of one `shop all`: nothing outside the process knows
 // them (but the audit user's, see writeDemoNATS), and the process runs the
 // stream keeper with its own.
-func newPasswords(cfg Config) map[string]string {
+func newPasswords(cfg config.Config) map[string]string {
 	passwords := map[string]string{broker.AuditUser: rand.Text(), broker.StreamsUser: rand.Text()}
 	for _, name := range cfg.Registry.Names() {
 		passwords[name] = rand.Text()
@@ -258,8 +259,8 @@ func newPasswords(cfg Config) map[string]string {
 // run beside the demo read its streams. Rewritten at every start,
 // readable by the owner only.
 var (
-	DemoAuditPasswordFile = filepath.Join(EmbeddedNATSDir, "audit.password")
-	DemoNATSURLFile       = filepath.Join(EmbeddedNATSDir, "url")
+	DemoAuditPasswordFile = filepath.Join(config.EmbeddedNATSDir, "audit.password")
+	DemoNATSURLFile       = filepath.Join(config.EmbeddedNATSDir, "url")
 )
 
 func writeDemoNATS(url, auditPassword string) error {
@@ -274,7 +275,7 @@ func writeDemoNATS(url, auditPassword string) error {
 
 // OperatorNATSURL is where the operator commands (verify, outbox republish)
 // find NATS: natsURL (NATS_URL); else the embedded server of a demo
-// running here; else DefaultNATSURL.
+// running here; else config.DefaultNATSURL.
 func OperatorNATSURL(natsURL string) string {
 	if natsURL != "" {
 		return natsURL
@@ -284,7 +285,7 @@ func OperatorNATSURL(natsURL string) string {
 			return u
 		}
 	}
-	return DefaultNATSURL
+	return config.DefaultNATSURL
 }
 
 // AuditConnectOptions are the options to connect to NATS as the audit
@@ -302,7 +303,7 @@ func AuditConnectOptions(password string) []nats.Option {
 	return broker.UserOptions(broker.AuditUser, p)
 }
 
-func startEmbeddedNATS(cfg Config, passwords map[string]string, log *slog.Logger) (*server.Server, error) {
+func startEmbeddedNATS(cfg config.Config, passwords map[string]string, log *slog.Logger) (*server.Server, error) {
 	users, err := broker.Users(cfg.Registry.Access(), passwords)
 	if err != nil {
 		return nil, err
@@ -318,7 +319,7 @@ func startEmbeddedNATS(cfg Config, passwords map[string]string, log *slog.Logger
 	} else {
 		ln.Close()
 	}
-	return broker.Embedded("127.0.0.1", port, EmbeddedNATSDir, broker.WithUsers(users))
+	return broker.Embedded("127.0.0.1", port, config.EmbeddedNATSDir, broker.WithUsers(users))
 }
 
 // The client's stale-connection detection: a connection whose server
@@ -338,7 +339,7 @@ const (
 // is a server refusing the credentials themselves, which the service's
 // watch reports and /readyz answers not ready for (jetstream.go).
 func connectNATS(url, user, password string, log *slog.Logger) (*nats.Conn, error) {
-	masked := MaskURL(url)
+	masked := config.MaskURL(url)
 	log = log.With("nats_user", user)
 	opts := []nats.Option{
 		nats.Name("shop " + user),
@@ -367,7 +368,7 @@ func connectNATS(url, user, password string, log *slog.Logger) (*nats.Conn, erro
 				log.Warn("nats disconnected", "url", masked, "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats connected", "url", MaskURL(nc.ConnectedUrl())) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats connected", "url", config.MaskURL(nc.ConnectedUrl())) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) { logAsyncError(log, sub, err) }),
 	}
 	nc, err := nats.Connect(url, append(opts, broker.UserOptions(user, password)...)...)

@@ -1,9 +1,9 @@
-// Package app is the plumbing every shop service shares: configuration, the
-// start-up sequence (database, migrations, stream), the process lifecycle
-// around each service's outbox relay, and the wiring of the parts that live
-// in packages of their own (internal/probe, internal/metrics,
+// Package app is the plumbing every shop service shares: the start-up
+// sequence (database, migrations, stream), the process lifecycle around
+// each service's outbox relay, and the wiring of the parts that live in
+// packages of their own (internal/config, internal/probe, internal/metrics,
 // internal/tracing, internal/demo). It knows the services only from the
-// registry cmd/shop gives it (Config.Registry).
+// registry cmd/shop gives it (the Registry of its config.Config).
 //
 // A process runs one service (`shop order`) or all four (`shop all`); either
 // way each service is a Service whose Run returns when ctx ends, so one
@@ -11,6 +11,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/httpx"
@@ -58,7 +60,7 @@ type Service struct {
 	Logger      *slog.Logger
 
 	entry  registry.Entry       // what the service declares of itself
-	cfg    Config               // the process's configuration, for the service's domain
+	cfg    config.Config        // the process's configuration, for the service's domain
 	tracer trace.TracerProvider // the service's spans; nil: none
 	access broker.Access        // what it does on NATS: its stream and the streams it reads
 	ln     net.Listener         // bound by listen, before Run
@@ -74,7 +76,7 @@ type Service struct {
 }
 
 // New returns the service called name, configured by cfg, publishing over nc.
-func New(name string, cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
+func New(name string, cfg config.Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	e, err := cfg.Registry.Get(name)
 	if err != nil {
 		return nil, err
@@ -186,7 +188,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if err := checkLimits(configs, dom); err != nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
 		}
-		g.Go(func() error { s.keepStreams(ctx, js, s.cfg.streamCheckInterval()); return nil })
+		g.Go(func() error { s.keepStreams(ctx, js, streamCheckInterval(s.cfg)); return nil })
 		g.Go(func() error {
 			if err := dom.Run(ctx); err != nil && ctx.Err() == nil {
 				return fmt.Errorf("%s: %w", s.Name, err)
@@ -234,9 +236,9 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", s.Name, err)
 	}
-	build := s.cfg.build[s.Name]
-	if build == nil { // a Config not made by LoadConfigFor
-		return nil, nil, nil, fmt.Errorf("%s: no constructor: load the configuration with app.LoadConfigFor", s.Name)
+	build := s.cfg.Constructor(s.Name)
+	if build == nil { // a config.Config not made by config.LoadFor
+		return nil, nil, nil, fmt.Errorf("%s: no constructor: load the configuration with config.LoadFor", s.Name)
 	}
 	dom, err := build(registry.Deps{
 		Pool:           pool,
@@ -390,6 +392,12 @@ func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every
 // streamCheckEvery is how often each service looks for its missing streams
 // and the stream keeper for drift (streamkeeper.go).
 const streamCheckEvery = 10 * time.Second
+
+// streamCheckInterval is how often streams are checked: streamCheckEvery,
+// unless a test says otherwise (cfg.Test.StreamCheck).
+func streamCheckInterval(cfg config.Config) time.Duration {
+	return cmp.Or(cfg.Test.StreamCheck, streamCheckEvery)
+}
 
 // checkLimits enforces what the streams' limits must keep: a stream is the
 // only copy of an event once the outbox has deleted its row, the stream

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/internal/verify"
@@ -23,7 +24,7 @@ const ShopPoolSize = 1
 // schema (shop verify, the reconciler, the dashboard, shop outbox). The
 // pools connect lazily, so opening them fails only on a URL that cannot be
 // parsed. close releases them.
-func OpenShop(ctx context.Context, s Schemas, conns int32) (shop verify.Shop, close func(), err error) {
+func OpenShop(ctx context.Context, s config.Schemas, conns int32) (shop verify.Shop, close func(), err error) {
 	shop = verify.Shop{Services: s.Registry, Pools: make(map[string]*pgxpool.Pool, len(s.Registry))}
 	close = func() {
 		for _, p := range shop.Pools {

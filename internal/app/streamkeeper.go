@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 )
 
 // The stream keeper. A stream's configuration is part of the contract: a
@@ -183,7 +184,7 @@ func driftStrings(drift []broker.FieldDrift) []string {
 
 // shopStreams is the configuration of every stream of cfg's shop, as its
 // owner declares it (broker.StreamConfig with cfg's replicas and limits).
-func shopStreams(cfg Config) []jetstream.StreamConfig {
+func shopStreams(cfg config.Config) []jetstream.StreamConfig {
 	var wants []jetstream.StreamConfig
 	for _, a := range cfg.Registry.Access() {
 		wants = append(wants, broker.StreamConfig(a.Stream, cfg.NATSReplicas, cfg.StreamLimits, a.Subjects...))

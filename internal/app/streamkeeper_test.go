@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/services"
@@ -114,7 +115,7 @@ func TestStreamKeeperRestoresTamperedStreamsInOneCheck(t *testing.T) {
 // variable that would let it restore, and it keeps serving.
 func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 	t.Parallel()
-	fast := func(c *Config) { c.streamCheck = 100 * time.Millisecond }
+	fast := func(c *config.Config) { c.Test.StreamCheck = 100 * time.Millisecond }
 
 	t.Run("with the keeper's password, it restores", func(t *testing.T) {
 		t.Parallel()

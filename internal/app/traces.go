@@ -7,6 +7,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/tracing"
 )
 
@@ -18,7 +19,7 @@ const traceShutdownTimeout = 5 * time.Second
 // that exports to cfg.TracesEndpoint, when it is set. The returned func
 // shuts them down, flushing their spans; call it once the services have
 // stopped.
-func exportTraces(ctx context.Context, cfg Config, services []*Service) (func(), error) {
+func exportTraces(ctx context.Context, cfg config.Config, services []*Service) (func(), error) {
 	var providers []*sdktrace.TracerProvider
 	shutdown := func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), traceShutdownTimeout)

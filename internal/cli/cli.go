@@ -22,7 +22,7 @@ import (
 var ErrUsage = errors.New("usage")
 
 // Config is a command's configuration, which adds a flag for each of its
-// settings (app.Config, app.Schemas, or a command's own small one): a
+// settings (config.Config, config.Schemas, or a command's own small one): a
 // command takes the few settings it needs, and has flags for those alone.
 type Config interface{ RegisterFlags(fs *flag.FlagSet) }
 

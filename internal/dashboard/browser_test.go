@@ -24,6 +24,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
@@ -291,7 +292,7 @@ func startShop(t *testing.T) shopURLs {
 	for _, name := range services.All.Names() {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr(t)
 	}
-	cfg, err := app.LoadConfigFor(services.All, func(k string) string { return env[k] })
+	cfg, err := config.LoadFor(services.All, func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/shop-ref/shop/internal/apitest"
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
@@ -129,7 +130,7 @@ func runMain(m *testing.M) (code int) {
 	}
 	env[broker.PasswordVar(broker.AuditUser)] = passwords[broker.AuditUser]
 	env[broker.PasswordVar(broker.StreamsUser)] = passwords[broker.StreamsUser]
-	cfg, err := app.LoadConfigFor(services.All, func(k string) string { return env[k] })
+	cfg, err := config.LoadFor(services.All, func(k string) string { return env[k] })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

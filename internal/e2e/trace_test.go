@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/journey"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/tracing"
@@ -26,7 +26,7 @@ import (
 // as a process per service would have, with the resource the shop gives
 // its exporting providers (tracing.Resources), all exporting to one
 // in-memory exporter, which it returns.
-func traceServices(ctx context.Context, cfg app.Config) (*tracetest.InMemoryExporter, error) {
+func traceServices(ctx context.Context, cfg config.Config) (*tracetest.InMemoryExporter, error) {
 	resourceOf, err := tracing.Resources(ctx)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/registry"
 )
 
@@ -37,7 +38,7 @@ A service started with its role does not migrate; it checks that nothing is pend
 func (s Shop) Migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	// Only where the schemas are: a setting of the services' that does not
 	// parse stops them, not their migrations.
-	schemas, err := app.LoadSchemas(s.Services, getenv)
+	schemas, err := config.LoadSchemas(s.Services, getenv)
 	if err != nil {
 		return err
 	}

@@ -10,9 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/database"
 )
 
@@ -65,7 +65,7 @@ Commands:
 
 Every command takes --json (machine-readable output) and --database-url URL
 (DATABASE_URL; a service's own <SERVICE>_DATABASE_URL is honoured); republish also
---nats-url URL (NATS_URL, default ` + app.DefaultNATSURL + `). Flags may come before or
+--nats-url URL (NATS_URL, default ` + config.DefaultNATSURL + `). Flags may come before or
 after the arguments.
 `
 
@@ -137,9 +137,9 @@ func (s Shop) Outbox(ctx context.Context, args []string, getenv func(string) str
 // every such command has, and the pools it has opened, one per service,
 // closed by close.
 type command struct {
-	schemas        app.Schemas // where each service's tables are
-	natsURL        string      // NATS_URL (republish); empty: app.OperatorNATSURL finds the server
-	auditPassword  string      // AUDIT_NATS_PASSWORD (republish)
+	schemas        config.Schemas // where each service's tables are
+	natsURL        string         // NATS_URL (republish); empty: app.OperatorNATSURL finds the server
+	auditPassword  string         // AUDIT_NATS_PASSWORD (republish)
 	stdout, stderr io.Writer
 	name           string // "shop outbox status", for messages
 	json           bool
@@ -151,7 +151,7 @@ type command struct {
 // from the environment for command name: where the schemas are and how to
 // read the streams, nothing more.
 func (s Shop) newCommand(name string, getenv func(string) string, stdout, stderr io.Writer) (*command, error) {
-	schemas, err := app.LoadSchemas(s.Services, getenv)
+	schemas, err := config.LoadSchemas(s.Services, getenv)
 	if err != nil {
 		return nil, err
 	}

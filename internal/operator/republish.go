@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -51,7 +52,7 @@ func (c *command) republish(ctx context.Context, args []string) error {
 	fs := c.flags("")
 	lost := fs.Bool("lost", false, "republish the events their stream lost (required: the only kind of republish there is; replay republishes chosen ones)")
 	service := fs.String("service", "", "only this `service`'s outbox and stream (default: all)")
-	natsURL := fs.String("nats-url", "", "NATS server `URL` (default: NATS_URL, else "+app.DefaultNATSURL+")")
+	natsURL := fs.String("nats-url", "", "NATS server `URL` (default: NATS_URL, else "+config.DefaultNATSURL+")")
 	if _, err := c.parse(fs, args, 0, ""); err != nil {
 		return err
 	}
@@ -65,7 +66,7 @@ func (c *command) republish(ctx context.Context, args []string) error {
 	url := cmp.Or(*natsURL, app.OperatorNATSURL(c.natsURL))
 	nc, err := nats.Connect(url, append(app.AuditConnectOptions(c.auditPassword), nats.Name("shop outbox republish"), nats.Timeout(5*time.Second))...)
 	if err != nil {
-		return fmt.Errorf("%s: cannot reach NATS at %s: %w", c.name, app.MaskURL(url), err)
+		return fmt.Errorf("%s: cannot reach NATS at %s: %w", c.name, config.MaskURL(url), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -7,7 +7,7 @@ import (
 // Shop is the operator's commands for the services of Services:
 // services.All in the shop binary (cmd/shop); a test may add one. Every
 // command knows the services only from it, and reads only the part of
-// their configuration it needs: where the schemas are (app.LoadSchemas),
+// their configuration it needs: where the schemas are (config.LoadSchemas),
 // how to reach the streams, and for verify the services' settings.
 type Shop struct{ Services registry.Registry }
 

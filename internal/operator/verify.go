@@ -16,6 +16,7 @@ import (
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/cli"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/reconcile"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/internal/verify"
@@ -55,7 +56,7 @@ func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) str
 	fs := cli.ConfigFlags("shop verify", "", "", &cfg, stderr)
 	fs.DurationVar(&wait, "wait", 0, "keep checking up to this long until the invariants hold (events in flight settle)")
 	fs.BoolVar(&repair, "repair", false, "first reconcile: report stuck orders, unrefunded payments, held reservations and events a stream lost, and republish the lost events")
-	fs.BoolVar(&streams, "streams", true, "also audit every service's stream on the NATS server (NATS_URL; else a demo's embedded server running here; else "+app.DefaultNATSURL+") against its outbox; false checks the databases only and says so")
+	fs.BoolVar(&streams, "streams", true, "also audit every service's stream on the NATS server (NATS_URL; else a demo's embedded server running here; else "+config.DefaultNATSURL+") against its outbox; false checks the databases only and says so")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -80,7 +81,7 @@ func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) str
 		}
 		if err != nil {
 			return fmt.Errorf("%w: cannot reach NATS at %s as the shop's audit user (%v); is the demo running? "+
-				"-streams=false checks the databases only", ErrNoShop, app.MaskURL(natsURL), err)
+				"-streams=false checks the databases only", ErrNoShop, config.MaskURL(natsURL), err)
 		}
 		if err := streamsExist(ctx, js, s.Services, natsURL); err != nil {
 			return err
@@ -115,18 +116,18 @@ func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) str
 // audit user, and the services' settings that -repair reads (the saga's
 // timeouts).
 type verifyConfig struct {
-	schemas       app.Schemas
+	schemas       config.Schemas
 	natsURL       string // NATS_URL; empty: app.OperatorNATSURL finds the server
 	auditPassword string // AUDIT_NATS_PASSWORD; empty: a local demo's, else anonymous
 	settings      *registry.Env
 }
 
 func loadVerifyConfig(reg registry.Registry, getenv func(string) string) (verifyConfig, error) {
-	schemas, err := app.LoadSchemas(reg, getenv)
+	schemas, err := config.LoadSchemas(reg, getenv)
 	if err != nil {
 		return verifyConfig{}, err
 	}
-	settings, err := app.LoadSettings(reg, getenv)
+	settings, err := config.LoadSettings(reg, getenv)
 	if err != nil {
 		return verifyConfig{}, err
 	}
@@ -138,7 +139,7 @@ func loadVerifyConfig(reg registry.Registry, getenv func(string) string) (verify
 // and of the services' settings.
 func (c *verifyConfig) RegisterFlags(fs *flag.FlagSet) {
 	c.schemas.RegisterFlags(fs)
-	app.SecretVar(fs, &c.natsURL, "nats-url", "NATS server `URL` whose streams are audited (NATS_URL)")
+	config.SecretVar(fs, &c.natsURL, "nats-url", "NATS server `URL` whose streams are audited (NATS_URL)")
 	c.settings.RegisterFlags(fs)
 }
 
@@ -179,10 +180,10 @@ func streamsExist(ctx context.Context, js jetstream.JetStream, reg registry.Regi
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("verify: stream %s on NATS at %s: %w", e.Stream, app.MaskURL(url), err)
+			return fmt.Errorf("verify: stream %s on NATS at %s: %w", e.Stream, config.MaskURL(url), err)
 		}
 		names = append(names, e.Stream)
 	}
 	return fmt.Errorf("%w: NATS at %s has none of the shop's streams (%s); is it the demo's server? "+
-		"-streams=false checks the databases only", ErrNoShop, app.MaskURL(url), strings.Join(names, ", "))
+		"-streams=false checks the databases only", ErrNoShop, config.MaskURL(url), strings.Join(names, ", "))
 }

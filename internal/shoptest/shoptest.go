@@ -26,6 +26,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
@@ -115,7 +116,7 @@ func StartWith(t testing.TB, reg registry.Registry, env map[string]string) *Shop
 		vars[broker.PasswordVar(name)] = passwords[name]
 	}
 	maps.Copy(vars, env)
-	cfg, err := app.LoadConfigFor(reg, func(k string) string { return vars[k] })
+	cfg, err := config.LoadFor(reg, func(k string) string { return vars[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/journey"
 	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/shoptest"
@@ -86,7 +87,7 @@ func TestJaegerShowsAnOrdersTraceCleanly(t *testing.T) {
 	shop.Restock(t, sku, 10, 1000)
 	id := placeAndPay(t, shop, sku)
 
-	cfg, err := app.LoadConfigFor(services.All, func(k string) string { return shop.Env[k] })
+	cfg, err := config.LoadFor(services.All, func(k string) string { return shop.Env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package app
+package config
 
 import (
 	"cmp"
@@ -12,7 +12,7 @@ import (
 // Schemas is where the schema of each service of Registry lives: all that
 // the commands which only read or migrate the schemas (shop migrate,
 // verify, outbox, trace) need of the configuration, and what OpenShop
-// opens. Config.Schemas is a running shop's.
+// opens (app.OpenShop). Config.Schemas is a running shop's.
 type Schemas struct {
 	Registry registry.Registry
 	// DatabaseURL is the database of every service without its own
@@ -24,7 +24,7 @@ type Schemas struct {
 }
 
 // LoadSchemas reads the Schemas of reg's services from getenv: the same
-// variables LoadConfigFor reads for them, and no others, so a setting the
+// variables LoadFor reads for them, and no others, so a setting the
 // command does not use cannot stop it.
 func LoadSchemas(reg registry.Registry, getenv func(string) string) (Schemas, error) {
 	if err := reg.Validate(); err != nil {
@@ -86,7 +86,7 @@ func SecretVar(fs *flag.FlagSet, p *string, name, usage string) {
 }
 
 // LoadSettings reads the services' own settings (PAYMENT_TIMEOUT, …) of
-// reg from getenv, as LoadConfigFor does, for a command that reads some of
+// reg from getenv, as LoadFor does, for a command that reads some of
 // them without running the services: shop verify -repair, the saga's
 // timeouts.
 func LoadSettings(reg registry.Registry, getenv func(string) string) (*registry.Env, error) {

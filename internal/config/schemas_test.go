@@ -1,4 +1,4 @@
-package app
+package config
 
 import (
 	"flag"
@@ -10,7 +10,7 @@ import (
 )
 
 // The commands that take only Schemas read the database URLs as the
-// services do: LoadSchemas and LoadConfigFor's Schemas agree, and a flag
+// services do: LoadSchemas and LoadFor's Schemas agree, and a flag
 // overrides its variable.
 func TestSchemasAreTheConfigsDatabases(t *testing.T) {
 	env := map[string]string{
@@ -24,7 +24,7 @@ func TestSchemasAreTheConfigsDatabases(t *testing.T) {
 		t.Fatal(err)
 	}
 	delete(env, "PAYMENT_TIMEOUT")
-	cfg, err := LoadConfigFor(services.All, getenv)
+	cfg, err := LoadFor(services.All, getenv)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,9 @@
-package app
+// Package config is the configuration of a shop process: what it reads
+// from the environment once at start-up (LoadFor) and the flags that
+// override it, for the services of the registry cmd/shop passes, and the
+// smaller parts that commands which do not run the services take
+// (Schemas, the services' settings).
+package config
 
 import (
 	"cmp"
@@ -27,10 +32,13 @@ const (
 	// EmbeddedNATSDir is where the embedded NATS server of `shop all` keeps
 	// its streams.
 	EmbeddedNATSDir = "./data/nats"
+	// ReconcileInterval is RECONCILE_INTERVAL's default: how often the
+	// reconciler runs.
+	ReconcileInterval = time.Minute
 )
 
 // Config is the configuration of one shop process, read from the
-// environment once by LoadConfigFor; the flags of RegisterFlags override it.
+// environment once by LoadFor; the flags of RegisterFlags override it.
 // Its LogValue masks passwords, so it can be logged whole.
 type Config struct {
 	// DatabaseURL is the database of every service without its own
@@ -43,13 +51,13 @@ type Config struct {
 	// (broker.AuditUser) that `shop verify`, `shop outbox` and the
 	// reconciler read the streams with (AUDIT_NATS_PASSWORD). Empty:
 	// anonymous, or, for the local demo's embedded server, the password it
-	// wrote (DemoAuditPasswordFile).
+	// wrote (app.DemoAuditPasswordFile).
 	AuditNATSPassword string
 	// StreamsNATSPassword is the password of the stream keeper's NATS user
 	// (broker.StreamsUser), the only one that may update a stream
 	// (STREAMS_NATS_PASSWORD). Set, the process runs the stream keeper:
 	// every stream whose configuration drifted from the shop's is restored
-	// within streamCheckEvery. Empty: each service only reports the drift
+	// within a stream check (10 s). Empty: each service only reports the drift
 	// of its own stream. The embedded server of `shop all` ignores it and
 	// makes its own.
 	StreamsNATSPassword string
@@ -62,8 +70,12 @@ type Config struct {
 	Settings *registry.Env
 	// build is each service's constructor, bound to its settings.
 	build map[string]registry.NewFunc
-	// streamCheck replaces streamCheckEvery, for tests only.
-	streamCheck time.Duration
+	// Test holds what only tests change.
+	Test struct {
+		// StreamCheck, when set, replaces how often each service looks for
+		// its missing streams and the stream keeper for drift (10 s).
+		StreamCheck time.Duration
+	}
 
 	// NATSReplicas is how many copies JetStream keeps of each stream
 	// (NATS_REPLICAS, default 1): 3 on a three-node cluster.
@@ -118,11 +130,11 @@ type ServiceConfig struct {
 	NATSPassword string
 }
 
-// LoadConfigFor reads the configuration of the services of reg (services.All,
+// LoadFor reads the configuration of the services of reg (services.All,
 // which only cmd/shop passes; a test may add one) from getenv (os.Getenv in
 // main). It fails on a value it cannot parse and on a registry entry that is
 // incomplete, saying what to add.
-func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, error) {
+func LoadFor(reg registry.Registry, getenv func(string) string) (Config, error) {
 	if err := reg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("the service registry: %w", err)
 	}
@@ -190,15 +202,15 @@ func LoadConfigFor(reg registry.Registry, getenv func(string) string) (Config, e
 	return cfg, nil
 }
 
-// EnvVars lists every environment variable LoadConfigFor reads for the
-// services of reg, in the order it reads them. It is derived from
-// LoadConfigFor itself, run once with an environment that records each name
-// and answers empty, so the list cannot drift from what the code reads. That
-// holds as long as LoadConfigFor reads every variable unconditionally (none
-// only when another is set): keep it so.
+// EnvVars lists every environment variable LoadFor reads for the services
+// of reg, in the order it reads them. It is derived from LoadFor itself,
+// run once with an environment that records each name and answers empty,
+// so the list cannot drift from what the code reads. That holds as long as
+// LoadFor reads every variable unconditionally (none only when another is
+// set): keep it so.
 func EnvVars(reg registry.Registry) []string {
 	var names []string
-	_, _ = LoadConfigFor(reg, func(name string) string { // empty values never fail
+	_, _ = LoadFor(reg, func(name string) string { // empty values never fail
 		if !slices.Contains(names, name) {
 			names = append(names, name)
 		}
@@ -225,7 +237,7 @@ var serviceVar = regexp.MustCompile(`^([A-Z][A-Z0-9]*)_(ADDR|DATABASE_URL|NATS_P
 // AUDIT_NATS_PASSWORD, …) are not listed.
 func UnknownServiceVars(reg registry.Registry, environ []string) []UnknownVar {
 	known := map[string]bool{}
-	_, _ = LoadConfigFor(reg, func(name string) string { known[name] = true; return "" })
+	_, _ = LoadFor(reg, func(name string) string { known[name] = true; return "" })
 	var unknown []UnknownVar
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
@@ -259,11 +271,9 @@ func (cfg *Config) RegisterFlags(fs *flag.FlagSet) {
 	cfg.Settings.RegisterFlags(fs)
 }
 
-// streamCheckInterval is how often streams are checked: streamCheckEvery,
-// unless a test says otherwise.
-func (cfg Config) streamCheckInterval() time.Duration {
-	return cmp.Or(cfg.streamCheck, streamCheckEvery)
-}
+// Constructor is the constructor of service, bound to its settings; nil in
+// a Config not made by LoadFor.
+func (cfg Config) Constructor(service string) registry.NewFunc { return cfg.build[service] }
 
 // DatabaseURLOf returns the database URL of service: its own, else the
 // shared one.
@@ -330,15 +340,12 @@ func (f secretFlag) String() string {
 
 func (f secretFlag) Set(s string) error { *f.p = s; return nil }
 
-// setting is the value of the services' setting env (a time.Duration,
-// int64, bool or string), T's zero value when no service of cfg declares
-// it: for the parts of the shop that read another part's setting (the
-// reconciler and the dashboard the saga's timeouts, the demo the
+// Setting is the value of the services' setting env in settings (a
+// time.Duration, int64, bool or string), T's zero value when no service
+// declares it: for the parts of the shop that read another part's setting
+// (the reconciler and the dashboard the saga's timeouts, the demo the
 // operator's token).
-func setting[T any](cfg Config, env string) T { return settingOf[T](cfg.Settings, env) }
-
-// settingOf is setting of the services' settings alone.
-func settingOf[T any](settings *registry.Env, env string) T {
+func Setting[T any](settings *registry.Env, env string) T {
 	var zero T
 	if settings == nil {
 		return zero
