@@ -24,6 +24,7 @@ import (
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/internal/registry"
 )
 
 // Run runs the named services in this process until ctx ends, each over its
@@ -52,8 +53,9 @@ func RunDemo(ctx context.Context, cfg config.Config, log *slog.Logger, out io.Wr
 	if err := demo.Settings(cfg.Settings); err != nil {
 		return err
 	}
-	return run(ctx, cfg, cfg.Registry.Names(), log, func(ctx context.Context, urls map[string]string) {
-		if err := demo.Seed(ctx, urls, config.Setting[string](cfg.Settings, "OPERATOR_TOKEN"), out); err != nil && ctx.Err() == nil {
+	return run(ctx, cfg, cfg.Registry.Names(), log, func(ctx context.Context, urls map[string]string, js jetstream.JetStream) {
+		settled := func(ctx context.Context) error { return consumersSettled(ctx, js, cfg.Registry) }
+		if err := demo.Seed(ctx, urls, config.Setting[string](cfg.Settings, "OPERATOR_TOKEN"), settled, out); err != nil && ctx.Err() == nil {
 			log.Error("demo seed failed", "err", err)
 		}
 	})
@@ -61,9 +63,11 @@ func RunDemo(ctx context.Context, cfg config.Config, log *slog.Logger, out io.Wr
 
 // run is Run, calling ready (when not nil) once every service it runs
 // answers /readyz, with the base URL each listens on by service name, and
-// the dashboard's under "dashboard".
+// the dashboard's under "dashboard", and JetStream as the audit user (who
+// may read every consumer's state; nil when the process has no audit
+// connection).
 func run(ctx context.Context, cfg config.Config, names []string, log *slog.Logger,
-	ready func(ctx context.Context, urls map[string]string)) error {
+	ready func(ctx context.Context, urls map[string]string, js jetstream.JetStream)) error {
 	url, auth := cfg.NATSURL, natsAuth(cfg)
 	if url == "" {
 		passwords := newPasswords(cfg)
@@ -205,7 +209,11 @@ func run(ctx context.Context, cfg config.Config, names []string, log *slog.Logge
 					return nil // stopping, or the service failed: Run says why
 				}
 			}
-			ready(ctx, urls)
+			var js jetstream.JetStream
+			if nc := conns[broker.AuditUser]; nc != nil {
+				js, _ = jetstream.New(nc) // only fails on a nil connection
+			}
+			ready(ctx, urls, js)
 			return nil
 		})
 	}
@@ -398,4 +406,42 @@ func logAsyncError(log *slog.Logger, sub *nats.Subscription, err error) {
 		subject = sub.Subject
 	}
 	log.Error("nats permissions violation", "subject", subject, "err", err)
+}
+
+// consumersSettled waits until every durable consumer of reg has nothing
+// left to settle (no message pending or awaiting its ack), so that what
+// was just published has taken effect everywhere: the demo's banner must
+// not invite an order for a SKU the order service has not read yet. A
+// consumer not created yet counts as unsettled. It gives up with an error
+// after a minute, or when ctx ends; with no JetStream to ask it returns at
+// once.
+func consumersSettled(ctx context.Context, js jetstream.JetStream, reg registry.Registry) error {
+	if js == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	settled := func() bool {
+		for _, e := range reg {
+			for _, c := range e.Consumers {
+				cons, err := js.Consumer(ctx, c.Stream, c.Name)
+				if err != nil {
+					return false
+				}
+				info, err := cons.Info(ctx)
+				if err != nil || info.NumPending > 0 || info.NumAckPending > 0 {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	for !settled() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the shop's consumers have not settled what was published: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
 }

@@ -30,12 +30,13 @@ var Catalogue = []struct {
 // Seed stocks the demo catalogue through the inventory service's public
 // API (an operator's restock, so the order service learns it from
 // ProductUpdated events like any other SKU), and prints the three shell
-// blocks of Commands that place an order, pay it and watch it complete.
+// blocks of Commands that place an order, pay it and watch it complete,
+// once settled says the shop has taken in what the restocks published.
 // urls are the base URLs this process's services really listen on (see
 // app.RunDemo), so it never stocks another process that happens to answer on a
 // configured address.
 // A restock is an operator's call: with a token set, it is sent.
-func Seed(ctx context.Context, urls map[string]string, operatorToken string, out io.Writer) error {
+func Seed(ctx context.Context, urls map[string]string, operatorToken string, settled func(context.Context) error, out io.Writer) error {
 	inv, ord, pay := urls["inventory"], urls["order"], urls["payment"]
 	for _, p := range Catalogue {
 		body, _ := json.Marshal(map[string]int{"on_hand": p.OnHand, "price": p.Price})
@@ -55,6 +56,12 @@ func Seed(ctx context.Context, urls map[string]string, operatorToken string, out
 		if res.StatusCode != http.StatusOK {
 			return fmt.Errorf("seed %s: inventory answered %s", p.SKU, res.Status)
 		}
+	}
+	// The order service learns the catalogue from inventory's events: a
+	// banner printed before it has read them would invite an order the
+	// shop refuses (unknown SKU) to whoever pastes step 1 at once.
+	if err := settled(ctx); err != nil {
+		return fmt.Errorf("seed: %w", err)
 	}
 	fmt.Fprintf(out, `
 The demo shop is up, with SKU-1 (19.99), SKU-2 (12.99) and SKU-3 (4.99) in stock.
