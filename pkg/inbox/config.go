@@ -16,74 +16,53 @@ import (
 // their comment.
 type Config struct {
 	// Name is the durable JetStream consumer and the consumer_name in the
-	// inbox tables. Instances that share a Name share the work and the
-	// idempotency records. Required; no whitespace, '.', '*', '>' or '/'.
+	// inbox tables; instances sharing it share the work. Required; no
+	// whitespace, '.', '*', '>' or '/'.
 	Name string
 	// Stream is the JetStream stream to consume. Required.
 	Stream string
-	// FilterSubjects narrows the stream; default: all of it. With the
-	// sequence check on, a filter must keep every event of an aggregate
-	// (filter by producer, never by event type), or the first skipped
-	// sequence would hold the aggregate back for ever.
+	// FilterSubjects narrows the stream (by producer, never by event type:
+	// see the package doc); default: all of it.
 	FilterSubjects []string
-	// Handler applies the events, a batch at a time (a lone delivery is a
-	// batch of one; see [HandlerFunc], and [Each] for a handler that takes
-	// one event at a time). Required.
+	// Handler applies the events, a batch at a time ([Each] adapts one
+	// that takes an event at a time). Required.
 	Handler HandlerFunc
-	// Handles lists the event types Handler applies. An event of any other
-	// type is only recorded (its cursor advanced, its processed_events row
-	// inserted), without calling Handler, in no transaction of its own: by
-	// one statement that commits alone, or, in a batch, with the batch's
-	// record statements: a consumer reads every event of an aggregate for the
-	// sequence check, and most of them are often of no interest to it.
-	// Default: every type goes to Handler.
+	// Handles lists the event types Handler applies; the others are only
+	// recorded, for the sequence check. Default: every type.
 	Handles []string
-	// Workers is how many events are handled at once; events of one
-	// aggregate go to the same worker, one at a time. Default 8. The pool
-	// needs at least Workers+2 connections.
+	// Workers is how many aggregates are handled at once. Default 8. The
+	// pool needs at least Workers+2 connections.
 	Workers int
-	// BatchSize is how many deliveries a worker may apply in one
-	// transaction: those already waiting for it, never waiting for more
-	// (see the package documentation). 1 turns batching off. Default 64.
-	// A batch holds every lock its handler takes until it commits: a
-	// handler that locks rows shared across aggregates (stock per SKU, say)
-	// one event at a time, each in an order of its own, deadlocks with other
-	// workers' batches, and each deadlock redoes the batch one delivery at a
-	// time. Such a handler takes all of a batch's shared locks in one
-	// statement, in one global order (see [HandlerFunc]).
+	// BatchSize is how many waiting deliveries a worker may apply in one
+	// transaction (never waiting for more). 1 turns batching off. Default 64.
 	BatchSize int
 	// MaxDeliver is how many times a handler may fail on an event before it
-	// is dead-lettered. Waiting for a sequence gap does not count. Default 10.
+	// is dead-lettered. Default 10.
 	MaxDeliver int
 	// MaxAckPending is how many messages the durable consumer may hold
-	// unacknowledged across all its instances; when reached, JetStream
-	// delivers nothing more. Parked messages are acked and hold none; each
-	// instance's prefetch (Workers × max(4, BatchSize), and its client's
-	// buffer) and the deliveries waiting out a backoff do. Default 4096.
+	// unacknowledged across its instances (parked ones are acked). Default
+	// 4096.
 	MaxAckPending int
-	// BackoffBase and BackoffMax shape the redelivery delay after a handler
-	// failure: exponential from BackoffBase, capped at BackoffMax, with full
-	// jitter. Defaults 200ms and 30s.
+	// BackoffBase and BackoffMax bound the jittered exponential delay
+	// before a failed event's next try. Defaults 200ms and 30s.
 	BackoffBase, BackoffMax time.Duration
-	// AckWait is how long the deliveries of a process that died wait to be
-	// redelivered; a live process reports what it holds in progress every
-	// AckWait/3. Default 5s.
+	// AckWait is how long a dead process's deliveries wait to be
+	// redelivered. Default 5s.
 	AckWait time.Duration
 	// HandlerTimeout is the time limit of one handler transaction (and of a
 	// requeued dead letter's). Default 30s.
 	HandlerTimeout time.Duration
-	// Retention is how long event ids are remembered. It must outlast every
-	// copy: the producer's retries (outbox.Config.RetryHorizon), the
-	// stream's duplicate window (Run checks it) and any replay. Default 14
-	// days.
+	// Retention is how long event ids are remembered: longer than any copy
+	// can come (the producer's RetryHorizon, the stream's duplicate window,
+	// which Run checks, a replay). Default 14 days.
 	Retention time.Duration
-	// SkipSequenceCheck turns off per-aggregate ordering: events are then
-	// deduplicated by id only and applied in whatever order they arrive.
+	// SkipSequenceCheck turns per-aggregate ordering off: events are only
+	// deduplicated by id.
 	SkipSequenceCheck bool
 	// Logger receives the consumer's logs; default slog.Default().
 	Logger *slog.Logger
-	// TracerProvider makes a span for each delivery applied (see Traces in
-	// the package documentation). Default: nil, no spans.
+	// TracerProvider makes a span for each delivery applied. Default: nil,
+	// no spans.
 	TracerProvider trace.TracerProvider
 	// Hooks observe the consumer, and inject failures in tests.
 	Hooks Hooks

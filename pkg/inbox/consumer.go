@@ -15,15 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Consumer feeds the events of one durable JetStream consumer to a handler,
-// each in a Postgres transaction that also records the event as processed
-// (several waiting events share one, see Config.BatchSize), so that every
-// event takes effect once however often it is delivered.
-//
-// Several Consumers, in one process or many, may run with the same
-// Config.Name: they share the durable consumer, the idempotency records and
-// the per-aggregate cursors, and the row lock on a cursor makes them take
-// the events of one aggregate one at a time.
+// Consumer applies the events of one durable JetStream consumer once each
+// (see the package doc).
 type Consumer struct {
 	pool *pgxpool.Pool
 	js   jetstream.JetStream
@@ -45,10 +38,9 @@ func (c *Consumer) Name() string { return c.cfg.Name }
 // Stream returns the consumer's Config.Stream.
 func (c *Consumer) Stream() string { return c.cfg.Stream }
 
-// Lag asks JetStream how many messages the durable consumer, all instances
-// sharing its Name together, has yet to settle: not yet delivered, or not
-// yet acked. Before Run has created it, the error wraps
-// jetstream.ErrConsumerNotFound.
+// Lag asks JetStream how many messages the durable consumer (all its
+// instances) has not yet delivered or had acked; before Run created it, the
+// error wraps jetstream.ErrConsumerNotFound.
 func (c *Consumer) Lag(ctx context.Context) (uint64, error) {
 	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Name)
 	if err != nil {
@@ -100,12 +92,10 @@ type delivery struct {
 }
 
 // Run creates or updates the durable consumer and handles its messages until
-// ctx ends. It then stops fetching, hands prefetched messages back to
-// JetStream, lets in-flight transactions finish and returns nil. No broker
-// condition ends it: while JetStream cannot be reached, has no quorum, or
-// has lost the durable consumer or the stream, it subscribes again with
-// backoff. It returns an error only when the live stream's duplicate window
-// is not shorter than Config.Retention.
+// ctx ends; then it hands prefetched messages back, lets in-flight
+// transactions finish and returns nil. No broker condition ends it. It
+// returns an error only when the live stream's duplicate window is not
+// shorter than Config.Retention.
 func (c *Consumer) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()

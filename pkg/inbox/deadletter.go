@@ -21,9 +21,8 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// DeadLetter is a message a consumer gave up on, kept whole (subject,
-// headers, payload) so that it can be examined and retried with its
-// original event id.
+// DeadLetter is a message a consumer gave up on, kept whole to be examined
+// and requeued.
 type DeadLetter struct {
 	ID            int64
 	Consumer      string
@@ -82,10 +81,8 @@ func ListDeadLetters(ctx context.Context, db DB, consumer string, limit int) ([]
 	return out, nil
 }
 
-// RequeueDeadLetter asks for another try of dead letter id: a running
-// Consumer of its name processes it within a second as if it had just
-// arrived, with the same event id. Success resolves it in the handler's
-// transaction; a failure makes it dead again.
+// RequeueDeadLetter has a running Consumer of its name apply dead letter id
+// again, with its event id, within a second; a failure makes it dead again.
 func RequeueDeadLetter(ctx context.Context, db DB, id int64) error {
 	tag, err := db.Exec(ctx,
 		`UPDATE dead_letters SET requeued_at = now() WHERE id = $1 AND resolved_at IS NULL`, id)
@@ -98,10 +95,8 @@ func RequeueDeadLetter(ctx context.Context, db DB, id int64) error {
 	return nil
 }
 
-// DiscardDeadLetter gives up on dead letter id for good, applying nothing:
-// for a message that must never take effect (garbage, a forged event, the
-// losing side of a conflict). The row stays for audit, resolved, with the
-// time and the reason.
+// DiscardDeadLetter gives up on dead letter id for good, applying nothing;
+// the row stays for audit, resolved, with the time and the reason.
 func DiscardDeadLetter(ctx context.Context, db DB, id int64, reason string) error {
 	if reason == "" {
 		return errors.New("inbox: a discard needs a reason")

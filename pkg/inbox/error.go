@@ -7,18 +7,15 @@ import "errors"
 var ErrPoison = errors.New("inbox: poison message")
 
 // ErrConflict marks the dead letter of an event at a sequence its aggregate
-// applied under another event id; an operator decides which stands (see
-// DeadLetter.ConflictWith).
+// applied under another event id (DeadLetter.ConflictWith).
 var ErrConflict = errors.New("inbox: conflicting event at an applied sequence")
 
 // ErrNotFound is returned by the operator functions for an id that no
 // unresolved dead letter (or open parked event) has.
 var ErrNotFound = errors.New("inbox: dead letter not found")
 
-// Poison wraps err to say that retrying the message is pointless (a payload
-// the handler cannot parse, a schema version it does not know): the consumer
-// rolls back and dead-letters it at once. The result matches both
-// [ErrPoison] and err under errors.Is and errors.As.
+// Poison wraps err to say that retrying is pointless: the consumer
+// dead-letters the message at once. The result matches [ErrPoison] and err.
 func Poison(err error) error {
 	if err == nil {
 		return ErrPoison

@@ -5,16 +5,12 @@ import "time"
 // Hooks are the consumer's observation and failure-injection points. Zero
 // fields are no-ops.
 type Hooks struct {
-	// ObserveFunc, when set, is called with Config.Name and the time from a
-	// worker taking a delivery to its commit. It is called from the workers
-	// and must be safe for concurrent use and quick.
+	// ObserveFunc gets Config.Name and the time from a worker taking a
+	// delivery to its commit; called from the workers, it must be quick.
 	ObserveFunc func(consumer string, d time.Duration)
-	// FailpointFunc is failure injection, for tests and chaos runs: when
-	// set, it is called at each of these points, once per delivery or per
-	// batch that gets that far, and a non-nil error makes the consumer
-	// behave as if the process died there (the transaction is rolled back
-	// if it has not committed, the messages are neither acked nor nak'ed,
-	// and JetStream redelivers them after AckWait):
+	// FailpointFunc injects failures (tests, chaos runs): it is called at
+	// these points, and an error makes the consumer act as if the process
+	// died there (rolled back if not committed, nothing acked):
 	//
 	//	"inbox.before_commit"            the handler ran, the transaction has not committed
 	//	"inbox.after_commit_before_ack"  the transaction committed, the messages are not acked

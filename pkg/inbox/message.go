@@ -45,30 +45,12 @@ type Message struct {
 	Data          []byte // the JSON payload
 }
 
-// HandlerFunc applies events inside tx, the transaction that also records
-// every one of them as processed: the effects and the records commit
-// together or not at all. It must not commit or roll back tx.
-//
-// The events come in stream order, so an aggregate's events come in
-// sequence. Under load a batch holds the deliveries a worker has waiting
-// (Config.BatchSize); a lone delivery, a parked event released by its gap
-// filler and a requeued dead letter are each a batch of one. One handler,
-// one path: a handler that reads every row its batch needs at once,
-// decides in memory and writes once pays two round trips a batch.
-//
-// Return nil when the events are handled, including when a business
-// outcome is a refusal (record that outcome, for example an outbox event,
-// in tx). Any error rolls the whole batch back, and the consumer hands the
-// same deliveries to the handler again one at a time, so the event that is
-// bad fails alone: a handler need not isolate anything and may return the
-// first error it meets. For one event, return [Poison](err) when retrying
-// cannot help; any other error is retried with backoff, up to
-// Config.MaxDeliver times.
-//
-// A handler that locks rows shared across aggregates (stock per SKU)
-// should lock all of a batch's at once, in one global order (ORDER BY key
-// FOR UPDATE), before it reads them: batches of other workers then wait
-// for it in that order, never in a cycle.
+// HandlerFunc applies a batch of events, in stream order, inside tx, the
+// transaction that also records them as processed; it must not commit or
+// roll it back. Any error rolls the batch back, and the same deliveries come
+// again one at a time, so the bad one fails alone ([Poison] dead-letters it
+// at once). Rows many aggregates share are best locked for the whole batch
+// in one statement, in one global order, so batches never deadlock.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, batch []Batched) error
 
 // EventFunc applies one event inside tx, under the rules of [HandlerFunc].
@@ -90,11 +72,8 @@ func Each(f EventFunc) HandlerFunc {
 // Batched is one event of the batch handed to a [HandlerFunc].
 type Batched struct {
 	Message
-	// Ctx is the event's own context: its delivery's span (see Traces in
-	// the package documentation) under the batch's deadline. Events the
-	// handler writes because of this one should be queued to the outbox
-	// with Ctx, so that they continue this event's trace and not a
-	// neighbour's.
+	// Ctx is the event's own context, with its delivery's span: queue the
+	// events it causes with Ctx, so they continue its trace.
 	Ctx context.Context
 }
 

@@ -86,9 +86,7 @@ func ListParked(ctx context.Context, db DB, consumer string, limit int) ([]Parke
 }
 
 // DiscardParked drops the open parked event eventID of consumer, keeping
-// the row, the time and the reason for audit. Its aggregate still waits for
-// the missing earlier event; a real event at the same sequence takes the
-// discarded one's place.
+// the row for audit; its aggregate still waits for the missing event.
 func DiscardParked(ctx context.Context, db DB, consumer string, eventID uuid.UUID, reason string) error {
 	if reason == "" {
 		return errors.New("inbox: a discard needs a reason")
