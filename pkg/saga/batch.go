@@ -103,8 +103,16 @@ func (s *Saga) applyLocked(ctx context.Context, tx pgx.Tx, instances map[string]
 // lockAll locks and reads the instances of type typ among ids (sorted), in
 // one round trip; ids with no instance are absent from the map.
 func lockAll(ctx context.Context, tx pgx.Tx, typ string, ids []string) (map[string]*Instance, error) {
-	rows, err := tx.Query(ctx, `SELECT `+instanceColumns+` FROM saga_instances
-		WHERE id = ANY($1) AND type = $2 ORDER BY id FOR UPDATE`, ids, typ)
+	// One id, most of a consumer's deliveries when it keeps up, is locked by
+	// equality: Postgres plans the array form (a generic plan expects ten
+	// ids) as a bitmap scan and a sort, and that made the whole saga of make
+	// bench row 6 about 17% slower than locking one instance by its key.
+	sql, arg := `SELECT `+instanceColumns+` FROM saga_instances
+		WHERE id = ANY($1) AND type = $2 ORDER BY id FOR UPDATE`, any(ids)
+	if len(ids) == 1 {
+		sql, arg = `SELECT `+instanceColumns+` FROM saga_instances WHERE id = $1 AND type = $2 FOR UPDATE`, ids[0]
+	}
+	rows, err := tx.Query(ctx, sql, arg, typ)
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: lock %d instances: %w", typ, len(ids), err)
 	}
