@@ -107,10 +107,23 @@ func (s *slot) natsURL() string {
 // are ready.
 func (h *harness) startAll() {
 	bySvc := map[string][]*slot{}
+	// Each copy's HTTP port stays held until every proxy listens: a port
+	// taken by freePort and closed at once could be handed to a proxy
+	// created next, and the copy then never binds its address.
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
 	for _, svc := range h.cfg.Services.Names() {
 		for i := 1; i <= h.cfg.Copies; i++ {
-			s := &slot{h: h, name: fmt.Sprintf("%s-%d", svc, i), service: svc,
-				addr: fmt.Sprintf("127.0.0.1:%d", freePort(h.t))}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			held = append(held, l)
+			s := &slot{h: h, name: fmt.Sprintf("%s-%d", svc, i), service: svc, addr: l.Addr().String()}
 			for _, nd := range h.nats.nodes {
 				p, err := newProxy(nd.addr())
 				if err != nil {
@@ -123,6 +136,10 @@ func (h *harness) startAll() {
 			bySvc[svc] = append(bySvc[svc], s)
 		}
 	}
+	for _, l := range held {
+		l.Close()
+	}
+	held = nil
 	next := map[string]int{}
 	for _, name := range failpoint.Names() {
 		if !h.cfg.lane(LaneProcess) {
