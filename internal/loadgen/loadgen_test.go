@@ -405,3 +405,8 @@ func TestPayingTheInstantItSaysWaitPayUnderLoad(t *testing.T) {
 		t.Errorf("loadgen's payments were not all taken:\n%s", out.String())
 	}
 }
+
+// Run is `shop loadgen` as cmd/shop wires it, over the shop's own services.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return Command{Services: services.All}.Run(ctx, args, getenv, stdout, stderr)
+}
