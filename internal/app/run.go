@@ -24,7 +24,7 @@ import (
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/demo"
 	"github.com/shop-ref/shop/internal/httpx"
-	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // Run runs the named services in this process until ctx ends, each over its
@@ -54,7 +54,7 @@ func RunDemo(ctx context.Context, cfg config.Config, log *slog.Logger, out io.Wr
 		return err
 	}
 	return run(ctx, cfg, cfg.Registry.Names(), log, func(ctx context.Context, urls map[string]string, js jetstream.JetStream) {
-		settled := func(ctx context.Context) error { return consumersSettled(ctx, js, cfg.Registry) }
+		settled := func(ctx context.Context) error { return shopSettled(ctx, cfg, js) }
 		if err := demo.Seed(ctx, urls, config.Setting[string](cfg.Settings, "OPERATOR_TOKEN"), settled, out); err != nil && ctx.Err() == nil {
 			log.Error("demo seed failed", "err", err)
 		}
@@ -408,21 +408,36 @@ func logAsyncError(log *slog.Logger, sub *nats.Subscription, err error) {
 	log.Error("nats permissions violation", "subject", subject, "err", err)
 }
 
-// consumersSettled waits until every durable consumer of reg has nothing
-// left to settle (no message pending or awaiting its ack), so that what
-// was just published has taken effect everywhere: the demo's banner must
-// not invite an order for a SKU the order service has not read yet. A
-// consumer not created yet counts as unsettled. It gives up with an error
-// after a minute, or when ctx ends; with no JetStream to ask it returns at
-// once.
-func consumersSettled(ctx context.Context, js jetstream.JetStream, reg registry.Registry) error {
+// shopSettled waits until the shop has taken in what was just written:
+// every outbox published (an event still in its outbox is in no stream, so
+// no consumer could be behind on it yet), then every durable consumer of
+// the registry with nothing left to settle (no message pending or awaiting
+// its ack). The demo's banner must not invite an order for a SKU the order
+// service has not read yet. A consumer not created yet counts as
+// unsettled. It gives up with an error after a minute, or when ctx ends;
+// with no JetStream to ask (no audit connection) it returns at once.
+func shopSettled(ctx context.Context, cfg config.Config, js jetstream.JetStream) error {
 	if js == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	settled := func() bool {
-		for _, e := range reg {
+	shop, closePools, err := OpenShop(ctx, cfg.Schemas(), ShopPoolSize)
+	if err != nil {
+		return err
+	}
+	defer closePools()
+	published := func() bool {
+		for _, pool := range shop.Pools {
+			st, err := outbox.ReadStats(ctx, pool)
+			if err != nil || st.Pending > 0 {
+				return false
+			}
+		}
+		return true
+	}
+	consumed := func() bool {
+		for _, e := range cfg.Registry {
 			for _, c := range e.Consumers {
 				cons, err := js.Consumer(ctx, c.Stream, c.Name)
 				if err != nil {
@@ -436,11 +451,13 @@ func consumersSettled(ctx context.Context, js jetstream.JetStream, reg registry.
 		}
 		return true
 	}
-	for !settled() {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the shop's consumers have not settled what was published: %w", ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+	for _, done := range []func() bool{published, consumed} {
+		for !done() {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("the shop has not taken in what was written: %w", ctx.Err())
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 	}
 	return nil
