@@ -25,8 +25,13 @@ const (
 	aliveEvery = time.Second
 )
 
+// heartbeatSQL also records, for the relay that streams a slot ($3, else
+// ”), when it was last caught up ($4): ReadSlot's LagAge.
 const heartbeatSQL = `
-WITH gone AS (DELETE FROM outbox_relays WHERE alive_until < now() - interval '1 minute')
+WITH gone AS (DELETE FROM outbox_relays WHERE alive_until < now() - interval '1 minute'),
+caught_up AS (
+	INSERT INTO outbox_slots (slot, caught_up_at) SELECT $3, $4 WHERE $3 <> ''
+	ON CONFLICT (slot) DO UPDATE SET caught_up_at = GREATEST(outbox_slots.caught_up_at, EXCLUDED.caught_up_at))
 INSERT INTO outbox_relays (name, alive_until) VALUES ($1, now() + $2 * interval '1 microsecond')
 ON CONFLICT (name) DO UPDATE SET alive_until = EXCLUDED.alive_until`
 
@@ -40,7 +45,11 @@ func (r *Relay) stayAlive(ctx context.Context) {
 	t := time.NewTicker(aliveEvery)
 	defer t.Stop()
 	for {
-		if _, err := r.pool.Exec(ctx, heartbeatSQL, r.cfg.Name, aliveFor.Microseconds()); err != nil && ctx.Err() == nil {
+		slot, caughtUp := "", time.Now()
+		if at := r.cdc.caughtUpAt.Load(); at != 0 && r.cdc.streaming.Load() {
+			slot, caughtUp = r.slot, time.Unix(0, at)
+		}
+		if _, err := r.pool.Exec(ctx, heartbeatSQL, r.cfg.Name, aliveFor.Microseconds(), slot, caughtUp); err != nil && ctx.Err() == nil {
 			r.log.Debug("outbox relay: cannot say it is alive", "err", err)
 		}
 		select {

@@ -29,7 +29,8 @@ type row struct {
 	headers  map[string]string
 	occurred time.Time
 	attempts int
-	takeover bool // the row carried an expired lease of an earlier claim
+	takeover bool      // the row carried an expired lease of an earlier claim
+	since    time.Time // start of its publish latency: its claim's commit, or in CDC mode its own commit
 }
 
 func (r *Relay) limit() int {
@@ -62,7 +63,7 @@ func (r *Relay) query(ctx context.Context, sql string, args ...any) ([]row, erro
 // relays claim side by side; the committed lease, not a held lock, keeps
 // other relays off while this one publishes.
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
-	batch, err := r.query(ctx, claimSQL, r.limit(), r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds())
+	batch, err := r.query(ctx, claimSQL, r.limit(), r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds(), r.handOff().Microseconds())
 	if err != nil {
 		return nil, err
 	}
@@ -74,11 +75,13 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
 	return batch, nil
 }
 
-// dueSQL selects the outbox rows o a relay may publish now: due, not
+// dueSQL selects the outbox rows o a relay may publish now: due ($5
+// microseconds ago: in CDC mode the table's events are the stream's for
+// the HandOff), not
 // leased by a live claim (one whose lease has not ended and whose relay is
 // not known to be gone, alive.go), and the oldest unpublished event of their
 // aggregate, so that k+1 is never published before k.
-const dueSQL = `o.available_at <= now()
+const dueSQL = `o.available_at <= now() - $5 * interval '1 microsecond'
 	  AND (o.claim_until IS NULL OR o.claim_until < now() OR ` + claimantGoneSQL + `)
 	  AND NOT EXISTS (
 	      SELECT 1 FROM outbox earlier
@@ -114,11 +117,10 @@ type result struct {
 }
 
 // publish sends the whole batch without waiting in between, then collects
-// the acks: one round trip's latency per batch, not per event. claimed is
-// when the batch's claim committed, the start of each event's latency. It
+// the acks: one round trip's latency per batch, not per event. It
 // returns an error only when a failpoint fired: the relay then abandons the
 // batch as if it had died.
-func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]result, error) {
+func (r *Relay) publish(ctx context.Context, batch []row) ([]result, error) {
 	results := make([]result, len(batch))
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	spans := make([]trace.Span, len(batch)) // nil where nothing is traced
@@ -168,7 +170,7 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]
 		if expired {
 			select {
 			case ack := <-f.Ok():
-				answered(i, result{duplicate: ack.Duplicate, latency: time.Since(claimed)})
+				answered(i, result{duplicate: ack.Duplicate, latency: time.Since(batch[i].since)})
 			case err := <-f.Err():
 				answered(i, cl.classify(ctx, batch[i], err))
 			default:
@@ -178,7 +180,7 @@ func (r *Relay) publish(ctx context.Context, batch []row, claimed time.Time) ([]
 		}
 		select {
 		case ack := <-f.Ok():
-			answered(i, result{duplicate: ack.Duplicate, latency: time.Since(claimed)})
+			answered(i, result{duplicate: ack.Duplicate, latency: time.Since(batch[i].since)})
 		case err := <-f.Err():
 			answered(i, cl.classify(ctx, batch[i], err))
 		case <-timeout.C:

@@ -32,6 +32,22 @@ type Config struct {
 
 	Logger *slog.Logger // default slog.Default(), as in pkg/inbox and pkg/saga
 
+	// Mode is ModePoll (the default) or ModeCDC. In ModeCDC the relay
+	// streams the outbox's inserts from a logical replication slot; the
+	// database must run with wal_level=logical, and the relay's role may
+	// replicate and owns the outbox table (it creates the slot and the
+	// publication). Where that cannot be, the relay says why, in its log
+	// and State, and polls as in ModePoll until it can.
+	Mode Mode
+	// Slot names the replication slot and publication of ModeCDC; default
+	// SlotName of the pool's database and schema.
+	Slot string
+	// HandOff is how long an event the stream did not publish (its
+	// aggregate's previous event is not published, it failed on its own,
+	// or it was committed before the slot existed) waits in the table
+	// before the relay's poller takes it; ModeCDC only. Default 30s.
+	HandOff time.Duration
+
 	// TracerProvider, when set, makes each traced event's publish a
 	// producer span "publish <type>", a child of the writer's span, ended
 	// at the PubAck; the message then carries its traceparent. Default
@@ -63,6 +79,10 @@ type Hooks struct {
 	//	"outbox.before_publish"         once per event, before it is handed to the broker
 	//	"outbox.after_ack_before_mark"  once per batch with acks, before they are marked
 	//	"outbox.retention_mid_batch"    between two of retention's delete statements
+	//	"outbox.cdc_after_mark"         ModeCDC: acked events marked, their position not yet confirmed to the slot
+	//
+	// In ModeCDC a failpoint that fires ends the relay's stream as a crash
+	// would: it starts again from the slot's confirmed position.
 	FailpointFunc func(name string) error
 }
 
@@ -72,6 +92,7 @@ const (
 	failpointBeforePublish      = "outbox.before_publish"
 	failpointAfterAckBeforeMark = "outbox.after_ack_before_mark"
 	failpointRetentionMidBatch  = "outbox.retention_mid_batch"
+	failpointCDCAfterMark       = "outbox.cdc_after_mark"
 )
 
 func (c *Config) failpoint(name string) error {
@@ -98,6 +119,8 @@ func (c *Config) setDefaults() {
 	c.Retention = cmp.Or(c.Retention, 72*time.Hour)
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, time.Minute)
 	c.RetentionBatch = cmp.Or(c.RetentionBatch, 1000)
+	c.Mode = cmp.Or(c.Mode, ModePoll)
+	c.HandOff = cmp.Or(c.HandOff, 30*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -105,6 +128,8 @@ func (c *Config) setDefaults() {
 
 func (c *Config) validate() error {
 	switch {
+	case c.Mode != ModePoll && c.Mode != ModeCDC:
+		return fmt.Errorf("outbox relay: Mode %q is neither %q nor %q", c.Mode, ModePoll, ModeCDC)
 	case c.BatchSize < 1 || c.Workers < 1 || c.MaxAttempts < 1 || c.RetentionBatch < 1:
 		return errors.New("outbox relay: BatchSize, Workers, MaxAttempts and RetentionBatch must be positive")
 	case c.PublishTimeout*2 > c.LeaseDuration:

@@ -47,6 +47,9 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
+		if r.handOff() > 0 {
+			continue // ModeCDC: the stream finds new events; the poller only old ones
+		}
 		r.wake()
 		// Writers coalesce their NOTIFYs; a transaction that skipped its own
 		// may commit just after the one that woke us. Look once more.

@@ -372,7 +372,7 @@ func TestDeadRelaysClaimsAreTakenOverBeforeTheirLease(t *testing.T) {
 	long := Config{LeaseDuration: 10 * time.Minute, PollInterval: 50 * time.Millisecond}
 
 	dead := e.rowRelay(t, withName(long, "dead"))
-	if _, err := e.db.Pool.Exec(ctx, heartbeatSQL, dead.cfg.Name, aliveFor.Microseconds()); err != nil {
+	if _, err := e.db.Pool.Exec(ctx, heartbeatSQL, dead.cfg.Name, aliveFor.Microseconds(), "", time.Now()); err != nil {
 		t.Fatal(err) // it said it was alive, once
 	}
 	if claimed, err := dead.claim(ctx, uuid.New()); err != nil || len(claimed) != 2 {
@@ -431,7 +431,7 @@ func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	results, err := crashed.publish(context.Background(), batch, time.Now())
+	results, err := crashed.publish(context.Background(), batch)
 	if err != nil {
 		t.Fatal(err)
 	}

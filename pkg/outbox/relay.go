@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,9 +28,13 @@ type Relay struct {
 	cfg    Config
 	log    *slog.Logger
 	schema string
-	kick   chan struct{} // one idle worker takes each wake-up
-	tracer trace.Tracer  // from Config.TracerProvider; nil: no spans
-	stats  counters
+	slot   string // ModeCDC: the replication slot and publication, set by Run
+	// slotName is slot for State, which may be called before Run sets it.
+	slotName atomic.Pointer[string]
+	cdc      cdcState
+	kick     chan struct{} // one idle worker takes each wake-up
+	tracer   trace.Tracer  // from Config.TracerProvider; nil: no spans
+	stats    counters
 	// jitter draws a backoff's random part: rand.Int64N, except in tests
 	// that must know how long a backoff is.
 	jitter func(n int64) int64
@@ -85,15 +90,34 @@ func (r *Relay) Counters() Counters {
 	}
 }
 
-// State is how a relay stands with the broker now.
+// State is how a relay stands with the broker, and in ModeCDC with its
+// slot, now.
 type State struct {
 	UnavailableSince time.Time // while the broker takes nothing: since when; zero otherwise
 	LastPublish      time.Time // when the broker last acked an event of this relay; zero before the first
+
+	Mode      Mode   // the configured mode
+	Slot      string // ModeCDC: the slot; empty until Run has read the schema
+	Streaming bool   // ModeCDC: this relay streams the slot now (else another does, or none can)
+	// CDCUnavailable, in ModeCDC, says why the database cannot serve it
+	// (a setting, a privilege); the relay polls the table meanwhile.
+	CDCUnavailable string
+	HandedOff      int64 // ModeCDC: events the stream left to the table's poller
 }
 
 // State returns the relay's state, for readiness reports and metrics.
 func (r *Relay) State() State {
-	return State{UnavailableSince: unixNano(r.stats.downSince.Load()), LastPublish: unixNano(r.stats.lastPublish.Load())}
+	st := State{
+		UnavailableSince: unixNano(r.stats.downSince.Load()), LastPublish: unixNano(r.stats.lastPublish.Load()),
+		Mode: r.cfg.Mode, Streaming: r.cdc.streaming.Load(), HandedOff: r.cdc.handedOff.Load(),
+	}
+	if p := r.slotName.Load(); p != nil {
+		st.Slot = *p
+	}
+	if why := r.cdc.unavailable.Load(); why != nil {
+		st.CDCUnavailable = *why
+	}
+	return st
 }
 
 func unixNano(n int64) time.Time {
@@ -116,8 +140,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	// (down, starting, out of connections): wait for it, as for everything
 	// else the relay does.
 	for failures := 1; ; failures++ {
-		err := r.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&r.schema)
+		var database string
+		err := r.pool.QueryRow(ctx, "SELECT current_schema(), current_database()").Scan(&r.schema, &database)
 		if err == nil {
+			r.slot = cmp.Or(r.cfg.Slot, SlotName(database, r.schema))
 			break
 		}
 		if ctx.Err() != nil {
@@ -138,7 +164,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { r.retain(ctx); return nil })
 	g.Go(func() error { r.stayAlive(ctx); return nil })
-	for range r.cfg.Workers {
+	workers := r.cfg.Workers
+	if r.cfg.Mode == ModeCDC {
+		r.slotName.Store(&r.slot)
+		g.Go(func() error { r.stream(ctx); return nil })
+		// The poller publishes only what the stream leaves to the table,
+		// unless the database cannot stream (then it is the relay).
+		workers = 1
+	}
+	for range workers {
 		g.Go(func() error { r.work(ctx); return nil })
 	}
 	return g.Wait()
@@ -214,11 +248,14 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 		return len(batch), err
 	}
 	claimed := time.Now()
+	for i := range batch {
+		batch[i].since = claimed
+	}
 	// The claim is committed. From here the batch is finished even if ctx
 	// ends, so a shutdown leaves no claimed-but-unmarked rows behind.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+r.cfg.LeaseDuration/2)
 	defer cancel()
-	results, err := r.publish(ctx, batch, claimed)
+	results, err := r.publish(ctx, batch)
 	if err != nil {
 		return len(batch), err // "died" part way: nothing is settled, the lease expires
 	}

@@ -135,11 +135,46 @@ func (s *Schema) Close() error {
 			return err
 		}
 		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s.Name}.Sanitize()+" CASCADE")
-		return err
+		if _, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s.Name}.Sanitize()+" CASCADE"); err != nil {
+			return err
+		}
+		return dropOrphanSlots(ctx, conn)
 	})
 	if err != nil {
 		return fmt.Errorf("drop schema %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+// dropOrphanSlots drops the replication slots, and their publications, of
+// outboxes whose tables are gone (this test's, or a killed test's): a slot
+// left behind would keep the server's WAL for ever. An outbox relay in
+// ModeCDC names both outbox_<database>_<schema>; the publication loses
+// its table when the schema is dropped.
+func dropOrphanSlots(ctx context.Context, conn *pgx.Conn) error {
+	rows, err := conn.Query(ctx, `
+		SELECT s.slot_name FROM pg_replication_slots s
+		WHERE s.database = current_database() AND s.slot_type = 'logical' AND s.slot_name LIKE 'outbox\_%'
+		  AND NOT EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = s.slot_name)`)
+	if err != nil {
+		return err
+	}
+	slots, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, slot := range slots {
+		_, _ = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
+		for try := 0; ; try++ {
+			_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+			if err == nil || try == 50 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // the terminated walsender is still going
+		}
+		if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{slot}.Sanitize()); err != nil {
+			return err
+		}
 	}
 	return nil
 }
