@@ -45,7 +45,9 @@ type Config struct {
 	// HandOff is how long an event the stream did not publish (its
 	// aggregate's previous event is not published, it failed on its own,
 	// or it was committed before the slot existed) waits in the table
-	// before the relay's poller takes it; ModeCDC only. Default 30s.
+	// before the relay's poller takes it; ModeCDC only. Default 10s. A
+	// requeued or republished event waits it too: the stream sees inserts
+	// only.
 	HandOff time.Duration
 
 	// TracerProvider, when set, makes each traced event's publish a
@@ -120,7 +122,7 @@ func (c *Config) setDefaults() {
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, time.Minute)
 	c.RetentionBatch = cmp.Or(c.RetentionBatch, 1000)
 	c.Mode = cmp.Or(c.Mode, ModePoll)
-	c.HandOff = cmp.Or(c.HandOff, 30*time.Second)
+	c.HandOff = cmp.Or(c.HandOff, 10*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
