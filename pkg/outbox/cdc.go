@@ -475,7 +475,7 @@ func (r *Relay) publishStream(ctx context.Context, txs <-chan cdcTx, s *session)
 			queue = append(queue, &item{ev: ev, tx: st})
 		}
 	}
-	for {
+	for ctx.Err() == nil {
 		if len(queue) == 0 {
 			select {
 			case tx := <-txs:
@@ -537,6 +537,9 @@ func (r *Relay) publishStream(ctx context.Context, txs <-chan cdcTx, s *session)
 			clear(acked) // every ack in it is marked: the table answers for them now
 		}
 	}
+	// Stopping: the batch in flight was settled; what is queued is
+	// unconfirmed, and the next stream sends it again.
+	return nil
 }
 
 // waitForBroker pauses after an outage, then asks JetStream whether it
