@@ -67,6 +67,11 @@ const (
 	// published again; the stream's duplicate window (Nats-Msg-Id) or the
 	// consumers' inbox absorbs the copy.
 	OutboxAfterAckBeforeMark = "outbox.after_ack_before_mark"
+	// OutboxCDCAfterMark: a relay in CDC mode has marked acked events
+	// published and has not confirmed their position to its slot. The
+	// next stream starts at the confirmed position and publishes them
+	// again, same ids; the duplicate window or the inbox absorbs them.
+	OutboxCDCAfterMark = "outbox.cdc_after_mark"
 	// InboxBeforeCommit: a consumer's handler has run in the inbox
 	// transaction, which has not committed. The transaction rolls back, the
 	// message is redelivered after AckWait and applied then.
@@ -100,6 +105,7 @@ var registry = []string{
 	OutboxAfterClaim,
 	OutboxBeforePublish,
 	OutboxAfterAckBeforeMark,
+	OutboxCDCAfterMark,
 	InboxBeforeCommit,
 	InboxAfterCommitBeforeAck,
 	SagaAfterClaimTimeout,
