@@ -34,7 +34,7 @@ func TestNames(t *testing.T) {
 	want := []string{
 		"inbox.after_commit_before_ack", "inbox.before_commit",
 		"order.after_commit_before_response",
-		"outbox.after_ack_before_mark", "outbox.after_claim", "outbox.before_publish", "outbox.retention_mid_batch",
+		"outbox.after_ack_before_mark", "outbox.after_claim", "outbox.before_publish", "outbox.cdc_after_mark", "outbox.retention_mid_batch",
 		"payment.refund_after_provider_before_store", "payment.webhook_after_commit_before_response",
 		"saga.after_claim_timeout",
 	}
