@@ -131,7 +131,7 @@ func requireAllInStream(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream
 // as a service would. A commit whose result was lost with the server may
 // have happened: its retry is another event, and the outbox, not the
 // writer, says which events were committed.
-func writeUntil(ctx context.Context, t *testing.T, pool *pgxpool.Pool, writer, aggregates int, stop <-chan struct{}, retries *atomic.Int64) {
+func writeUntil(ctx context.Context, pool *pgxpool.Pool, writer, aggregates int, stop <-chan struct{}, retries *atomic.Int64) {
 	var w outbox.Writer
 	for i := 0; ; i++ {
 		select {
@@ -212,7 +212,7 @@ func TestPostgresRestartMidStream(t *testing.T) {
 	var wg sync.WaitGroup
 	var retries atomic.Int64
 	for wr := range writers {
-		wg.Go(func() { writeUntil(ctx, t, producer, wr, aggregates, stop, &retries) })
+		wg.Go(func() { writeUntil(ctx, producer, wr, aggregates, stop, &retries) })
 	}
 	stopWriters := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	defer stopWriters()

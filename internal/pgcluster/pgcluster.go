@@ -80,22 +80,25 @@ type Cluster struct {
 	exited chan struct{} // closed when cmd has exited
 }
 
-// Defaults are the settings every cluster runs with, before the caller's:
-// what ModeCDC needs, and no fsync (a throwaway cluster need not survive
-// the machine crashing; a postmaster's crash it survives without).
-var Defaults = map[string]string{
-	"wal_level":             "logical",
-	"max_replication_slots": "16",
-	"max_wal_senders":       "16",
-	"max_connections":       "60",
-	"fsync":                 "off",
-	"full_page_writes":      "off",
-	"shared_buffers":        "32MB",
+// defaults are the settings every cluster runs with, before the
+// caller's: what ModeCDC needs, and no fsync (a throwaway cluster need not
+// survive the machine crashing; a postmaster's crash it survives without).
+func defaults() map[string]string {
+	return map[string]string{
+		"wal_level":             "logical",
+		"max_replication_slots": "16",
+		"max_wal_senders":       "16",
+		"max_connections":       "60",
+		"fsync":                 "off",
+		"full_page_writes":      "off",
+		"shared_buffers":        "32MB",
+	}
 }
 
-// Start makes and starts a cluster for t with Defaults, overridden and
-// extended by settings (e.g. "max_slot_wal_keep_size": "1MB"); it is
-// stopped and removed when t ends.
+// Start makes and starts a cluster for t with wal_level=logical, 16
+// replication slots and WAL senders, 60 connections and fsync off,
+// overridden and extended by settings (e.g. "max_slot_wal_keep_size":
+// "1MB"); it is stopped and removed when t ends.
 func Start(t testing.TB, settings map[string]string) *Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -118,10 +121,7 @@ func New(ctx context.Context, settings map[string]string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{bin: bin, settings: map[string]string{}}
-	for k, v := range Defaults {
-		c.settings[k] = v
-	}
+	c := &Cluster{bin: bin, settings: defaults()}
 	for k, v := range settings {
 		c.settings[k] = v
 	}
