@@ -51,6 +51,9 @@ trace-check:
 # `make test`. CHAOS_LOGS=dir keeps the processes' logs. LANES=partition
 # (or process, broker, hostile, comma-separated) runs only those fault
 # lanes, to measure one kind of fault's stall with nothing overlapping it.
+# LANES=cdc (never by default) runs every relay in ModeCDC on a private
+# Postgres cluster of the run's own, killing the relays that stream the
+# slots, dropping slots and restarting that Postgres (-m fast, immediate).
 DURATION ?= 5m
 NODES ?= 3
 CHAOS_LOGS ?=

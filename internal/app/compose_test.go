@@ -369,6 +369,7 @@ func TestComposeServices(t *testing.T) {
 	if !strings.HasPrefix(pg.image, "postgres:") || pg.env["POSTGRES_PASSWORD"] == "" {
 		t.Errorf("postgres: image %q, POSTGRES_PASSWORD %q", pg.image, pg.env["POSTGRES_PASSWORD"])
 	}
+	checkComposePostgresSettings(t, pg)
 	for _, n := range []*composeService{nats, byName["nats-1"], byName["nats-2"], byName["nats-3"]} {
 		if !strings.HasSuffix(n.image, "-alpine") {
 			t.Errorf("service %s: image %q; the health check needs the alpine image's wget", n.name, n.image)
@@ -390,6 +391,73 @@ func TestComposeServices(t *testing.T) {
 		if len(byName[n].profs) > 0 {
 			t.Errorf("service %s runs only in profiles %v", n, byName[n].profs)
 		}
+	}
+}
+
+// cdcSettings are the server settings a relay in cdc mode needs
+// (pkg/outbox's ModeCDC): compose's Postgres runs with them, and
+// scripts/ensure-postgres.sh makes them on a local cluster.
+var cdcSettings = map[string]string{
+	"wal_level":              "logical",
+	"max_replication_slots":  "64",
+	"max_wal_senders":        "64",
+	"max_slot_wal_keep_size": "2GB", // a forgotten slot cannot fill the volume
+}
+
+// checkComposePostgresSettings checks that the postgres service runs with
+// cdcSettings (`postgres -c name=value ...`): without them RELAY_MODE=cdc
+// would fall back to polling in the demo, and an unread slot could keep
+// WAL without bound. The script that makes a local cluster names the same.
+func checkComposePostgresSettings(t *testing.T, pg *composeService) {
+	t.Helper()
+	got := map[string]string{}
+	if len(pg.command) == 0 || pg.command[0] != "postgres" {
+		t.Errorf("postgres: command %q, want [postgres -c name=value ...]", pg.command)
+	}
+	for i := 1; i < len(pg.command); i++ {
+		if pg.command[i] != "-c" || i+1 == len(pg.command) {
+			t.Errorf("postgres: command %q: %q is not -c name=value", pg.command, pg.command[i])
+			continue
+		}
+		i++
+		k, v, _ := strings.Cut(pg.command[i], "=")
+		got[k] = v
+	}
+	script, err := os.ReadFile(filepath.Join(repoRoot, "scripts", "ensure-postgres.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range cdcSettings {
+		if got[k] != want {
+			t.Errorf("postgres: command sets %s=%q, want %q (the CDC relay's settings)", k, got[k], want)
+		}
+		if !strings.Contains(string(script), k+"="+want) {
+			t.Errorf("scripts/ensure-postgres.sh does not set %s=%s for a local cluster", k, want)
+		}
+	}
+}
+
+// TestComposeRelayMode: every service passes RELAY_MODE and its own
+// <NAME>_RELAY_MODE through from the host's environment (README, "Relay
+// mode"), empty (the shop's default) when the host sets neither.
+func TestComposeRelayMode(t *testing.T) {
+	_, byName, _ := loadCompose(t, nil)
+	for _, name := range services.All.Names() {
+		own := strings.ToUpper(name) + "_RELAY_MODE"
+		for _, k := range []string{"RELAY_MODE", own} {
+			if v, ok := byName[name].env[k]; !ok || v != "" {
+				t.Errorf("service %s: %s=%q (set: %v), want it passed through, empty by default", name, k, v, ok)
+			}
+		}
+	}
+	_, byName, _ = loadCompose(t, map[string]string{"RELAY_MODE": "cdc", "PAYMENT_RELAY_MODE": "poll"})
+	for _, name := range services.All.Names() {
+		if got := byName[name].env["RELAY_MODE"]; got != "cdc" {
+			t.Errorf("service %s: RELAY_MODE=%q with the host's cdc", name, got)
+		}
+	}
+	if got := byName["payment"].env["PAYMENT_RELAY_MODE"]; got != "poll" {
+		t.Errorf("service payment: PAYMENT_RELAY_MODE=%q with the host's poll", got)
 	}
 }
 

@@ -15,8 +15,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shop-ref/shop/internal/pgcluster"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/internal/verify"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // Config sizes a run.
@@ -42,14 +44,26 @@ const (
 	LaneBroker    = "broker"    // NATS node and stream faults, one after another
 	LanePartition = "partition" // one shop process silently cut off every node
 	LaneHostile   = "hostile"   // a peer publishing forged and garbage events
+	// LaneCDC runs every relay in ModeCDC (RELAY_MODE=cdc) on a private
+	// Postgres cluster of the run's own, and kills streaming relays,
+	// drops their slots and restarts that Postgres (see cdcLane).
+	LaneCDC = "cdc"
 )
 
-// Lanes are every fault lane, in the order the report names them.
+// Lanes are every fault lane that runs by default, in the order the
+// report names them.
 var Lanes = []string{LaneProcess, LaneBroker, LanePartition, LaneHostile}
+
+// OptInLanes run only when named: LaneCDC changes how every relay of the
+// run works, and moves its database off the shared server.
+var OptInLanes = []string{LaneCDC}
 
 // lane reports whether lane runs.
 func (c Config) lane(lane string) bool {
-	return len(c.Lanes) == 0 || slices.Contains(c.Lanes, lane)
+	if len(c.Lanes) == 0 {
+		return slices.Contains(Lanes, lane)
+	}
+	return slices.Contains(c.Lanes, lane)
 }
 
 const (
@@ -76,16 +90,20 @@ type Result struct {
 	Fired           map[string]int
 	NotFired        []string
 	Terminated      int64 // database backends terminated
-	Nodes           int   // NATS nodes
-	Faults          []Fault
-	FaultCounts     map[string]int // faults injected, by kind
-	Stalls          []Stall        // the longest saga stall after each of Faults
-	Redelivery      []Redelivery   // per SIGKILL with events in flight
-	SelfExits       []Exit         // shop processes that exited on their own
-	NodeExits       []Exit         // NATS nodes that did
-	DeadEvents      int            // outbox rows with dead_at set, in every schema
-	StreamLoss      StreamLoss     // acked events missing from their streams, before and after the repair
-	Hostile         Hostile        // what the hostile lane sent, and what it left to discard
+	// RelayKills are the SIGKILLs of the cdc lane: each of the process
+	// whose relay streamed its service's slot at that moment.
+	RelayKills  int64
+	Slots       []outbox.SlotStats // the cdc lane: every service's slot at the end
+	Nodes       int                // NATS nodes
+	Faults      []Fault
+	FaultCounts map[string]int // faults injected, by kind
+	Stalls      []Stall        // the longest saga stall after each of Faults
+	Redelivery  []Redelivery   // per SIGKILL with events in flight
+	SelfExits   []Exit         // shop processes that exited on their own
+	NodeExits   []Exit         // NATS nodes that did
+	DeadEvents  int            // outbox rows with dead_at set, in every schema
+	StreamLoss  StreamLoss     // acked events missing from their streams, before and after the repair
+	Hostile     Hostile        // what the hostile lane sent, and what it left to discard
 	// PermissionViolations counts the shop processes' logged NATS
 	// permissions violations: something a service needed that its user may
 	// not do.
@@ -117,7 +135,8 @@ type harness struct {
 	dbURL   string
 	nats    *cluster
 	admin   *pgxpool.Pool
-	hostile *hostile // the hostile lane's peer
+	hostile *hostile           // the hostile lane's peer
+	pg      *pgcluster.Cluster // the cdc lane's private Postgres; nil: the shared server
 	shop    verify.Shop
 	slots   []*slot
 	client  *http.Client
@@ -125,9 +144,10 @@ type harness struct {
 	chaosStart   time.Time // offsets in the report count from here (until the chaos: from the start of Run)
 	cleanRestart time.Time // the end of every stall window
 
-	chaosOn atomic.Bool
-	crashes atomic.Int64
-	termd   atomic.Int64
+	chaosOn    atomic.Bool
+	crashes    atomic.Int64
+	termd      atomic.Int64
+	relayKills atomic.Int64
 
 	mu              sync.Mutex
 	fired           map[string]int

@@ -4,18 +4,43 @@ import (
 	"context"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/internal/pgcluster"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/verify"
 )
 
-// database creates a throwaway database, dropped at the end.
+// database creates a throwaway database, dropped at the end: on the
+// shared test server, or, with the cdc lane, on a private cluster that
+// the lane may restart (the shared server must never be) and whose
+// replication slots go with it.
 func (h *harness) database() {
-	db := pgtest.NewDatabase(h.t, "shop_chaos_")
-	h.dbName, h.dbURL = db.Name, db.URL
+	if !h.cfg.lane(LaneCDC) {
+		db := pgtest.NewDatabase(h.t, "shop_chaos_")
+		h.dbName, h.dbURL = db.Name, db.URL
+		return
+	}
+	h.pg = pgcluster.Start(h.t, map[string]string{
+		// Two copies of each service, and the harness: the shared
+		// server's budget, with room.
+		"max_connections":       "200",
+		"max_replication_slots": "32",
+		"max_wal_senders":       "32",
+		// A relay killed or standing by must not lose its slot in a run.
+		"max_slot_wal_keep_size": "2GB",
+	})
+	h.dbName = "shop_chaos"
+	h.dbURL = h.pg.DatabaseURL(h.dbName)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := database.EnsureExists(ctx, h.dbURL); err != nil {
+		h.t.Fatalf("chaos database on the private cluster: %v", err)
+	}
+	h.logf("chaos: the cdc lane's private Postgres at 127.0.0.1:%d (log %s)", h.pg.Port(), h.pg.LogPath())
 }
 
 // withAppName sets application_name in a database URL, so that one

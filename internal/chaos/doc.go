@@ -8,7 +8,10 @@
 // service's database connections, publishes hostile events into ORDERS and
 // injects broker faults: a stream leader killed, quorum lost, a shop
 // process silently partitioned, JetStream disabled on a node, a durable
-// consumer deleted, the whole cluster restarted. Then it restarts
+// consumer deleted, the whole cluster restarted. The cdc lane (not run by
+// default: LANES=cdc) runs every relay in ModeCDC against a private
+// Postgres cluster (internal/pgcluster), kills the processes streaming the
+// slots, drops slots and restarts that Postgres. Then it restarts
 // everything cleanly, waits until every saga has ended, discards what the
 // hostile peer left, audits the streams against the outboxes and repairs
 // what they lost, checks the contract's invariants with the code of `shop
@@ -18,6 +21,6 @@
 // cluster.go and proxy.go (the NATS nodes and the proxies in front of
 // them), process.go (the shop processes and their supervisors),
 // failpoints.go, client.go and driver.go (the orders), faults.go (the fault
-// lanes), hostile.go, streams.go, and the report: report.go, stall.go,
-// redelivery.go, exits.go.
+// lanes), cdc.go (the cdc lane), hostile.go, streams.go, and the report:
+// report.go, stall.go, redelivery.go, exits.go.
 package chaos

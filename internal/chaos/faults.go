@@ -73,8 +73,8 @@ func (h *harness) durables() []registry.Reader { return h.cfg.Services.Readers()
 // they injected has healed: shop processes (SIGKILLs, failpoints, a reset
 // of NATS connections, Postgres), broker faults one after another,
 // partitions of one shop process, which overlap the broker lane's faults as
-// they would in life, and, with a hostile peer, the hostile lane
-// (hostile.go).
+// they would in life, with a hostile peer, the hostile lane (hostile.go),
+// and with relays in ModeCDC, the cdc lane (cdc.go).
 func (h *harness) chaos(ctx context.Context) {
 	var wg sync.WaitGroup
 	if h.cfg.lane(LaneProcess) {
@@ -88,6 +88,9 @@ func (h *harness) chaos(ctx context.Context) {
 	}
 	if h.hostile != nil {
 		wg.Go(func() { h.hostileLane(ctx, h.hostile) })
+	}
+	if h.cfg.lane(LaneCDC) {
+		wg.Go(func() { h.cdcLane(ctx) })
 	}
 	wg.Wait()
 }

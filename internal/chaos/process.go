@@ -86,6 +86,11 @@ func (h *harness) env(dbURL, natsURL string) []string {
 		"RECONCILE_INTERVAL=" + reconcileEvery.String(),
 		broker.PasswordVar(broker.AuditUser) + "=" + h.nats.passwords[broker.AuditUser],
 	}
+	if h.cfg.lane(LaneCDC) {
+		// Every service's relay streams its outbox from a replication
+		// slot (the shop's RELAY_MODE; <NAME>_RELAY_MODE would set one).
+		env = append(env, "RELAY_MODE=cdc")
+	}
 	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)

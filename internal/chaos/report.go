@@ -47,6 +47,7 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 		res.Duplicates += int64(v)
 	}
 	res.Killed = int64(len(h.kills))
+	res.RelayKills = h.relayKills.Load()
 	res.Faults = h.faultsCopy()
 	res.SelfExits = append([]Exit(nil), h.exits...)
 	res.PeakConns, res.PeakServerConns = h.peakConns, h.peakServerConns
@@ -72,6 +73,11 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 	}
 	for _, s := range h.slots {
 		res.PermissionViolations += s.permissionViolations()
+	}
+	if h.cfg.lane(LaneCDC) {
+		if res.Slots, err = h.readSlots(ctx); err != nil {
+			h.t.Errorf("%v", err)
+		}
 	}
 	return res
 }
@@ -110,6 +116,21 @@ func (h *harness) judge(r Result) {
 	}
 	if r.StreamLoss.After > 0 {
 		t.Errorf("%d acked events still missing from their streams after the repair: %v", r.StreamLoss.After, r.StreamLoss.Notes)
+	}
+	if h.cfg.lane(LaneCDC) {
+		if want := RelayKillsWanted(h.cfg.Duration); r.RelayKills < want {
+			t.Errorf("the cdc lane killed %d streaming relays, want at least %d", r.RelayKills, want)
+		}
+		for _, k := range []string{KindSlotDrop, KindPGRestart} {
+			if r.FaultCounts[k] == 0 {
+				t.Errorf("the cdc lane injected no %s (chaos too short?)", k)
+			}
+		}
+		for _, s := range r.Slots {
+			if !s.Exists || (s.WALStatus != "reserved" && s.WALStatus != "extended") {
+				t.Errorf("after the run, slot %+v: want it kept, its WAL reserved", s)
+			}
+		}
 	}
 	if r.Nodes > 1 && h.cfg.lane(LaneBroker) {
 		for _, k := range []string{KindLeaderKill, KindEmptyRestart, KindQuorumLoss} {
@@ -258,13 +279,17 @@ func (h *harness) table(r Result) {
 	}
 	w.Flush()
 
-	kinds := []string{KindLeaderKill, KindEmptyRestart, KindQuorumLoss, KindPartition, KindJetStreamOff, KindConsumerDelete, KindClusterRestart, KindConnReset}
+	kinds := []string{KindLeaderKill, KindEmptyRestart, KindQuorumLoss, KindPartition, KindJetStreamOff, KindConsumerDelete, KindClusterRestart, KindConnReset,
+		KindSlotDrop, KindPGRestart}
 	parts := make([]string, 0, len(kinds))
 	for _, k := range kinds {
 		parts = append(parts, fmt.Sprintf("%s×%d", k, r.FaultCounts[k]))
 	}
-	fmt.Fprintf(out, "\nfaults injected: %s; process SIGKILLs %d, failpoint crashes %d, Postgres backends terminated %d\n",
-		strings.Join(parts, ", "), r.Killed, r.Crashes, r.Terminated)
+	fmt.Fprintf(out, "\nfaults injected: %s; process SIGKILLs %d (of streaming relays %d), failpoint crashes %d, Postgres backends terminated %d\n",
+		strings.Join(parts, ", "), r.Killed, r.RelayKills, r.Crashes, r.Terminated)
+	for _, s := range r.Slots {
+		fmt.Fprintf(out, "slot %s at the end: wal_status %s, active %v, lag %d bytes\n", s.Slot, s.WALStatus, s.Active, s.LagBytes)
+	}
 	names := failpoint.Names()
 	parts = parts[:0]
 	for _, n := range names {
@@ -292,6 +317,9 @@ func (h *harness) table(r Result) {
 	fmt.Fprintf(w, "acked events missing from streams, before the repair\t%d\t\t\n", r.StreamLoss.Before)
 	fmt.Fprintf(w, "acked events missing from streams, after the repair\t%d\t0\t\n", r.StreamLoss.After)
 	fmt.Fprintf(w, "NATS permissions violations logged by the shop\t%d\t0\t\n", r.PermissionViolations)
+	if h.cfg.lane(LaneCDC) {
+		fmt.Fprintf(w, "streaming relays SIGKILLed (cdc lane)\t%d\t≥%d\t\n", r.RelayKills, RelayKillsWanted(h.cfg.Duration))
+	}
 	fmt.Fprintf(w, "invariant violations\t%d\t0\t\n", r.Violations)
 	fmt.Fprintf(w, "sagas not ended\t%d\t0\t\n", r.Unended)
 	fmt.Fprintf(w, "payments refused the moment their order said WAIT_PAY\t%d\t0\t\n", len(r.RefusedPays))

@@ -42,6 +42,8 @@ func laneOf(kind string) string {
 		return "partition"
 	case KindConnReset:
 		return "process"
+	case KindSlotDrop, KindPGRestart:
+		return LaneCDC
 	}
 	return "broker"
 }

@@ -124,6 +124,11 @@ func runMain(m *testing.M) (code int) {
 		"FULFILLMENT_DELAY":         "200ms",
 		"DASHBOARD_ADDR":            freeAddr(), // not the machine's :8080
 	}
+	// RELAY_MODE=cdc go test ./internal/e2e runs the whole suite with
+	// every relay in that mode; unset, the shop's default.
+	if mode := os.Getenv("RELAY_MODE"); mode != "" {
+		env["RELAY_MODE"] = mode
+	}
 	for _, name := range services.All.Names() {
 		env[strings.ToUpper(name)+"_ADDR"] = freeAddr()
 		env[broker.PasswordVar(name)] = passwords[name]

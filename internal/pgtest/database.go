@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shop-ref/shop/internal/database"
 )
@@ -73,8 +75,45 @@ func (d Database) Drop(ctx context.Context) error {
 		return fmt.Errorf("drop database %s: %w", d.Name, err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		return fmt.Errorf("drop database %s: %w", d.Name, err)
+	return dropDatabase(ctx, conn, d.Name)
+}
+
+// DropDatabase drops database name over conn (a connection to another
+// database), its replication slots first: a relay in cdc mode
+// (RELAY_MODE=cdc) leaves a slot per service, which keeps WAL for good and
+// makes DROP DATABASE fail ("database is used by an active logical
+// replication slot") until it is gone. The walsenders of a stopped shop may
+// not have exited yet, so they are terminated, and the drop retried.
+func DropDatabase(ctx context.Context, conn *pgx.Conn, name string) error {
+	return dropDatabase(ctx, conn, name)
+}
+
+func dropDatabase(ctx context.Context, conn *pgx.Conn, name string) error {
+	var err error
+	for try := 0; try < 50; try++ {
+		if _, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+			WHERE database = $1 AND active_pid IS NOT NULL`, name); err != nil {
+			break
+		}
+		if _, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+			WHERE database = $1`, name); err == nil {
+			break
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55006" { // object_in_use: its walsender is still exiting
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("drop the replication slots of database %s: %w", name, err)
+	}
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
 	}
 	return nil
 }

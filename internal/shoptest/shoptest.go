@@ -57,9 +57,10 @@ func NewDatabaseURL(t testing.TB) string {
 			return
 		}
 		defer conn.Close(ctx)
-		// FORCE: a pool of a stopped service may still hold a connection.
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
+		// A pool of a stopped service may still hold a connection, its
+		// relays a replication slot (cdc mode): DropDatabase drops both.
+		if err := pgtest.DropDatabase(ctx, conn, name); err != nil {
+			t.Error(err)
 		}
 	})
 	return u.String()
@@ -114,6 +115,12 @@ func StartWith(t testing.TB, reg registry.Registry, env map[string]string) *Shop
 	for _, name := range reg.Names() {
 		vars[strings.ToUpper(name)+"_ADDR"] = FreeAddr(t)
 		vars[broker.PasswordVar(name)] = passwords[name]
+	}
+	// RELAY_MODE=cdc go test ... runs every whole shop of the tests with
+	// its relays in that mode (README, "Relay mode"); unset, the shop's
+	// default. env wins, for a test that runs each mode itself.
+	if mode := os.Getenv("RELAY_MODE"); mode != "" {
+		vars["RELAY_MODE"] = mode
 	}
 	maps.Copy(vars, env)
 	cfg, err := config.LoadFor(reg, func(k string) string { return vars[k] })
