@@ -622,6 +622,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 	}
 	var ackedIDs [][16]byte
 	failed := &pgx.Batch{}
+	down = verdict(results)
 	for i, res := range results {
 		it := sent[i]
 		switch {
@@ -635,9 +636,19 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 			if r.cfg.Hooks.ObservePublishFunc != nil {
 				r.cfg.Hooks.ObservePublishFunc(res.latency)
 			}
+		case res.outage && down != nil:
+			// The broker took nothing: not the events' failure. They stay
+			// in the queue, the position stays before them, and the
+			// stream pauses.
 		case res.outage:
-			// Not the event's failure: it stays in the queue, and the
-			// position stays before it.
+			// The broker took the others but not this one (no stream for
+			// its subject, an ack lost in a leader change): retrying it in
+			// the stream would spin and hold the position for everyone.
+			// It is left to the table, uncounted, as the poller hands back
+			// an outage's events; its aggregate's later events wait for it.
+			it.done = true
+			r.cdc.handedOff.Add(1)
+			r.stats.deferred.Add(1)
 		default:
 			// Its own failure: recorded in the table, where the poller
 			// retries it with backoff (or it is dead); the stream holds
@@ -682,7 +693,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 			return nil, fmt.Errorf("record %d publish failures: %w", failed.Len(), err)
 		}
 	}
-	return verdict(results), nil
+	return down, nil
 }
 
 // unpublishedSQL returns the positions (1-based) of the given events that

@@ -8,13 +8,6 @@ import (
 	"github.com/google/uuid"
 )
 
-// streaming waits until r streams its slot.
-func streaming(t testing.TB, r *Relay) {
-	t.Helper()
-	eventually(t, 20*time.Second, "relay streams its slot", func() (bool, error) {
-		return r.State().Streaming, nil
-	})
-}
 
 func TestCDCRelayPublishesWithContractHeaders(t *testing.T) {
 	e := setup(t)

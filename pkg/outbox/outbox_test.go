@@ -86,6 +86,41 @@ func start(t testing.TB, r *Relay) {
 	})
 }
 
+// forEachMode runs f as a subtest per relay mode: every failure window of
+// the outbox that does not depend on how the poller claims holds however
+// the relay finds its events.
+func forEachMode(t *testing.T, f func(t *testing.T, mode Mode)) {
+	for _, m := range []Mode{ModePoll, ModeCDC} {
+		t.Run(string(m), func(t *testing.T) { f(t, m) })
+	}
+}
+
+// run starts a relay with cfg in mode until the test ends. In ModeCDC it
+// waits until the relay streams its slot, so that the events the test
+// writes next go through the stream, and a short HandOff lets the poller
+// take what the stream leaves to the table within the test.
+func (e *env) run(t *testing.T, mode Mode, cfg Config) *Relay {
+	t.Helper()
+	cfg.Mode = mode
+	if mode == ModeCDC && cfg.HandOff == 0 {
+		cfg.HandOff = 300 * time.Millisecond
+	}
+	r := e.relay(t, cfg)
+	start(t, r)
+	if mode == ModeCDC {
+		streaming(t, r)
+	}
+	return r
+}
+
+// streaming waits until r streams its slot.
+func streaming(t testing.TB, r *Relay) {
+	t.Helper()
+	eventually(t, 20*time.Second, "relay streams its slot", func() (bool, error) {
+		return r.State().Streaming, nil
+	})
+}
+
 // eventually waits for cond, failing the test after timeout.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
@@ -305,14 +340,16 @@ func TestAdd(t *testing.T) {
 	})
 }
 
-func TestRelayPublishesWithContractHeaders(t *testing.T) {
+func TestRelayPublishesWithContractHeaders(t *testing.T) { forEachMode(t, testRelayPublishesWithContractHeaders) }
+
+func testRelayPublishesWithContractHeaders(t *testing.T, mode Mode) {
 	e := setup(t)
+	e.run(t, mode, Config{PollInterval: time.Hour}) // only NOTIFY, or the stream, can wake it in time
 	var w Writer
 	ev := event("o-1", "OrderCreated")
 	ev.ID = uuid.Must(uuid.NewV7())
 	ev.SchemaVersion = 2
 	add(t, e.db.Pool, &w, ev)
-	start(t, e.relay(t, Config{PollInterval: time.Hour})) // only NOTIFY can wake it in time
 
 	eventually(t, 10*time.Second, "event published", func() (bool, error) {
 		return count(t, e.db.Pool, "published_at IS NOT NULL") == 1, nil
@@ -499,10 +536,11 @@ func TestStaleRelayIsFencedOff(t *testing.T) {
 	}
 }
 
-func TestBrokerOutage(t *testing.T) {
+func TestBrokerOutage(t *testing.T) { forEachMode(t, testBrokerOutage) }
+
+func testBrokerOutage(t *testing.T, mode Mode) {
 	e := setup(t)
-	r := e.relay(t, Config{PollInterval: 50 * time.Millisecond})
-	start(t, r)
+	e.run(t, mode, Config{PollInterval: 50 * time.Millisecond})
 	e.nats.Stop()
 
 	var w Writer
@@ -531,12 +569,20 @@ func TestBrokerOutage(t *testing.T) {
 }
 
 func TestFailingHeadBlocksOnlyItsAggregate(t *testing.T) {
+	forEachMode(t, testFailingHeadBlocksOnlyItsAggregate)
+}
+
+// In ModeCDC the stream makes the head dead, and leaves o-1's second event
+// to the table: the poller publishes it once the head is requeued and
+// published.
+func testFailingHeadBlocksOnlyItsAggregate(t *testing.T, mode Mode) {
 	e := setup(t)
 	ctx := context.Background()
 	small, err := e.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512})
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.run(t, mode, Config{PollInterval: 50 * time.Millisecond})
 	var w Writer
 	broken := event("o-1", "OrderCreated")
 	broken.Subject = "small.o-1.OrderCreated" // too large for its stream: a deterministic error
@@ -544,8 +590,6 @@ func TestFailingHeadBlocksOnlyItsAggregate(t *testing.T) {
 	add(t, e.db.Pool, &w, broken)
 	add(t, e.db.Pool, &w, event("o-1", "OrderPaid"))
 	add(t, e.db.Pool, &w, event("o-2", "OrderCreated"), event("o-2", "OrderPaid"))
-	r := e.relay(t, Config{PollInterval: 50 * time.Millisecond})
-	start(t, r)
 
 	eventually(t, 10*time.Second, "o-1 head dead and o-2 published", func() (bool, error) {
 		return count(t, e.db.Pool, "aggregate_id = 'o-1' AND aggregate_seq = 1 AND dead_at IS NOT NULL") == 1 &&
@@ -591,12 +635,16 @@ func TestFailingHeadBlocksOnlyItsAggregate(t *testing.T) {
 // order once the stream is back. Once, the relay marked every event it
 // claimed meanwhile dead ("no stream for subject"), and each needed a
 // hand-run requeue.
-func TestMissingStreamIsWaitedOut(t *testing.T) {
+func TestMissingStreamIsWaitedOut(t *testing.T) { forEachMode(t, testMissingStreamIsWaitedOut) }
+
+// In ModeCDC the stream leaves the event of the missing stream to the
+// table, uncounted (it cannot hold the slot's position for everyone), and
+// pauses when its own stream is missing.
+func testMissingStreamIsWaitedOut(t *testing.T, mode Mode) {
 	e := setup(t)
 	ctx := context.Background()
 	var w Writer
-	r := e.relay(t, Config{PollInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond, OutageBackoffMax: 20 * time.Millisecond})
-	start(t, r)
+	r := e.run(t, mode, Config{PollInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond, OutageBackoffMax: 20 * time.Millisecond})
 
 	// Beside a stream that works: only the missing one's events wait.
 	lost := event("o-1", "OrderCreated")
@@ -643,7 +691,9 @@ func TestMissingStreamIsWaitedOut(t *testing.T) {
 	})
 }
 
-func TestDeterministicErrorsMakeEventsDead(t *testing.T) {
+func TestDeterministicErrorsMakeEventsDead(t *testing.T) { forEachMode(t, testDeterministicErrorsMakeEventsDead) }
+
+func testDeterministicErrorsMakeEventsDead(t *testing.T, mode Mode) {
 	e := setup(t)
 	if _, err := e.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
 		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512,
@@ -656,8 +706,8 @@ func TestDeterministicErrorsMakeEventsDead(t *testing.T) {
 	big.Payload = map[string]string{"blob": strings.Repeat("x", 2048)}
 	badHeader := event("o-2", "BadHeader")
 	badHeader.Headers = map[string]string{"traceparent": "a\r\nInjected: yes"}
+	e.run(t, mode, Config{PollInterval: 50 * time.Millisecond})
 	add(t, e.db.Pool, &w, big, badHeader)
-	start(t, e.relay(t, Config{PollInterval: 50 * time.Millisecond}))
 
 	eventually(t, 10*time.Second, "both events dead", func() (bool, error) {
 		return count(t, e.db.Pool, "dead_at IS NOT NULL") == 2, nil
@@ -667,6 +717,9 @@ func TestDeterministicErrorsMakeEventsDead(t *testing.T) {
 	}
 }
 
+// The poller's claim and settle, alone: poll mode only. (In ModeCDC the
+// stream records an event's first failure, failCDCSQL, and the poller
+// does the rest, as here.)
 func TestTransientFailuresBackOffThenDie(t *testing.T) {
 	e := setup(t)
 	var w Writer
@@ -791,11 +844,16 @@ func TestDisableListenPollsWithoutListening(t *testing.T) {
 // that lost messages in a crash rebuilds that memory from what it stored,
 // which a restart after deleting them shows.
 func TestRepublishAllSendsLostEventsAgainInOrder(t *testing.T) {
+	forEachMode(t, testRepublishAllSendsLostEventsAgainInOrder)
+}
+
+// In ModeCDC the republished rows are updates, which the slot does not
+// carry: the poller publishes them after the HandOff.
+func testRepublishAllSendsLostEventsAgainInOrder(t *testing.T, mode Mode) {
 	e := setup(t)
 	var w Writer
+	r := e.run(t, mode, Config{PollInterval: 20 * time.Millisecond})
 	add(t, e.db.Pool, &w, event("o-1", "A"), event("o-1", "B"), event("o-1", "C"))
-	r := e.relay(t, Config{PollInterval: 20 * time.Millisecond})
-	start(t, r)
 	eventually(t, 10*time.Second, "events published", func() (bool, error) {
 		return count(t, e.db.Pool, "published_at IS NOT NULL") == 3, nil
 	})
