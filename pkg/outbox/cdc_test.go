@@ -2,51 +2,300 @@ package outbox
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
+// The failure windows of ModeCDC alone. The windows both modes share run
+// in both (forEachMode); the Postgres restart and the slot invalidated by
+// max_slot_wal_keep_size need a server of their own (internal/flowtest).
 
-func TestCDCRelayPublishesWithContractHeaders(t *testing.T) {
-	e := setup(t)
-	r := e.relay(t, Config{Mode: ModeCDC, PollInterval: time.Hour})
-	start(t, r)
-	streaming(t, r)
-	var w Writer
-	ev := event("o-1", "OrderCreated")
-	ev.ID = uuid.Must(uuid.NewV7())
-	ev.SchemaVersion = 2
-	add(t, e.db.Pool, &w, ev, event("o-1", "OrderPaid"), event("o-2", "OrderCreated"))
-
-	eventually(t, 10*time.Second, "events published", func() (bool, error) {
-		return count(t, e.db.Pool, "published_at IS NOT NULL") == 3, nil
-	})
-	msg, err := e.stream.GetLastMsgForSubject(context.Background(), "ev.o-1.OrderCreated")
+// seqsBySubject reads the stream and returns each aggregate's
+// Aggregate-Seq values in stream order.
+func seqsBySubject(t testing.TB, st jetstream.Stream) map[string][]int64 {
+	t.Helper()
+	ctx := context.Background()
+	info, err := st.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{
-		"Nats-Msg-Id": ev.ID.String(), "Event-Type": "OrderCreated", "Aggregate-Id": "o-1",
-		"Aggregate-Seq": "1", "Schema-Version": "2", "traceparent": ev.Headers["traceparent"],
+	out := map[string][]int64{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.ParseInt(m.Header.Get("Aggregate-Seq"), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		agg := m.Header.Get("Aggregate-Id")
+		out[agg] = append(out[agg], n)
 	}
-	for k, v := range want {
-		if got := msg.Header.Get(k); got != v {
-			t.Errorf("header %s = %q, want %q", k, got, v)
+	return out
+}
+
+// inOrder fails unless every aggregate's sequence in the stream is 1..n,
+// each once, ascending.
+func inOrder(t testing.TB, bySubject map[string][]int64, want map[string]int) {
+	t.Helper()
+	for agg, n := range want {
+		got := bySubject[agg]
+		if len(got) != n {
+			t.Errorf("aggregate %s: %d messages in the stream, want %d", agg, len(got), n)
+			continue
+		}
+		for i, s := range got {
+			if s != int64(i+1) {
+				t.Errorf("aggregate %s: message %d carries Aggregate-Seq %d (stream order %v)", agg, i, s, got)
+				break
+			}
 		}
 	}
-	if string(msg.Data) != `{"order_id":"o-1"}` {
-		t.Errorf("payload = %s", msg.Data)
+}
+
+// The crash after the mark, before the slot hears of it: the next stream
+// sends the event again, same id, and the stream's duplicate window drops
+// the copy.
+func TestCDCCrashAfterMarkBeforeConfirm(t *testing.T) {
+	e := setup(t)
+	fp := failOn("outbox.cdc_after_mark", 1)
+	r := e.run(t, ModeCDC, fastLease(fp))
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"))
+	eventually(t, 10*time.Second, "both events marked, and sent again by the next stream", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2 && r.Counters().Duplicates == 2, nil
+	})
+	if fp.n.Load() < 2 {
+		t.Fatalf("failpoint hit %d times, want the crash and the next stream's mark", fp.n.Load())
 	}
-	if n := streamMsgs(t, e.stream); n != 3 {
-		t.Errorf("stream holds %d messages, want 3", n)
+	if got := streamMsgs(t, e.stream); got != 2 {
+		t.Fatalf("stream holds %d messages, want 2: the copies are dropped by id", got)
 	}
-	st, err := ReadSlot(context.Background(), e.db.Pool, "")
+}
+
+// Eight writers commit to one aggregate at once while the relay streams.
+// The writer numbers an aggregate's events under its counter row's lock,
+// so event k+1's transaction commits after k's; the slot sends
+// transactions in commit order; the relay sends k+1 only after k's ack.
+// The stream must hold 1..400 in order.
+func TestCDCConcurrentWritersOnOneAggregate(t *testing.T) {
+	e := setup(t)
+	e.run(t, ModeCDC, Config{})
+	pool := e.db.NewPool(t, 8)
+	var w Writer
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				add(t, pool, &w, event("hot", "Step"))
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, 30*time.Second, "400 events published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 400, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), map[string]int{"hot": 400})
+}
+
+// The slot dropped while the relay streams and writers write (an operator,
+// or a slot invalidated): the relay makes it again, and what was committed
+// while no slot existed goes out from the table, each aggregate in order.
+func TestCDCSlotDroppedMidStream(t *testing.T) {
+	e := setup(t)
+	r := e.run(t, ModeCDC, Config{PollInterval: 50 * time.Millisecond})
+	ctx := context.Background()
+	var w Writer
+	want := map[string]int{}
+	write := func(n int) {
+		for i := range n {
+			agg := fmt.Sprintf("o-%d", i%7)
+			add(t, e.db.Pool, &w, event(agg, "Step"))
+			want[agg]++
+		}
+	}
+	write(30)
+	if err := DropSlot(ctx, e.db.Pool, r.State().Slot); err != nil {
+		t.Fatal(err)
+	}
+	write(30) // some before the new slot, some after
+	eventually(t, 20*time.Second, "the slot made again", func() (bool, error) {
+		st, err := ReadSlot(ctx, e.db.Pool, "")
+		return st.Exists && r.State().Streaming, err
+	})
+	write(30)
+	eventually(t, 30*time.Second, "every event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), want)
+}
+
+// An outbox that writes nothing must not pin the WAL other schemas write:
+// the idle relay confirms the server's position.
+func TestCDCIdleOutboxDoesNotPinWAL(t *testing.T) {
+	e := setup(t)
+	e.run(t, ModeCDC, Config{})
+	ctx := context.Background()
+	other := newSchema(t) // another service's schema, busy
+	if _, err := other.Pool.Exec(ctx, `CREATE TABLE busy (id bigserial PRIMARY KEY, pad text)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Pool.Exec(ctx, `INSERT INTO busy (pad) SELECT repeat('x', 500) FROM generate_series(1, 60000)`); err != nil {
+		t.Fatal(err) // about 40 MB of WAL
+	}
+	var written int64
+	if err := other.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&written); err != nil {
+		t.Fatal(err)
+	}
+	var last SlotStats
+	eventually(t, 30*time.Second, "the slot to follow the WAL", func() (bool, error) {
+		var err error
+		last, err = ReadSlot(ctx, e.db.Pool, "")
+		return err == nil && last.Exists && last.LagBytes < 1<<20, err
+	})
+	if !last.Active || last.WALStatus != "reserved" || last.LagAge > 10*time.Second {
+		t.Fatalf("slot = %+v, want active, reserved, caught up lately", last)
+	}
+}
+
+// Three relays of one service race for its slot: one streams, the others
+// stand by; when it stops, another takes the slot, and nothing committed
+// meanwhile is lost or reordered.
+func TestCDCRelaysRaceForTheSlot(t *testing.T) {
+	e := setup(t)
+	type running struct {
+		r      *Relay
+		cancel context.CancelFunc
+		done   chan error
+	}
+	var relays []running
+	for i := range 3 {
+		r := e.relay(t, Config{Name: fmt.Sprint("race-", i), Mode: ModeCDC, PollInterval: 100 * time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		relays = append(relays, running{r, cancel, done})
+	}
+	t.Cleanup(func() {
+		for _, x := range relays {
+			x.cancel()
+			<-x.done
+		}
+	})
+	streamer := func() (int, error) {
+		n, who := 0, -1
+		for i, x := range relays {
+			if x.r.State().Streaming {
+				n, who = n+1, i
+			}
+		}
+		if n > 1 {
+			return -1, fmt.Errorf("%d relays stream one slot", n)
+		}
+		return who, nil
+	}
+	var active int
+	eventually(t, 20*time.Second, "one relay streams", func() (bool, error) {
+		var err error
+		active, err = streamer()
+		return active >= 0, err
+	})
+	var w Writer
+	want := map[string]int{}
+	write := func(n int) {
+		for i := range n {
+			agg := fmt.Sprintf("o-%d", i%5)
+			add(t, e.db.Pool, &w, event(agg, "Step"))
+			want[agg]++
+		}
+	}
+	write(20)
+	relays[active].cancel()
+	if err := <-relays[active].done; err != nil {
+		t.Fatal(err)
+	}
+	relays[active].done <- nil // for the cleanup
+	write(20)
+	eventually(t, 20*time.Second, "another relay streams", func() (bool, error) {
+		next, err := streamer()
+		return next >= 0 && next != active, err
+	})
+	write(20)
+	eventually(t, 20*time.Second, "every event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), want)
+}
+
+// A relay whose role cannot make the publication (it does not own the
+// outbox table) cannot stream: it says why and polls.
+func TestCDCUnavailableFallsBackToPolling(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	role := "t_norepl_" + hex.EncodeToString(b[:])
+	schema := pgx.Identifier{e.db.Name}.Sanitize()
+	for _, stmt := range []string{
+		`CREATE ROLE ` + role + ` LOGIN NOREPLICATION`,
+		`GRANT USAGE ON SCHEMA ` + schema + ` TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ` + schema + ` TO ` + role,
+	} {
+		if _, err := e.db.Pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = e.db.Pool.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = e.db.Pool.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	u, err := url.Parse(e.db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.Exists || !st.Active || st.WALStatus != "reserved" {
-		t.Errorf("slot = %+v", st)
+	u.User = url.User(role)
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	r, err := NewRelay(pool, e.js, Config{Mode: ModeCDC, PollInterval: 50 * time.Millisecond, Logger: cmpLogger(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, r)
+	eventually(t, 20*time.Second, "the relay to say why it cannot stream", func() (bool, error) {
+		return r.State().CDCUnavailable != "", nil
+	})
+	if why := r.State().CDCUnavailable; !strings.Contains(why, "publication") {
+		t.Errorf("CDCUnavailable = %q, want it to name what is missing", why)
+	}
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-1", "OrderPaid"))
+	eventually(t, 10*time.Second, "events published by polling", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2, nil
+	})
+	if r.State().Streaming {
+		t.Fatal("the relay says it streams")
+	}
+}
+
+func TestUnknownModeIsRefused(t *testing.T) {
+	if _, err := NewRelay(nil, nil, Config{Mode: "log"}); err == nil || !strings.Contains(err.Error(), "Mode") {
+		t.Fatalf("err = %v, want the Mode refused", err)
 	}
 }

@@ -340,7 +340,9 @@ func TestAdd(t *testing.T) {
 	})
 }
 
-func TestRelayPublishesWithContractHeaders(t *testing.T) { forEachMode(t, testRelayPublishesWithContractHeaders) }
+func TestRelayPublishesWithContractHeaders(t *testing.T) {
+	forEachMode(t, testRelayPublishesWithContractHeaders)
+}
 
 func testRelayPublishesWithContractHeaders(t *testing.T, mode Mode) {
 	e := setup(t)
@@ -691,7 +693,9 @@ func testMissingStreamIsWaitedOut(t *testing.T, mode Mode) {
 	})
 }
 
-func TestDeterministicErrorsMakeEventsDead(t *testing.T) { forEachMode(t, testDeterministicErrorsMakeEventsDead) }
+func TestDeterministicErrorsMakeEventsDead(t *testing.T) {
+	forEachMode(t, testDeterministicErrorsMakeEventsDead)
+}
 
 func testDeterministicErrorsMakeEventsDead(t *testing.T, mode Mode) {
 	e := setup(t)
