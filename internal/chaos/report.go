@@ -301,8 +301,12 @@ func (h *harness) table(r Result) {
 	fmt.Fprintf(out, "hostile peer (publishing into ORDERS as a buggy producer could): sent %d early, %d conflicting, %d oversized, %d garbage "+
 		"(%d more not acked during broker faults); the shop parked %d, dead-lettered %d (%d as conflicts), all discarded by the operator before verify\n",
 		hs.Early, hs.Conflicting, hs.Oversized, hs.Garbage, hs.Refused, hs.Parked, hs.DeadLetters, hs.Conflicts)
-	fmt.Fprintf(out, "peak Postgres client connections: %d to the run's database, %d to the whole server (shared with other tests)\n",
-		r.PeakConns, r.PeakServerConns)
+	server := "shared with other tests"
+	if h.pg != nil {
+		server = "the cdc lane's private cluster"
+	}
+	fmt.Fprintf(out, "peak Postgres client connections: %d to the run's database, %d to the whole server (%s)\n",
+		r.PeakConns, r.PeakServerConns, server)
 
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "\ntarget\tfound\twant\t")
