@@ -317,7 +317,7 @@ func dbOnlyCeiling(b *testing.B, sz sizes, mode outbox.Mode) drainFigures {
 			c0, _ := procCPU(pid)
 			var msgs int
 			if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_get_binary_changes($1, NULL, NULL,
-				'proto_version', '1', 'publication_names', $1)`, name).Scan(&msgs); err != nil {
+				'proto_version', '1', 'publication_names', $2)`, name, name).Scan(&msgs); err != nil {
 				conn.Release()
 				tb.Fatal(err)
 			}
