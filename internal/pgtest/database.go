@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shop-ref/shop/internal/database"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // Database is a throwaway database on the test server, for code that uses
@@ -73,6 +74,21 @@ func (d Database) Drop(ctx context.Context) error {
 		return fmt.Errorf("drop database %s: %w", d.Name, err)
 	}
 	defer conn.Close(ctx)
+	// Its relays' replication slots (cdc mode) would refuse the drop, and
+	// outlive it otherwise: they go first, their walsenders ended.
+	rows, err := conn.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE database = $1`, d.Name)
+	if err != nil {
+		return fmt.Errorf("drop database %s: %w", d.Name, err)
+	}
+	slots, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("drop database %s: %w", d.Name, err)
+	}
+	for _, slot := range slots {
+		if err := outbox.DropSlot(ctx, conn, slot); err != nil {
+			return fmt.Errorf("drop database %s: %w", d.Name, err)
+		}
+	}
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)"); err != nil {
 		return fmt.Errorf("drop database %s: %w", d.Name, err)
 	}
