@@ -31,6 +31,7 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/demo"
+	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -176,6 +177,12 @@ func TestComposeEnvVars(t *testing.T) {
 		value := "42h" // a duration, and a string
 		if v == "NATS_REPLICAS" || v == "NATS_STREAM_MAX_BYTES" {
 			value = "3" // a count
+		}
+		if strings.HasSuffix(v, "RELAY_MODE") { // the mode the default is not
+			value = string(outbox.ModePoll)
+			if config.DefaultRelayMode == outbox.ModePoll {
+				value = string(outbox.ModeCDC)
+			}
 		}
 		// A service's own setting: a value of its kind.
 		if def, ok := base.Settings.Value(v); ok {

@@ -42,6 +42,13 @@ var (
 		"shop_outbox_broker_outages_total",
 		"shop_outbox_deferred_events_total",
 		"shop_outbox_seconds_since_last_publish",
+		"shop_outbox_relay_streaming",
+		"shop_outbox_cdc_unavailable",
+		"shop_outbox_handed_off_events_total",
+		"shop_outbox_slot_lag_bytes", // the default relay mode is cdc: every service has its slot
+		"shop_outbox_slot_lag_age_seconds",
+		"shop_outbox_slot_safe_wal_size_bytes",
+		"shop_outbox_slot_wal_status",
 		"shop_consumer_subscribed",
 		"shop_consumer_stale_total",
 		"shop_consumer_conflicts_total",

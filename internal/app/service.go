@@ -231,6 +231,10 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	// Name is left to the relay's default (host, pid, random), which keeps
 	// several copies of one service apart in claimed_by.
 	rc := relayConfig()
+	// The mode is the service's own (<NAME>_RELAY_MODE, RELAY_MODE): the
+	// rest of relayConfig is the same in both, so start-up's window checks
+	// hold for either.
+	rc.Mode = s.cfg.Services[s.Name].RelayMode
 	rc.Logger, rc.Hooks.ObservePublishFunc, rc.TracerProvider = s.Logger, m.ObservePublish, s.tracer
 	relay, err := outbox.NewRelay(pool, js, rc)
 	if err != nil {

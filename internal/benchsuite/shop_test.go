@@ -305,6 +305,14 @@ func (s *shop) stop() {
 		}
 	}
 	if s.admin != nil {
+		// A shop in ModeCDC leaves its slots (they are its position), and
+		// DROP DATABASE refuses a database that has any.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if _, err := s.admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+			WHERE database = current_database() AND NOT active`); err != nil {
+			s.tb.Error(err)
+		}
+		cancel()
 		s.admin.Close()
 	}
 	s.dropDB()
@@ -393,6 +401,7 @@ type sagaResult struct {
 	busy                                           float64 // machine CPU busy over the measured window, %
 	cpuPerOrder                                    float64 // machine CPU (all cores, everything on it) per order completed in the window, ms
 	completed                                      int     // orders COMPLETED by the end of the run, in the window or after it
+	slots                                          float64 // replication slots of the shop's database at the end of the load (row 13)
 }
 
 // saga starts a fresh `shop all` (with its embedded NATS server, or with
@@ -589,6 +598,11 @@ func sagaWith(b *testing.B, sz sizes, extraEnv []string, natsOpts ...broker.Opti
 			tb.Error(err)
 		}
 		res.backlog, res.oldest = float64(backlog), oldest
+		var slots int64
+		if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = current_database()`).Scan(&slots); err != nil {
+			tb.Error(err)
+		}
+		res.slots = float64(slots)
 		res.shed = float64(shed.Load())
 		var states string // where the unended orders wait, for the log
 		if err := s.admin.QueryRow(ctx, `SELECT coalesce(string_agg(status || ' ' || n, ', ' ORDER BY status), '')

@@ -38,7 +38,7 @@ var (
 	quick       = flag.Bool("suite.quick", false, "tiny sizes: a smoke test of the suite, not a measurement")
 	sagaSeconds = flag.Int("suite.saga-seconds", 60, "length of one whole-saga run (row 6)")
 	sagaRate    = flag.Float64("suite.saga-rate", 250, "orders started per second in the whole-saga run (row 6)")
-	only        = flag.String("suite.only", "", "comma-separated row groups to run (1…10; 8 comes with 6; 7c, inventory's consumer drain, with 7 or alone); empty: all")
+	only        = flag.String("suite.only", "", "comma-separated row groups to run (1…13; 8 comes with 6; 7c, inventory's consumer drain, with 7 or alone; 11–13 are the relay's two modes side by side); empty: all")
 )
 
 // sizes; -suite.quick shrinks them.
@@ -225,7 +225,7 @@ func BenchmarkSystem(b *testing.B) {
 			busy := make([][]float64, len(modes))
 			for range *runs {
 				for j, m := range modes {
-					l := latency(b, sz, m.wake, m.notify, m.batch)
+					l := latency(b, sz, m.wake, m.notify, m.batch, outbox.ModePoll)
 					for i := range 3 {
 						acks[j][i] = append(acks[j][i], l.ack[i])
 						cons[j][i] = append(cons[j][i], l.cons[i])
@@ -353,6 +353,8 @@ func BenchmarkSystem(b *testing.B) {
 		if wanted("10") {
 			tracing(b, t, sz)
 		}
+		// 11–13: the relay's two modes side by side (cdc_test.go).
+		cdcRows(b, t, sz)
 	}
 	// The relay's ceiling is the better of the two database-only rates: a
 	// relay's two workers claim side by side, which costs the database more
@@ -511,8 +513,18 @@ const payloadSize = 1024
 var blob = strings.Repeat("x", payloadSize-11)
 
 // fillBacklog commits n pending 1 KiB events, one aggregate per 5 events,
-// with UUIDv7 ids, by COPY (as pkg/outbox's benchmarks do).
+// with UUIDv7 ids, by COPY (as pkg/outbox's benchmarks do), and analyzes
+// the outbox.
 func fillBacklog(tb testing.TB, pool *pgxpool.Pool, n int, published bool, prefix string) {
+	tb.Helper()
+	copyBacklog(tb, pool, n, published, prefix)
+	if _, err := pool.Exec(context.Background(), `VACUUM ANALYZE outbox`); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// copyBacklog is fillBacklog's COPY alone, in one transaction.
+func copyBacklog(tb testing.TB, pool *pgxpool.Pool, n int, published bool, prefix string) {
 	tb.Helper()
 	ctx := context.Background()
 	payload := `{"blob":"` + blob + `"}`
@@ -537,9 +549,6 @@ func fillBacklog(tb testing.TB, pool *pgxpool.Pool, n int, published bool, prefi
 		return row, nil
 	})
 	if _, err := pool.CopyFrom(ctx, pgx.Identifier{"outbox"}, cols, src); err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
 		tb.Fatal(err)
 	}
 }
@@ -890,8 +899,9 @@ func goid() uint64 {
 // wake: the relay is woken by NOTIFY, which the writer sends at most once
 // per notify (5 ms as the services' writers; 0: on every commit);
 // otherwise it polls every 100 ms with no LISTEN and no NOTIFY. batch is
-// the consumer's BatchSize (0: the inbox default).
-func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int) latencies {
+// the consumer's BatchSize (0: the inbox default). mode is the relay's: in
+// ModeCDC the events are written once the relay streams its slot (row 12).
+func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int, mode outbox.Mode) latencies {
 	return scoped(b, func(tb testing.TB) latencies {
 		e := newEnv(tb, nil)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -948,13 +958,33 @@ func latency(b *testing.B, sz sizes, wake bool, notify time.Duration, batch int)
 			cfg = outbox.Config{PollInterval: 100 * time.Millisecond, DisableListen: true}
 			w = &outbox.Writer{NotifyInterval: 1000 * time.Hour} // one NOTIFY at first, which nobody hears
 		}
+		cfg.Mode = mode
 		r := quietRelay(tb, e.db.Pool, e.js, cfg)
+		if mode == outbox.ModeCDC {
+			// Runs after the relay has stopped (wg.Wait below) and before
+			// the schema is dropped: a slot left behind pins WAL.
+			tb.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if slot := r.State().Slot; slot != "" {
+					if err := outbox.DropSlot(ctx, e.db.Pool, slot); err != nil {
+						tb.Error(err)
+					}
+				}
+			})
+		}
 		var wg sync.WaitGroup
 		wg.Go(func() { _ = r.Run(ctx) })
 		wg.Go(func() { _ = c.Run(ctx) })
 		defer wg.Wait()
 		defer cancel()
 		time.Sleep(300 * time.Millisecond) // LISTEN and the consumer in place
+		for deadline := time.Now().Add(time.Minute); mode == outbox.ModeCDC && !r.State().Streaming; {
+			if st := r.State(); st.CDCUnavailable != "" || time.Now().After(deadline) {
+				tb.Fatalf("the CDC relay does not stream: %+v", st)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
 		const rate = 500
 		payload := []byte(`{"blob":"` + blob + `"}`)
 		tick := time.NewTicker(time.Second / rate)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // Defaults of the contract's configuration.
@@ -35,6 +36,11 @@ const (
 	// ReconcileInterval is RECONCILE_INTERVAL's default: how often the
 	// reconciler runs.
 	ReconcileInterval = time.Minute
+	// DefaultRelayMode is RELAY_MODE's default: how every service's outbox
+	// relay finds its events when neither RELAY_MODE nor the service's own
+	// <NAME>_RELAY_MODE says. In one place so that the figures of `make
+	// bench` can flip it (docs/architecture.md).
+	DefaultRelayMode = outbox.ModeCDC
 )
 
 // Config is the configuration of one shop process, read from the
@@ -128,6 +134,12 @@ type ServiceConfig struct {
 	// allows. The embedded server of `shop all` ignores it and makes its
 	// own.
 	NATSPassword string
+	// RelayMode is how the service's outbox relay finds its events:
+	// outbox.ModePoll or outbox.ModeCDC (<NAME>_RELAY_MODE, else
+	// RELAY_MODE, else DefaultRelayMode). A database that cannot serve CDC
+	// (wal_level, slots, the REPLICATION privilege) does not stop a service
+	// in cdc mode: its relay polls, and /readyz and the log say why.
+	RelayMode outbox.Mode
 }
 
 // LoadFor reads the configuration of the services of reg (services.All,
@@ -184,13 +196,22 @@ func LoadFor(reg registry.Registry, getenv func(string) string) (Config, error) 
 		}
 		cfg.NATSReplicas = n
 	}
+	relayMode, err := parseRelayMode("RELAY_MODE", getenv("RELAY_MODE"), DefaultRelayMode)
+	if err != nil {
+		return Config{}, err
+	}
 	for _, e := range reg {
 		prefix := strings.ToUpper(e.Name)
+		mode, err := parseRelayMode(prefix+"_RELAY_MODE", getenv(prefix+"_RELAY_MODE"), relayMode)
+		if err != nil {
+			return Config{}, err
+		}
 		cfg.Services[e.Name] = &ServiceConfig{
 			DatabaseURL:  getenv(prefix + "_DATABASE_URL"),
 			Addr:         cmp.Or(getenv(prefix+"_ADDR"), e.Addr),
 			URL:          getenv(prefix + "_URL"),
 			NATSPassword: getenv(broker.PasswordVar(e.Name)),
+			RelayMode:    mode,
 		}
 		// Each service reads its own settings, here, once: a bad value
 		// stops every command before anything runs.
@@ -200,6 +221,20 @@ func LoadFor(reg registry.Registry, getenv func(string) string) (Config, error) 
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// parseRelayMode reads a relay mode variable: empty is def, anything but
+// poll or cdc is refused, so that a typo does not silently run the other
+// relay.
+func parseRelayMode(name, v string, def outbox.Mode) (outbox.Mode, error) {
+	switch m := outbox.Mode(strings.ToLower(strings.TrimSpace(v))); m {
+	case "":
+		return def, nil
+	case outbox.ModePoll, outbox.ModeCDC:
+		return m, nil
+	}
+	return "", fmt.Errorf("%s=%q: want %q (claim due events from the outbox table) or %q (stream the outbox's inserts from a logical replication slot)",
+		name, v, outbox.ModePoll, outbox.ModeCDC)
 }
 
 // EnvVars lists every environment variable LoadFor reads for the services
@@ -220,7 +255,7 @@ func EnvVars(reg registry.Registry) []string {
 }
 
 // UnknownVar is a variable named like a service's own (<NAME>_ADDR,
-// <NAME>_DATABASE_URL, <NAME>_NATS_PASSWORD) for a service the registry does
+// <NAME>_DATABASE_URL, <NAME>_NATS_PASSWORD, <NAME>_RELAY_MODE) for a service the registry does
 // not have.
 type UnknownVar struct {
 	Var     string // LOYALTY_ADDR
@@ -228,7 +263,7 @@ type UnknownVar struct {
 }
 
 // serviceVar matches the variables every service has, by its name.
-var serviceVar = regexp.MustCompile(`^([A-Z][A-Z0-9]*)_(ADDR|DATABASE_URL|NATS_PASSWORD)$`)
+var serviceVar = regexp.MustCompile(`^([A-Z][A-Z0-9]*)_(ADDR|DATABASE_URL|NATS_PASSWORD|RELAY_MODE)$`)
 
 // UnknownServiceVars lists the variables of environ (os.Environ's
 // NAME=value) that would configure a service reg does not have: what a
@@ -302,7 +337,7 @@ func (cfg Config) LogValue() slog.Value {
 	}
 	for _, name := range cfg.Registry.Names() {
 		sc := cfg.Services[name]
-		group := []any{slog.String("addr", sc.Addr), slog.Bool("nats_password_set", sc.NATSPassword != "")}
+		group := []any{slog.String("addr", sc.Addr), slog.Bool("nats_password_set", sc.NATSPassword != ""), slog.String("relay_mode", string(sc.RelayMode))}
 		if sc.DatabaseURL != "" {
 			group = append(group, slog.String("database_url", MaskURL(sc.DatabaseURL)))
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/services"
 	"github.com/shop-ref/shop/services/payment"
 )
@@ -143,6 +144,8 @@ func TestLoadConfigRefusesBadValues(t *testing.T) {
 		"IDEMPOTENCY_KEY_TTL":       "0",
 		"PAYMENT_FAKE_PROVIDER":     "yes please",
 		"NATS_REPLICAS":             "7",
+		"RELAY_MODE":                "wal",
+		"INVENTORY_RELAY_MODE":      "debezium",
 	} {
 		_, err := LoadConfig(func(name string) string {
 			if name == k {
@@ -156,6 +159,38 @@ func TestLoadConfigRefusesBadValues(t *testing.T) {
 	}
 }
 
+// RELAY_MODE sets every service's relay mode, <NAME>_RELAY_MODE one
+// service's over it, and nothing set is DefaultRelayMode.
+func TestRelayMode(t *testing.T) {
+	t.Parallel()
+	load := func(env map[string]string) Config {
+		t.Helper()
+		cfg, err := LoadConfig(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	for _, name := range services.All.Names() {
+		if got := load(nil).Services[name].RelayMode; got != DefaultRelayMode {
+			t.Errorf("nothing set: %s's relay mode = %q, want DefaultRelayMode %q", name, got, DefaultRelayMode)
+		}
+	}
+	cfg := load(map[string]string{"RELAY_MODE": "poll", "PAYMENT_RELAY_MODE": "CDC"})
+	for _, name := range services.All.Names() {
+		want := outbox.ModePoll
+		if name == "payment" {
+			want = outbox.ModeCDC
+		}
+		if got := cfg.Services[name].RelayMode; got != want {
+			t.Errorf("RELAY_MODE=poll PAYMENT_RELAY_MODE=CDC: %s's relay mode = %q, want %q", name, got, want)
+		}
+	}
+	if !strings.Contains(cfg.LogValue().String(), "relay_mode=cdc") {
+		t.Errorf("the configuration's log %s does not show the relay mode", cfg.LogValue())
+	}
+}
+
 // A variable for a service the registry lacks (its package left out of
 // services.All) is found, with the service it names; the shop's own
 // variables and the registered services' are not.
@@ -163,9 +198,11 @@ func TestUnknownServiceVars(t *testing.T) {
 	t.Parallel()
 	environ := []string{"NOSUCHSERVICE_ADDR=:8090", "NOSUCHSERVICE_DATABASE_URL=postgres://x", "ORDER_ADDR=:8081",
 		"DASHBOARD_ADDR=:8080", "AUDIT_NATS_PASSWORD=x", "STREAMS_NATS_PASSWORD=x", "PAYMENT_NATS_PASSWORD=x",
-		"DATABASE_URL=postgres://y", "NATS_URL=nats://z", "HOME=/root", "OTEL_EXPORTER_OTLP_ENDPOINT=http://j:4318"}
+		"DATABASE_URL=postgres://y", "NATS_URL=nats://z", "HOME=/root", "OTEL_EXPORTER_OTLP_ENDPOINT=http://j:4318",
+		"RELAY_MODE=poll", "ORDER_RELAY_MODE=cdc", "NOSUCHSERVICE_RELAY_MODE=cdc"}
 	got := UnknownServiceVars(services.All, environ)
-	want := []UnknownVar{{"NOSUCHSERVICE_ADDR", "nosuchservice"}, {"NOSUCHSERVICE_DATABASE_URL", "nosuchservice"}}
+	want := []UnknownVar{{"NOSUCHSERVICE_ADDR", "nosuchservice"}, {"NOSUCHSERVICE_DATABASE_URL", "nosuchservice"},
+		{"NOSUCHSERVICE_RELAY_MODE", "nosuchservice"}}
 	if !slices.Equal(got, want) {
 		t.Errorf("UnknownServiceVars = %v, want %v", got, want)
 	}

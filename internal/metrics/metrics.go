@@ -221,6 +221,21 @@ var (
 		"Events this process's relay handed back without counting an attempt, because the broker took nothing.", nil, nil)
 	descSincePublish = prometheus.NewDesc("shop_outbox_seconds_since_last_publish",
 		"Seconds since the broker last acked an event of this process's relay (since the process started, before the first).", nil, nil)
+	descRelayStreaming = prometheus.NewDesc("shop_outbox_relay_streaming",
+		"1 while this process's relay streams the outbox's replication slot (cdc mode), else 0: it polls, another copy streams, or the database cannot serve CDC.", nil, nil)
+	descCDCUnavailable = prometheus.NewDesc("shop_outbox_cdc_unavailable",
+		"1 while the relay is in cdc mode but the database cannot serve it (wal_level, slots, senders, the REPLICATION privilege: the log says which) and the relay polls instead, else 0.", nil, nil)
+	descHandedOff = prometheus.NewDesc("shop_outbox_handed_off_events_total",
+		"Events this process's relay's stream left to the outbox table's poller (their aggregate's previous event not yet published, or a failure of their own).", nil, nil)
+	descSlotLag = prometheus.NewDesc("shop_outbox_slot_lag_bytes",
+		"WAL the server keeps for the service's replication slot: from its confirmed position to the current one.", nil, nil)
+	descSlotLagAge = prometheus.NewDesc("shop_outbox_slot_lag_age_seconds",
+		"Seconds since the streaming relay last had everything it was sent confirmed to the slot; 0 when no relay streamed since the slot was made.", nil, nil)
+	descSlotSafeWAL = prometheus.NewDesc("shop_outbox_slot_safe_wal_size_bytes",
+		"WAL that may still be written before the slot is in danger of being invalidated by max_slot_wal_keep_size; -1: no limit (the disk is the limit).", nil, nil)
+	descSlotWALStatus = prometheus.NewDesc("shop_outbox_slot_wal_status",
+		"1 for the slot's pg_replication_slots.wal_status (reserved, extended, unreserved, lost), 0 for the others.", []string{"status"}, nil)
+
 	descSubscribed = prometheus.NewDesc("shop_consumer_subscribed",
 		"1 while the consumer pulls from JetStream, 0 while it subscribes again (JetStream away, consumer or stream lost).", []string{"consumer"}, nil)
 	descResubscribes = prometheus.NewDesc("shop_consumer_resubscribes_total",
@@ -253,7 +268,8 @@ type scrapeCollector struct {
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBacklog, descOldest, descDead, descPublished, descPublishFailures,
 		descMadeDead, descExpiredLeases, descLostLeases, descNATSConnected, descJetStreamUp, descRelayUnavailable,
-		descRelayOutages, descDeferred, descSincePublish} {
+		descRelayOutages, descDeferred, descSincePublish, descRelayStreaming, descCDCUnavailable, descHandedOff,
+		descSlotLag, descSlotLagAge, descSlotSafeWAL, descSlotWALStatus} {
 		ch <- d
 	}
 	if len(c.consumers) > 0 {
@@ -265,6 +281,34 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	if c.timeoutsFired != nil {
 		ch <- descSagas
 		ch <- descTimeouts
+	}
+}
+
+// WALStatuses are the values of pg_replication_slots.wal_status, each a
+// series of shop_outbox_slot_wal_status.
+var WALStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// collectSlot reports the service's replication slot when the relay is in
+// cdc mode or the slot exists (a service switched back to poll whose slot
+// still pins WAL must show it): the WAL a forgotten slot holds fills the
+// server's disk unseen otherwise.
+func (c *scrapeCollector) collectSlot(ctx context.Context, ch chan<- prometheus.Metric, rs outbox.State) {
+	ss, err := outbox.ReadSlot(ctx, c.db, rs.Slot)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descSlotLag, err)
+		return
+	}
+	if !ss.Exists && rs.Mode != outbox.ModeCDC {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(descSlotLag, float64(ss.LagBytes))
+	gauge(descSlotLagAge, ss.LagAge.Seconds())
+	gauge(descSlotSafeWAL, float64(ss.SafeWALSize))
+	for _, st := range WALStatuses {
+		gauge(descSlotWALStatus, oneIf(ss.Exists && ss.WALStatus == st), st)
 	}
 }
 
@@ -300,6 +344,10 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	rs := c.relay.State()
 	gauge(descRelayUnavailable, oneIf(!rs.UnavailableSince.IsZero()))
 	gauge(descSincePublish, time.Since(latest(rs.LastPublish, c.started)).Seconds())
+	gauge(descRelayStreaming, oneIf(rs.Streaming))
+	gauge(descCDCUnavailable, oneIf(rs.CDCUnavailable != ""))
+	counter(descHandedOff, rs.HandedOff)
+	c.collectSlot(ctx, ch, rs)
 
 	for _, cons := range c.consumers {
 		name := cons.Name()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // DefaultURL is the database tests use when no environment variable names one.
@@ -101,6 +102,15 @@ func New(t testing.TB, sets ...migrations.Set) *Schema {
 			return
 		}
 		defer conn.Close(ctx)
+		// A relay in cdc mode made a replication slot for the schema's
+		// outbox; left behind, it pins the cluster's WAL for ever (slots
+		// outlive schemas), so it goes with the schema.
+		var database string
+		if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+		} else if err := outbox.DropSlot(ctx, conn, outbox.SlotName(database, name)); err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+		}
 		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
 			t.Errorf("drop schema %s: %v", name, err)
 		}
