@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/shop-ref/shop/internal/failpoint"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // plan says where each failpoint is armed and on which hit it crashes.
@@ -27,6 +28,35 @@ var plan = map[string]struct {
 	failpoint.PaymentWebhookAfterCommitBeforeResponse: {"payment", 2},
 	failpoint.PaymentRefundAfterProviderBeforeStore:   {"payment", 1},
 	failpoint.OutboxRetentionMidBatch:                 {"fulfillment", 1}, // armed on every copy
+	failpoint.OutboxCDCAfterMark:                      {"payment", 3},
+}
+
+// modeOnly are the failpoints of one relay mode. A run's processes all
+// relay one way (the cdc lane's stream, else the poller), and the other
+// mode's failpoint is never reached: the stream claims nothing, and a
+// poller confirms nothing.
+var modeOnly = map[string]outbox.Mode{
+	failpoint.OutboxAfterClaim:   outbox.ModePoll,
+	failpoint.OutboxCDCAfterMark: outbox.ModeCDC,
+}
+
+// relayMode is how the run's processes relay.
+func (c Config) relayMode() outbox.Mode {
+	if c.lane(LaneCDC) {
+		return outbox.ModeCDC
+	}
+	return outbox.ModePoll
+}
+
+// failpoints are the failpoints the run arms and expects to fire.
+func (c Config) failpoints() []string {
+	var names []string
+	for _, n := range failpoint.Names() {
+		if m, ok := modeOnly[n]; !ok || m == c.relayMode() {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // fpJob is one failpoint queued on a slot: its name, and the spec

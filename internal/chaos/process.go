@@ -86,11 +86,10 @@ func (h *harness) env(dbURL, natsURL string) []string {
 		"RECONCILE_INTERVAL=" + reconcileEvery.String(),
 		broker.PasswordVar(broker.AuditUser) + "=" + h.nats.passwords[broker.AuditUser],
 	}
-	if h.cfg.lane(LaneCDC) {
-		// Every service's relay streams its outbox from a replication
-		// slot (the shop's RELAY_MODE; <NAME>_RELAY_MODE would set one).
-		env = append(env, "RELAY_MODE=cdc")
-	}
+	// Every process relays one way: the cdc lane's relays stream their
+	// outbox from a replication slot, the others poll (the shop's default
+	// is cdc; a run without the lane proves the poller).
+	env = append(env, "RELAY_MODE="+string(h.cfg.relayMode()))
 	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
@@ -146,7 +145,7 @@ func (h *harness) startAll() {
 	}
 	held = nil
 	next := map[string]int{}
-	for _, name := range failpoint.Names() {
+	for _, name := range h.cfg.failpoints() {
 		if !h.cfg.lane(LaneProcess) {
 			break // failpoints are the process lane's
 		}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/app"
-	"github.com/shop-ref/shop/internal/failpoint"
 	"github.com/shop-ref/shop/internal/verify"
 )
 
@@ -52,7 +51,7 @@ func (h *harness) result(ctx context.Context, d *driver, report verify.Report, u
 	res.SelfExits = append([]Exit(nil), h.exits...)
 	res.PeakConns, res.PeakServerConns = h.peakConns, h.peakServerConns
 	h.mu.Unlock()
-	for _, n := range failpoint.Names() {
+	for _, n := range h.cfg.failpoints() {
 		if res.Fired[n] == 0 {
 			res.NotFired = append(res.NotFired, n)
 		}
@@ -258,7 +257,7 @@ func (h *harness) table(r Result) {
 		fmt.Fprintf(w, "%s\t%d\t-\t-\t-\t-\t-\t%s\t\n", s.Name, s.Orders, statusList(s.Final))
 	}
 	fmt.Fprintf(w, "all (%v of chaos)\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d unended\t\n", h.cfg.Duration,
-		r.Orders, r.EventsPublished, r.Duplicates, r.Killed, len(failpoint.Names())-len(r.NotFired), len(failpoint.Names()), r.Violations, r.Unended)
+		r.Orders, r.EventsPublished, r.Duplicates, r.Killed, len(h.cfg.failpoints())-len(r.NotFired), len(h.cfg.failpoints()), r.Violations, r.Unended)
 	w.Flush()
 
 	fmt.Fprintf(out, "\nbroker faults on %d NATS node(s), offsets from the start of the chaos; stall: see chaos.Stall\n", r.Nodes)
@@ -290,7 +289,7 @@ func (h *harness) table(r Result) {
 	for _, s := range r.Slots {
 		fmt.Fprintf(out, "slot %s at the end: wal_status %s, active %v, lag %d bytes\n", s.Slot, s.WALStatus, s.Active, s.LagBytes)
 	}
-	names := failpoint.Names()
+	names := h.cfg.failpoints()
 	parts = parts[:0]
 	for _, n := range names {
 		parts = append(parts, fmt.Sprintf("%s×%d", n, r.Fired[n]))
