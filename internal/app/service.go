@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -263,7 +264,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if !s.kept { // else the keeper's metrics say it, served by one service
 		m.MustRegister(s.drift.collectors()...)
 	}
-	router := probe.NewRouter(pool, s.NATS, s.watch, httpx.Trace(s.tracer), m.Instrument)
+	router := probe.NewRouter(pool, s.NATS, s.watch, &probe.Relay{Var: strings.ToUpper(s.Name) + "_RELAY_MODE", State: relay.State, DB: pool}, httpx.Trace(s.tracer), m.Instrument)
 	router.Method(http.MethodGet, "/metrics", m.Handler())
 	dom.Routes(router)
 	m.InitRoutes(router)

@@ -467,3 +467,22 @@ func cdcRows(b *testing.B, t *table, sz sizes) {
 		}
 	}
 }
+
+func TestProcCPU(t *testing.T) {
+	// Burn some CPU so that this process's count is above zero.
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for x := 0; time.Now().Before(deadline); x++ {
+		_ = x * x
+	}
+	if s, ok := procCPU(os.Getpid()); !ok || s <= 0 {
+		t.Errorf("procCPU(self) = %v, %v; want a positive CPU time", s, ok)
+	}
+	if _, ok := procCPU(-1); ok {
+		t.Error("procCPU(-1) read something")
+	}
+	before := map[int]float64{1: 2, 2: 5}
+	now := map[int]float64{1: 3, 2: 5.5, 3: 0.25} // 3 started in between
+	if got := cpuSince(before, now); got != 1.75 {
+		t.Errorf("cpuSince = %v, want 1.75", got)
+	}
+}

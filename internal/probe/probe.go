@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // Pinger is the one method of a pool that readiness needs.
@@ -28,22 +30,47 @@ type Pinger interface {
 // served wherever GET is, by the GET handler (net/http drops the body), as
 // RFC 9110 expects and as monitors and curl -I assume; chi alone answers
 // it 405.
-func NewRouter(db Pinger, nc *nats.Conn, js *JetStream, middlewares ...func(http.Handler) http.Handler) chi.Router {
+func NewRouter(db Pinger, nc *nats.Conn, js *JetStream, relay *Relay, middlewares ...func(http.Handler) http.Handler) chi.Router {
 	r := chi.NewRouter()
 	r.Use(middlewares...)
 	r.Use(middleware.GetHead)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	r.Get("/readyz", readyz(db, nc, js))
+	r.Get("/readyz", readyz(db, nc, js, relay))
 	return r
+}
+
+// Relay is what /readyz reads of the service's outbox relay: its "relay"
+// line. Nil: no line.
+type Relay struct {
+	// Var is the variable that sets the service's relay mode
+	// (ORDER_RELAY_MODE), named when CDC is unavailable.
+	Var string
+	// State is the relay's (outbox.Relay.State).
+	State func() outbox.State
+	// DB reads the slot (outbox.ReadSlot) in cdc mode or while it exists.
+	DB outbox.DB
 }
 
 // dependency is one line of the /readyz report.
 type dependency struct {
-	Status string     `json:"status"`          // "up", "down", or "unknown" before the first check
+	Status string     `json:"status"`          // "up", "down", or "unknown" before the first check; the relay's: "streaming", "standby" or "polling"
 	Since  *time.Time `json:"since,omitempty"` // when it went down or came up, where known
-	Error  string     `json:"error,omitempty"` // why it is down
+	Error  string     `json:"error,omitempty"` // why it is down; the relay's: why it does not do what its mode says, or its slot is in danger
+	Mode   string     `json:"mode,omitempty"`  // the relay's: poll or cdc
+	Slot   *SlotLine  `json:"slot,omitempty"`  // the relay's slot, in cdc mode or while it exists
+}
+
+// SlotLine is the relay's replication slot in /readyz: what the
+// dashboard shows of it.
+type SlotLine struct {
+	Name          string  `json:"name"`
+	Active        bool    `json:"active"`
+	WALStatus     string  `json:"wal_status"` // reserved, extended, unreserved, lost; empty: no slot (yet)
+	LagBytes      int64   `json:"lag_bytes"`
+	LagAgeSeconds float64 `json:"lag_age_seconds"`
+	SafeWALBytes  int64   `json:"safe_wal_size_bytes"` // -1: no limit
 }
 
 type readiness struct {
@@ -60,7 +87,12 @@ type readiness struct {
 // they fail apart: "nats" is the connection, "jetstream" whether JetStream
 // itself answers (it may be off, without quorum or electing a leader while
 // the connection is fine), with the time of its last change.
-func readyz(db Pinger, nc *nats.Conn, js *JetStream) http.HandlerFunc {
+//
+// The relay does not decide either: a relay in cdc mode that the database
+// cannot serve (a setting, a privilege) polls the table, so events still
+// flow; its line says why and which setting to mend, and a slot whose WAL
+// is no longer kept (wal_status unreserved or lost) says it too.
+func readyz(db Pinger, nc *nats.Conn, js *JetStream, relay *Relay) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
@@ -87,6 +119,9 @@ func readyz(db Pinger, nc *nats.Conn, js *JetStream) http.HandlerFunc {
 				body.Status, code = "unavailable", http.StatusServiceUnavailable
 			}
 		}
+		if relay != nil {
+			body.Dependencies["relay"] = relay.dependency(ctx)
+		}
 		if code == http.StatusServiceUnavailable {
 			httpx.SetRetryAfter(w, 0)
 		}
@@ -103,6 +138,55 @@ func (s jetStreamState) dependency() dependency {
 	}
 	return dependency{Status: "down", Since: &s.since,
 		Error: fmt.Sprintf("unavailable since %s: %v", s.since.UTC().Format(time.RFC3339), s.err)}
+}
+
+// dependency is the relay's line of /readyz.
+func (r *Relay) dependency(ctx context.Context) dependency {
+	st := r.State()
+	d := dependency{Mode: string(st.Mode), Status: "polling"}
+	var problems []string
+	if st.Mode == outbox.ModeCDC {
+		switch {
+		case st.Streaming:
+			d.Status = "streaming"
+		case st.CDCUnavailable != "":
+			problems = append(problems, fmt.Sprintf("cdc unavailable, polling the outbox table and retrying cdc every 10s: %s (or set %s=poll)",
+				st.CDCUnavailable, r.Var))
+		default:
+			d.Status = "standby" // another copy streams the slot, or this one is about to
+		}
+	}
+	ss, err := outbox.ReadSlot(ctx, r.DB, st.Slot)
+	switch {
+	case err != nil:
+		problems = append(problems, err.Error())
+	case ss.Exists || st.Mode == outbox.ModeCDC:
+		d.Slot = &SlotLine{Name: ss.Slot, Active: ss.Active, WALStatus: ss.WALStatus, LagBytes: ss.LagBytes,
+			LagAgeSeconds: ss.LagAge.Seconds(), SafeWALBytes: ss.SafeWALSize}
+		problems = append(problems, slotProblems(ss, st.Mode, r.Var)...)
+	}
+	d.Error = strings.Join(problems, "; ")
+	return d
+}
+
+// slotProblems says what is wrong with the relay's slot: WAL the server no
+// longer keeps for it (wal_status unreserved or lost), or a slot that pins
+// WAL though the relay polls.
+func slotProblems(ss outbox.SlotStats, mode outbox.Mode, modeVar string) []string {
+	var problems []string
+	switch ss.WALStatus {
+	case "lost":
+		problems = append(problems, fmt.Sprintf("slot %s wal_status lost: the server removed WAL it had not confirmed "+
+			"(max_slot_wal_keep_size); the relay recreates it and backfills from the outbox table", ss.Slot))
+	case "unreserved":
+		problems = append(problems, fmt.Sprintf("slot %s wal_status unreserved: it holds more WAL than max_slot_wal_keep_size "+
+			"and is lost at the next checkpoint unless its relay catches up", ss.Slot))
+	}
+	if ss.Exists && mode == outbox.ModePoll {
+		problems = append(problems, fmt.Sprintf("slot %s exists but the relay polls: it pins %d bytes of WAL; "+
+			"drop it (outbox.DropSlot) or set %s=cdc", ss.Slot, ss.LagBytes, modeVar))
+	}
+	return problems
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -16,6 +16,7 @@ import (
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // get serves one GET on h and decodes the JSON body into v.
@@ -41,7 +42,7 @@ func TestHealth(t *testing.T) {
 	t.Run("healthz answers ok", func(t *testing.T) {
 		t.Parallel()
 		var body map[string]string
-		if code := get(t, NewRouter(db.Pool, nc, nil), "/healthz", &body); code != http.StatusOK || body["status"] != "ok" {
+		if code := get(t, NewRouter(db.Pool, nc, nil, nil), "/healthz", &body); code != http.StatusOK || body["status"] != "ok" {
 			t.Errorf("GET /healthz = %d %v, want 200 {status: ok}", code, body)
 		}
 	})
@@ -49,7 +50,7 @@ func TestHealth(t *testing.T) {
 	t.Run("readyz is ready with database and nats up", func(t *testing.T) {
 		t.Parallel()
 		var body readiness
-		code := get(t, NewRouter(db.Pool, nc, nil), "/readyz", &body)
+		code := get(t, NewRouter(db.Pool, nc, nil, nil), "/readyz", &body)
 		if code != http.StatusOK || body.Status != "ok" ||
 			body.Dependencies["database"].Status != "up" || body.Dependencies["nats"].Status != "up" {
 			t.Errorf("GET /readyz = %d %+v, want 200 with both up", code, body)
@@ -66,13 +67,13 @@ func TestHealth(t *testing.T) {
 		}
 		t.Cleanup(pool.Close)
 		var body readiness
-		code := get(t, NewRouter(pool, nc, nil), "/readyz", &body)
+		code := get(t, NewRouter(pool, nc, nil, nil), "/readyz", &body)
 		dep := body.Dependencies["database"]
 		if code != http.StatusServiceUnavailable || body.Status != "unavailable" || dep.Status != "down" || dep.Error == "" {
 			t.Errorf("GET /readyz = %d %+v, want 503 with the database down and why", code, body)
 		}
 		rec := httptest.NewRecorder()
-		NewRouter(pool, nc, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		NewRouter(pool, nc, nil, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 		if got := rec.Header().Get("Retry-After"); rec.Code != http.StatusServiceUnavailable || got != "1" {
 			t.Errorf("GET /readyz = %d with Retry-After %q, want 503 with Retry-After: 1", rec.Code, got)
 		}
@@ -80,7 +81,7 @@ func TestHealth(t *testing.T) {
 
 	t.Run("HEAD is served wherever GET is", func(t *testing.T) {
 		t.Parallel()
-		h := NewRouter(db.Pool, nc, nil)
+		h := NewRouter(db.Pool, nc, nil, nil)
 		for _, path := range []string{"/healthz", "/readyz"} {
 			// A real server: it is net/http that leaves out the body.
 			srv := httptest.NewServer(h)
@@ -109,7 +110,7 @@ func TestReadyWithoutNATS(t *testing.T) {
 	db := pgtest.New(t)
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
-	h := NewRouter(db.Pool, nc, nil)
+	h := NewRouter(db.Pool, nc, nil, nil)
 
 	ns.Stop()
 	poll.Until(t, 10*time.Second, "the client to notice the server stopped", func() bool { return nc.Status() != nats.CONNECTED })
@@ -139,7 +140,7 @@ func TestReadyReportsJetStreamItself(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := NewRouter(db.Pool, nc, watch)
+	h := NewRouter(db.Pool, nc, watch, nil)
 	ctx := context.Background()
 
 	var body readiness
@@ -160,4 +161,69 @@ func TestReadyReportsJetStreamItself(t *testing.T) {
 		watch.probe(ctx)
 		return get(t, h, "/readyz", &body) == http.StatusOK && body.Dependencies["jetstream"].Status == "up"
 	})
+}
+
+// The relay's line: in cdc mode, a database that cannot serve CDC keeps the
+// service ready (the relay polls) and the line says why, naming the
+// variable to set; a slot the relay does not use (poll mode) is shown with
+// what it pins; a slot whose WAL the server no longer keeps is named.
+func TestReadyReportsTheRelay(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	ctx := context.Background()
+	var database string
+	if err := db.Pool.QueryRow(ctx, `SELECT current_database()`).Scan(&database); err != nil {
+		t.Fatal(err)
+	}
+	slot := outbox.SlotName(database, db.Name)
+
+	// The relay's state is its own to compute (pkg/outbox's tests); here
+	// it is the input the report is made of.
+	var state outbox.State
+	h := NewRouter(db.Pool, nc, nil, &Relay{Var: "ORDER_RELAY_MODE", State: func() outbox.State { return state }, DB: db.Pool})
+	var body readiness
+
+	state = outbox.State{Mode: outbox.ModeCDC, Slot: slot,
+		CDCUnavailable: `wal_level is "replica": set wal_level=logical in postgresql.conf and restart the server`}
+	code := get(t, h, "/readyz", &body)
+	relay := body.Dependencies["relay"]
+	if code != http.StatusOK || relay.Status != "polling" || relay.Mode != "cdc" ||
+		!strings.Contains(relay.Error, "wal_level=logical") || !strings.Contains(relay.Error, "ORDER_RELAY_MODE=poll") {
+		t.Errorf("GET /readyz, CDC unavailable = %d %+v, want 200, relay polling, naming wal_level and ORDER_RELAY_MODE", code, body)
+	}
+	if relay.Slot == nil || relay.Slot.Name != slot || relay.Slot.WALStatus != "" {
+		t.Errorf("relay's slot = %+v, want %s, not made (no wal_status)", relay.Slot, slot)
+	}
+
+	// A slot of this schema's outbox, while the relay polls: shown, and
+	// said to pin WAL.
+	if _, err := db.Pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := outbox.DropSlot(context.Background(), db.Pool, slot); err != nil {
+			t.Error(err)
+		}
+	})
+	state = outbox.State{Mode: outbox.ModePoll}
+	code = get(t, h, "/readyz", &body)
+	relay = body.Dependencies["relay"]
+	if code != http.StatusOK || relay.Status != "polling" || relay.Slot == nil || relay.Slot.Name != slot ||
+		relay.Slot.WALStatus != "reserved" || relay.Slot.SafeWALBytes == 0 || !strings.Contains(relay.Error, "ORDER_RELAY_MODE=cdc") {
+		t.Errorf("GET /readyz, poll mode, slot made = %d %+v, want 200, the slot reserved, said to pin WAL", code, body)
+	}
+
+	// wal_status lost and unreserved need a server that went past
+	// max_slot_wal_keep_size: their wording is checked on the stats.
+	for _, status := range []string{"lost", "unreserved"} {
+		got := slotProblems(outbox.SlotStats{Slot: slot, Exists: true, WALStatus: status}, outbox.ModeCDC, "ORDER_RELAY_MODE")
+		if len(got) != 1 || !strings.Contains(got[0], "wal_status "+status) || !strings.Contains(got[0], slot) {
+			t.Errorf("slot %s: problems %q, want one naming the slot and wal_status %s", status, got, status)
+		}
+	}
+	if got := slotProblems(outbox.SlotStats{Slot: slot, Exists: true, WALStatus: "reserved"}, outbox.ModeCDC, "X"); len(got) != 0 {
+		t.Errorf("a reserved slot in cdc mode: problems %q, want none", got)
+	}
 }
