@@ -74,12 +74,11 @@ func TestCDCCrashAfterMarkBeforeConfirm(t *testing.T) {
 	r := e.run(t, ModeCDC, fastLease(fp))
 	var w Writer
 	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"))
+	// The next stream's round reaches the failpoint again after its acks:
+	// the crash, then the copies acked as duplicates and marked again.
 	eventually(t, 10*time.Second, "both events marked, and sent again by the next stream", func() (bool, error) {
-		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2 && r.Counters().Duplicates == 2, nil
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2 && r.Counters().Duplicates >= 2 && fp.n.Load() >= 2, nil
 	})
-	if fp.n.Load() < 2 {
-		t.Fatalf("failpoint hit %d times, want the crash and the next stream's mark", fp.n.Load())
-	}
 	if got := streamMsgs(t, e.stream); got != 2 {
 		t.Fatalf("stream holds %d messages, want 2: the copies are dropped by id", got)
 	}
