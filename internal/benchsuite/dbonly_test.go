@@ -128,7 +128,7 @@ func stringValue(exprs map[string]ast.Expr, name string, depth int) (string, boo
 // the relay's database work alone. It returns how many events it marked.
 func (s relayStatements) claimAndMark(ctx context.Context, pool *pgxpool.Pool, name string, batch int) (int, error) {
 	token := uuid.New()
-	rows, err := pool.Query(ctx, s.claim, batch, name, token, (15 * time.Second).Microseconds(), 0)
+	rows, err := pool.Query(ctx, s.claim, batch, name, token, (15 * time.Second).Microseconds(), 0, nil)
 	if err != nil {
 		return 0, fmt.Errorf("claim: %w", err)
 	}

@@ -63,7 +63,7 @@ func (r *Relay) query(ctx context.Context, sql string, args ...any) ([]row, erro
 // relays claim side by side; the committed lease, not a held lock, keeps
 // other relays off while this one publishes.
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
-	batch, err := r.query(ctx, claimSQL, r.limit(), r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds(), r.handOff().Microseconds())
+	batch, err := r.query(ctx, claimSQL, r.limit(), r.cfg.Name, token, r.cfg.LeaseDuration.Microseconds(), r.handOff().Microseconds(), r.cdc.backfillBefore.Load())
 	if err != nil {
 		return nil, err
 	}
@@ -77,11 +77,12 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]row, error) {
 
 // dueSQL selects the outbox rows o a relay may publish now: due ($5
 // microseconds ago: in CDC mode the table's events are the stream's for
-// the HandOff), not
+// the HandOff, except those due before $6, when the slot was made, which
+// no stream carries), not
 // leased by a live claim (one whose lease has not ended and whose relay is
 // not known to be gone, alive.go), and the oldest unpublished event of their
 // aggregate, so that k+1 is never published before k.
-const dueSQL = `o.available_at <= now() - $5 * interval '1 microsecond'
+const dueSQL = `o.available_at <= GREATEST(now() - $5 * interval '1 microsecond', $6::timestamptz)
 	  AND (o.claim_until IS NULL OR o.claim_until < now() OR ` + claimantGoneSQL + `)
 	  AND NOT EXISTS (
 	      SELECT 1 FROM outbox earlier

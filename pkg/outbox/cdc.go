@@ -60,6 +60,10 @@ type cdcState struct {
 	unavailable atomic.Pointer[string] // why ModeCDC cannot stream here; nil: it can
 	caughtUpAt  atomic.Int64           // unix nanoseconds: last time everything sent was confirmed
 	handedOff   atomic.Int64           // events the stream left to the table
+	// backfillBefore is when this relay made the slot (the database's
+	// clock): events due before it are in no stream, and its poller
+	// publishes them at once, not after the HandOff. Nil: it made none.
+	backfillBefore atomic.Pointer[time.Time]
 }
 
 // standbyError: another relay streams the slot; this one waits its turn.
@@ -197,7 +201,8 @@ func (r *Relay) prepareSlot(ctx context.Context) error {
 	var exists, member bool
 	err := r.pool.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
-		       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox')`,
+		       EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_rel pr ON pr.prpubid = p.oid
+		               WHERE p.pubname = $1 AND pr.prrelid = to_regclass(quote_ident($2) || '.outbox'))`,
 		r.slot, r.schema).Scan(&exists, &member)
 	if err != nil {
 		return fmt.Errorf("read publication %s: %w", r.slot, err)
@@ -266,8 +271,18 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	default:
 		return fmt.Errorf("create slot %s: %w", r.slot, err)
 	}
+	// Failure window: an event committed before the slot (at a first
+	// start, say, or while a lost slot was gone) is in no stream. The
+	// poller publishes everything due before now at once: waiting the
+	// HandOff would hold a fresh shop's first events for seconds. An event
+	// committed after now and also streamed goes out twice, same id.
+	var made time.Time
+	if err := r.pool.QueryRow(ctx, `SELECT now()`).Scan(&made); err != nil {
+		return fmt.Errorf("read the database's clock: %w", err)
+	}
+	r.cdc.backfillBefore.Store(&made)
 	r.log.Warn("outbox relay: made the replication slot; events committed before it that are not yet published go out from the outbox table",
-		"slot", r.slot, "hand_off", r.cfg.HandOff)
+		"slot", r.slot)
 	r.wake()
 	return nil
 }
@@ -596,11 +611,17 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 		if err != nil {
 			return nil, fmt.Errorf("read previous events: %w", err)
 		}
+		var held [][16]byte
 		for _, n := range waiting {
 			// Its previous event waits in the table (it failed, or the
 			// stream began after it): the poller publishes both, in order.
-			picked[ask[n-1]].done = true
+			it := picked[ask[n-1]]
+			it.done = true
+			held = append(held, it.ev.id)
 			r.cdc.handedOff.Add(1)
+		}
+		if err := r.handOver(ctx, held); err != nil {
+			return nil, err
 		}
 	}
 	batch := make([]row, 0, len(picked))
@@ -620,7 +641,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 	if err != nil {
 		return nil, err // a failpoint: "die", start again from the confirmed position
 	}
-	var ackedIDs [][16]byte
+	var ackedIDs, handed [][16]byte
 	failed := &pgx.Batch{}
 	down = verdict(results)
 	for i, res := range results {
@@ -647,6 +668,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 			// It is left to the table, uncounted, as the poller hands back
 			// an outage's events; its aggregate's later events wait for it.
 			it.done = true
+			handed = append(handed, it.ev.id)
 			r.cdc.handedOff.Add(1)
 			r.stats.deferred.Add(1)
 		default:
@@ -657,7 +679,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 			r.cdc.handedOff.Add(1)
 			dead := res.permanent || it.ev.attempts+1 >= r.cfg.MaxAttempts
 			delay := backoff(r.cfg.BackoffBase, r.cfg.BackoffMax, it.ev.attempts+1, r.jitter)
-			failed.Queue(failCDCSQL, it.ev.id, res.err.Error(), delay.Microseconds(), dead)
+			failed.Queue(failCDCSQL, it.ev.id, res.err.Error(), delay.Microseconds(), dead, r.cfg.HandOff.Microseconds())
 			if dead {
 				r.stats.dead.Add(1)
 				r.log.Error("outbox event dead", "event_id", it.ev.id, "event_type", it.ev.typ,
@@ -693,8 +715,32 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 			return nil, fmt.Errorf("record %d publish failures: %w", failed.Len(), err)
 		}
 	}
+	if err := r.handOver(pctx, handed); err != nil {
+		return nil, err
+	}
 	return down, nil
 }
+
+// handOver makes events the stream left to the table due for the poller
+// at once. The HandOff keeps the poller off events the stream may still
+// publish; these it will not, and an aggregate whose earlier event was
+// backfilled would otherwise wait the HandOff for each later one.
+func (r *Relay) handOver(ctx context.Context, ids [][16]byte) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := r.pool.Exec(ctx, handOverSQL, ids, r.cfg.HandOff.Microseconds()); err != nil {
+		return fmt.Errorf("hand %d events to the table: %w", len(ids), err)
+	}
+	r.wake()
+	return nil
+}
+
+// handOverSQL backdates available_at by the HandOff: due for the poller
+// now (the poller's claim subtracts the HandOff in ModeCDC).
+const handOverSQL = `
+UPDATE outbox SET available_at = LEAST(available_at, now() - $2 * interval '1 microsecond')
+WHERE event_id = ANY($1) AND published_at IS NULL`
 
 // unpublishedSQL returns the positions (1-based) of the given events that
 // are in the table and not published (pending or dead).
@@ -711,11 +757,12 @@ UPDATE outbox SET published_at = now()
 WHERE event_id = ANY($1) AND published_at IS NULL`
 
 // failCDCSQL records a streamed event's own failure; the poller retries it
-// after the delay, or it is dead.
+// after the delay (backdated by the HandOff, as handOverSQL), or it is
+// dead.
 const failCDCSQL = `
 UPDATE outbox
 SET attempts = attempts + 1,
     last_error = $2,
-    available_at = now() + $3 * interval '1 microsecond',
+    available_at = now() + ($3 - $5) * interval '1 microsecond',
     dead_at = CASE WHEN $4 THEN now() END
 WHERE event_id = $1 AND published_at IS NULL AND dead_at IS NULL`

@@ -298,3 +298,22 @@ func TestUnknownModeIsRefused(t *testing.T) {
 		t.Fatalf("err = %v, want the Mode refused", err)
 	}
 }
+
+// Events committed before the slot existed (a first start, a lost slot)
+// are in no stream: the relay that made the slot publishes them from the
+// table at once, not after its HandOff (an hour here), and the stream
+// holds back their aggregates' later events until they are out.
+func TestCDCEventsBeforeTheSlotArePublishedAtOnce(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"))
+	r := e.run(t, ModeCDC, Config{HandOff: time.Hour})
+	add(t, e.db.Pool, &w, event("o-1", "OrderPaid"), event("o-3", "OrderCreated"))
+	eventually(t, 20*time.Second, "every event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), map[string]int{"o-1": 2, "o-2": 1, "o-3": 1})
+	if !r.State().Streaming {
+		t.Fatal("the relay does not stream")
+	}
+}

@@ -190,7 +190,7 @@ func explainClaim(t *testing.T, e *env, mode string) string {
 		}
 		// EXPLAIN without ANALYZE plans the UPDATE and runs nothing.
 		return tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+claimSQL,
-			500, "drill", uuid.New(), (30 * time.Second).Microseconds(), 0).Scan(&plan)
+			500, "drill", uuid.New(), (30 * time.Second).Microseconds(), 0, nil).Scan(&plan)
 	})
 	if err != nil {
 		t.Fatal(err)

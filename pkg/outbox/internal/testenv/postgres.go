@@ -164,13 +164,17 @@ func dropOrphanSlots(ctx context.Context, conn *pgx.Conn) error {
 	rows, err := conn.Query(ctx, `
 		SELECT s.slot_name FROM pg_replication_slots s
 		WHERE s.database = current_database() AND s.slot_type = 'logical' AND s.slot_name LIKE 'outbox\_%'
-		  AND NOT EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = s.slot_name)`)
+		  AND NOT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid
+		                  WHERE p.pubname = s.slot_name)`)
+	// The catalogs, not pg_publication_tables: the view calls a function
+	// per publication that fails on one dropped meanwhile. And best effort
+	// all through: a sweep that fails is done by the next test's.
 	if err != nil {
-		return err
+		return nil
 	}
 	slots, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return err
+		return nil
 	}
 	for _, slot := range slots {
 		_, _ = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
