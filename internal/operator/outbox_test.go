@@ -96,6 +96,12 @@ func TestOutbox(t *testing.T) {
 		if _, err := orders.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
 			t.Fatal(err)
 		}
+		// With its publication, as a relay makes them: a slot without one is an
+		// orphan that other tests' clean-up drops.
+		if _, err := orders.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{slot}.Sanitize()+" FOR TABLE "+
+			pgx.Identifier{"orders", "outbox"}.Sanitize()+" WITH (publish = 'insert')"); err != nil {
+			t.Fatal(err)
+		}
 		defer func() {
 			if err := outbox.DropSlot(ctx, orders, slot); err != nil {
 				t.Error(err)
