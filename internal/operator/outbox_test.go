@@ -93,13 +93,14 @@ func TestOutbox(t *testing.T) {
 			t.Fatal(err)
 		}
 		slot := outbox.SlotName(database, "orders")
-		if _, err := orders.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
-			t.Fatal(err)
-		}
-		// With its publication, as a relay makes them: a slot without one is an
-		// orphan that other tests' clean-up drops.
+		// Its publication first, as a relay makes them: a slot without one
+		// (even while it is being made) is an orphan that other tests'
+		// clean-up drops, terminating the backend that makes it.
 		if _, err := orders.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{slot}.Sanitize()+" FOR TABLE "+
 			pgx.Identifier{"orders", "outbox"}.Sanitize()+" WITH (publish = 'insert')"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := orders.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
 			t.Fatal(err)
 		}
 		defer func() {

@@ -136,13 +136,14 @@ func TestStaleSlotIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	slot := outbox.SlotName(database, schema)
-	if _, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
-		t.Fatal(err)
-	}
-	// With its publication, as a relay makes them: a slot without one is an
-	// orphan that other tests' clean-up drops.
+	// Its publication first, as a relay makes them: a slot without one
+	// (even while it is being made) is an orphan that other tests'
+	// clean-up drops, terminating the backend that makes it.
 	if _, err := db.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{slot}.Sanitize()+" FOR TABLE "+
 		pgx.Identifier{schema, "outbox"}.Sanitize()+" WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
