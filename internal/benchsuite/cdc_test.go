@@ -294,8 +294,10 @@ func (d *cdcDB) xactsWithRelay(tb testing.TB) int64 {
 // the server with nothing published and nothing marked
 // (pg_logical_slot_get_binary_changes with pgoutput and a publication as
 // the relay's): what the walsender must do for the events at least. The
-// CDC relay also marks the rows published, in batches; that part is the
-// poller's markSQL, already in the poll ceiling.
+// CDC relay also marks the rows published, in batches (markCDCSQL, an
+// UPDATE by event id like markSQL without the claim token), which this
+// ceiling leaves out: it would need the ids decoded from pgoutput's
+// binary messages, the relay's own work.
 func dbOnlyCeiling(b *testing.B, sz sizes, mode outbox.Mode) drainFigures {
 	return scoped(b, func(tb testing.TB) drainFigures {
 		d := newCDCDB(tb)
