@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
+	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/services"
 	"github.com/shop-ref/shop/services/order"
 )
@@ -233,6 +235,12 @@ func TestServiceRoles(t *testing.T) {
 		cfg.DatabaseURL = dbURL // the owner's; the order service must not use it
 		cfg.Services["order"].DatabaseURL = orderURL
 		cfg.Services["order"].Addr = freeAddr(t)
+		// In cdc mode: a service role may not replicate nor own its outbox
+		// table, so its relay cannot stream; it must poll, publish all the
+		// same, and say why in its log and on /readyz.
+		cfg.Services["order"].RelayMode = outbox.ModeCDC
+		var logged syncBuffer
+		log := slog.New(slog.NewTextHandler(io.MultiWriter(&logged, t.Output()), &slog.HandlerOptions{Level: slog.LevelWarn}))
 		svc, err := New("order", cfg, nc, log)
 		if err != nil {
 			t.Fatal(err)
@@ -284,6 +292,37 @@ func TestServiceRoles(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatal("OrderCreated was not published by the order service's relay")
 			}
+		}
+		// Ready, and the relay line says it polls and why, naming the
+		// privilege and the variable that chooses polling.
+		var ready struct {
+			Dependencies map[string]struct {
+				Status, Mode, Error string
+			}
+		}
+		code := 0
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			res, err := http.Get(base + "/readyz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			code = res.StatusCode
+			err = json.NewDecoder(res.Body).Decode(&ready)
+			res.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(ready.Dependencies["relay"].Error, "cdc unavailable") || time.Now().After(deadline) {
+				break
+			}
+		}
+		relay := ready.Dependencies["relay"]
+		if code != http.StatusOK || relay.Mode != "cdc" || relay.Status != "polling" || !strings.Contains(relay.Error, "ORDER_RELAY_MODE=poll") ||
+			!(strings.Contains(relay.Error, "REPLICATION") || strings.Contains(relay.Error, "own the table")) {
+			t.Errorf("GET /readyz as a role that may not replicate = %d, relay %+v: want 200, polling, naming the privilege and ORDER_RELAY_MODE", code, relay)
+		}
+		if out := logged.String(); !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "cannot stream the outbox by CDC") {
+			t.Errorf("the log does not say why the relay polls:\n%s", out)
 		}
 	})
 

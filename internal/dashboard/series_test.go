@@ -39,7 +39,9 @@ func TestSeries(t *testing.T) {
 
 	ready := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"status":"ok","dependencies":{"database":{"status":"up"},"nats":{"status":"up"}}}`))
+		_, _ = w.Write([]byte(`{"status":"ok","dependencies":{"database":{"status":"up"},"nats":{"status":"up"},` +
+			`"relay":{"status":"streaming","mode":"cdc","slot":{"name":"outbox_shop_orders","active":true,"wal_status":"reserved",` +
+			`"lag_bytes":2048,"lag_age_seconds":1.5,"safe_wal_size_bytes":-1}}}}`))
 	}))
 	t.Cleanup(ready.Close)
 	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -118,8 +120,17 @@ func TestSeries(t *testing.T) {
 	for _, x := range st.Health {
 		h[x.Service] = x
 	}
-	if !h["order"].OK || h["order"].Detail != "database up · nats up" {
+	if !h["order"].OK || h["order"].Detail != "database up · nats up · relay streaming" {
 		t.Errorf("order health: %+v", h["order"])
+	}
+	// The relay's mode and its slot's lag and wal_status, for the chip.
+	if r := h["order"].Relay; r == nil || r.Mode != "cdc" || r.Status != "streaming" || r.Slot == nil ||
+		r.Slot.Name != "outbox_shop_orders" || r.Slot.WALStatus != "reserved" || r.Slot.LagBytes != 2048 ||
+		r.Slot.LagAgeSeconds != 1.5 || r.Slot.SafeWALBytes != -1 {
+		t.Errorf("order's relay: %+v", h["order"].Relay)
+	}
+	if h["payment"].Relay != nil {
+		t.Errorf("payment's relay: %+v, want none (its /readyz has no relay line)", h["payment"].Relay)
 	}
 	if h["payment"].OK || h["payment"].Detail != "database down (no route)" {
 		t.Errorf("payment health: %+v", h["payment"])

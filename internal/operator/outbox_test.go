@@ -84,6 +84,50 @@ func TestOutbox(t *testing.T) {
 		}
 	})
 
+	// A slot for the order service's outbox, as a relay in cdc mode makes
+	// it: shown with its WAL, the other services without one.
+	t.Run("status of a replication slot", func(t *testing.T) {
+		orders := inSchema(t, dbURL, "orders")
+		var database string
+		if err := orders.QueryRow(ctx, `SELECT current_database()`).Scan(&database); err != nil {
+			t.Fatal(err)
+		}
+		slot := outbox.SlotName(database, "orders")
+		// Its publication first, as a relay makes them: a slot without one
+		// (even while it is being made) is an orphan that other tests'
+		// clean-up drops, terminating the backend that makes it.
+		if _, err := orders.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{slot}.Sanitize()+" FOR TABLE "+
+			pgx.Identifier{"orders", "outbox"}.Sanitize()+" WITH (publish = 'insert')"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := orders.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := outbox.DropSlot(ctx, orders, slot); err != nil {
+				t.Error(err)
+			}
+		}()
+		for name, s := range statusOf(t, cli) {
+			switch {
+			case name == "order" && (s.Slot == nil || s.Slot.Name != slot || s.Slot.Active || s.Slot.WALStatus != "reserved" ||
+				s.Slot.LagBytes < 0 || s.Slot.SafeWALSizeBytes == 0):
+				t.Errorf("order's slot: %+v, want %s, inactive, reserved", s.Slot, slot)
+			case name != "order" && s.Slot != nil:
+				t.Errorf("%s's slot: %+v, want none", name, s.Slot)
+			}
+		}
+		out := cli.ok("outbox", "status")
+		for _, want := range []string{"SLOT", "WAL STATUS", "LAG AGE", "SAFE WAL LEFT", slot, "reserved"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("status lacks %q:\n%s", want, out)
+			}
+		}
+	})
+	if out := cli.ok("outbox", "status"); strings.Contains(out, "WAL STATUS") {
+		t.Errorf("status shows a slot table with no slot:\n%s", out)
+	}
+
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)

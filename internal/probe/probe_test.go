@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
 	"github.com/shop-ref/shop/internal/database"
@@ -199,6 +200,13 @@ func TestReadyReportsTheRelay(t *testing.T) {
 
 	// A slot of this schema's outbox, while the relay polls: shown, and
 	// said to pin WAL.
+	// Its publication first, as a relay makes them: a slot without one
+	// (even while it is being made) is an orphan that other tests'
+	// clean-up drops, terminating the backend that makes it.
+	if _, err := db.Pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{slot}.Sanitize()+" FOR TABLE "+
+		pgx.Identifier{db.Name, "outbox"}.Sanitize()+" WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := db.Pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
 		t.Fatal(err)
 	}

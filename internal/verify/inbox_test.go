@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/internal/verify"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/services"
 )
 
@@ -102,4 +104,63 @@ func TestEventsRetriedOftenAreReported(t *testing.T) {
 		}
 	}
 	t.Fatalf("no check %q in %+v", name, rep.Checks)
+}
+
+// A service's replication slot that no relay has confirmed for minutes is
+// reported; one just made is not, and a shop without slots has no such
+// check.
+func TestStaleSlotIsReported(t *testing.T) {
+	t.Parallel()
+	pools := shoptest.Schemas(t, services.All)
+	ctx := context.Background()
+	db := pools.Pools["payment"]
+	names := func() map[string][]string {
+		t.Helper()
+		rep, err := verify.Run(ctx, pools, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := map[string][]string{}
+		for _, c := range rep.Checks {
+			if strings.Contains(c.Name, "replication slot") {
+				v[c.Name] = c.Violations
+			}
+		}
+		return v
+	}
+	if v := names(); len(v) != 0 {
+		t.Fatalf("no slot: checks %q, want none", v)
+	}
+	var database, schema string
+	if err := db.QueryRow(ctx, `SELECT current_database(), current_schema()`).Scan(&database, &schema); err != nil {
+		t.Fatal(err)
+	}
+	slot := outbox.SlotName(database, schema)
+	// Its publication first, as a relay makes them: a slot without one
+	// (even while it is being made) is an orphan that other tests'
+	// clean-up drops, terminating the backend that makes it.
+	if _, err := db.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{slot}.Sanitize()+" FOR TABLE "+
+		pgx.Identifier{schema, "outbox"}.Sanitize()+" WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := outbox.DropSlot(context.Background(), db, slot); err != nil {
+			t.Error(err)
+		}
+	})
+	check := "payment: replication slot " + slot + " keeps its WAL and is confirmed within 1m0s"
+	if v := names(); len(v) != 1 || len(v[check]) != 0 {
+		t.Errorf("a slot just made: %q, want the check %q passing", v, check)
+	}
+	// What a relay's heartbeat last recorded, ten minutes ago: no relay
+	// has streamed it since.
+	if _, err := db.Exec(ctx, `INSERT INTO outbox_slots (slot, caught_up_at) VALUES ($1, now() - interval '10 minutes')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	if v := names(); len(v[check]) != 1 || !strings.Contains(v[check][0], "no relay streams it") {
+		t.Errorf("a slot caught up 10 minutes ago: %q, want it reported", v)
+	}
 }

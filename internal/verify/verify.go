@@ -34,7 +34,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/pkg/outbox"
 )
 
 // Check is one invariant check and what it found.
@@ -129,6 +131,13 @@ const parkedTooLong = 5 * time.Minute
 // its MaxDeliver; an operator wants to know before.
 const retriedTooOften = 3
 
+// slotLagTooOld is how long a service's replication slot may go without
+// its relay having had everything confirmed before verify reports it: a
+// streaming relay confirms within seconds, and an idle one's heartbeat
+// records it caught up, so a minute means no relay streams the slot (all
+// stopped, or every copy switched to poll) while it pins the server's WAL.
+const slotLagTooOld = time.Minute
+
 // WithStreams adds invariant 3 as the broker sees it: every event an
 // outbox marked published within the retention is still held by its
 // service's stream on js (AuditStreams, whose doc says what it reads and
@@ -147,6 +156,7 @@ func Run(ctx context.Context, shop Shop, retention time.Duration, opts ...Option
 	v := &run{ctx: ctx, shop: shop, since: time.Now().Add(-retention)}
 	v.intents()
 	v.delivery()
+	v.slots()
 	if o.js != nil && v.err == nil {
 		v.streams(o.js, retention)
 	}
@@ -321,6 +331,42 @@ func (v *run) delivery() {
 			}
 		}
 		v.check(3, fmt.Sprintf("%s processed every %s event", c.Name, producer.Name), missing)
+	}
+}
+
+// slots checks the replication slot of each service that has one (a relay
+// in cdc mode made it), as part of invariant 3: a slot whose WAL the server
+// removed (wal_status lost) had its unconfirmed tail backfilled from the
+// outbox only if a relay recreated it, and one no relay has confirmed for
+// long pins WAL until the disk fills.
+func (v *run) slots() {
+	for _, e := range v.shop.Services {
+		if v.err != nil {
+			return
+		}
+		pool, err := v.shop.Pool(e.Name)
+		if err != nil {
+			v.err = err
+			return
+		}
+		ss, err := outbox.ReadSlot(v.ctx, pool, "")
+		if err != nil {
+			v.err = fmt.Errorf("%s: %w", e.Name, err)
+			return
+		}
+		if !ss.Exists {
+			continue
+		}
+		var found []string
+		if ss.WALStatus == "lost" {
+			found = append(found, fmt.Sprintf("%s: slot %s wal_status lost: the server removed WAL it had not confirmed "+
+				"(max_slot_wal_keep_size); a relay in cdc mode recreates it and backfills from the outbox table", e.Name, ss.Slot))
+		}
+		if ss.LagAge > slotLagTooOld {
+			found = append(found, fmt.Sprintf("%s: slot %s last caught up %s ago, %d bytes of WAL behind: no relay streams it "+
+				"(set the service's relay mode to cdc and run it, or drop the slot)", e.Name, ss.Slot, ss.LagAge.Round(time.Second), ss.LagBytes))
+		}
+		v.check(3, fmt.Sprintf("%s: replication slot %s keeps its WAL and is confirmed within %s", e.Name, ss.Slot, slotLagTooOld), found)
 	}
 }
 

@@ -93,6 +93,25 @@ function td(text, className = "") {
   return el("td", { textContent: String(text), className });
 }
 
+// relayText is a service's relay in words: its mode and, for a replication
+// slot, how much WAL it holds and since when, and its wal_status.
+function relayText(r) {
+  let text = "relay " + r.mode;
+  if (r.slot) {
+    const age = r.slot.lag_age_seconds > 0 ? ", " + Math.round(r.slot.lag_age_seconds) + "s" : "";
+    text += " · slot lag " + bytes(r.slot.lag_bytes) + age + " · " + (r.slot.wal_status || "no slot yet");
+  }
+  return text;
+}
+
+function bytes(n) {
+  if (n < 1024) return n + " B";
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let i = -1;
+  do { n /= 1024; i++; } while (n >= 1024 && i < units.length - 1);
+  return n.toFixed(1) + " " + units[i];
+}
+
 // The health strip: one chip per service, from its GET /readyz as the
 // server last asked it (every few seconds).
 function renderHealth(health) {
@@ -101,6 +120,7 @@ function renderHealth(health) {
     const li = el("li", { className: h.ok ? "ok" : "down", title: "GET /readyz at " + clock(h.at) },
       el("b", { textContent: h.service }), " " + (h.ok ? "ok" : "not ready"),
       el("span", { className: "detail", textContent: h.detail }));
+    if (h.relay) li.append(el("span", { className: "relay", textContent: relayText(h.relay) }));
     li.dataset.service = h.service;
     li.dataset.ok = h.ok;
     return li;
