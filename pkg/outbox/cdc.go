@@ -133,6 +133,15 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	cc.RuntimeParams["replication"] = "database"
 	cc.RuntimeParams["DateStyle"] = "ISO"
 	conn, err := pgconn.ConnectConfig(ctx, &cc.Config)
+	if pgErrCode(err) == "42501" {
+		// Failure window: a role that may not replicate. Postgres refuses
+		// the replication connection itself ("must be superuser or
+		// replication role to start walsender"), before any slot command:
+		// taken for a passing error, it was retried quietly while every
+		// event waited the HandOff. It is the database's setting: say so,
+		// and poll (TestCDCRoleThatMayNotReplicateFallsBackToPolling).
+		return &unavailableCDCError{fmt.Sprintf("the relay's role may not replicate (ALTER ROLE ... REPLICATION): %v", err)}
+	}
 	if err != nil {
 		return fmt.Errorf("replication connection: %w", err)
 	}

@@ -244,6 +244,79 @@ func TestCDCRelaysRaceForTheSlot(t *testing.T) {
 // outbox table) cannot stream: it says why and polls.
 func TestCDCUnavailableFallsBackToPolling(t *testing.T) {
 	e := setup(t)
+	r, err := NewRelay(e.roleWithoutReplication(t), e.js, Config{Mode: ModeCDC, PollInterval: 50 * time.Millisecond, Logger: cmpLogger(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, r)
+	eventually(t, 20*time.Second, "the relay to say why it cannot stream", func() (bool, error) {
+		return r.State().CDCUnavailable != "", nil
+	})
+	if why := r.State().CDCUnavailable; !strings.Contains(why, "publication") {
+		t.Errorf("CDCUnavailable = %q, want it to name what is missing", why)
+	}
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-1", "OrderPaid"))
+	eventually(t, 10*time.Second, "events published by polling", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2, nil
+	})
+	if r.State().Streaming {
+		t.Fatal("the relay says it streams")
+	}
+}
+
+// The publication is there (its owner made it, as an operator might), but
+// the relay's role may not replicate: Postgres refuses the replication
+// connection itself. The relay must say so and poll, not retry the
+// connection quietly and leave every event to wait the HandOff (an hour
+// here, so that only polling as in ModePoll publishes within the test).
+func TestCDCRoleThatMayNotReplicateFallsBackToPolling(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	slot := SlotName(e.dbName(t), e.db.Name)
+	if _, err := e.db.Pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{slot}.Sanitize()+
+		` FOR TABLE outbox WITH (publish = 'insert')`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = DropSlot(context.Background(), e.db.Pool, slot) })
+	r, err := NewRelay(e.roleWithoutReplication(t), e.js, Config{Mode: ModeCDC, HandOff: time.Hour,
+		PollInterval: 50 * time.Millisecond, Logger: cmpLogger(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, r)
+	eventually(t, 20*time.Second, "the relay to say why it cannot stream", func() (bool, error) {
+		return r.State().CDCUnavailable != "", nil
+	})
+	if why := r.State().CDCUnavailable; !strings.Contains(why, "REPLICATION") {
+		t.Errorf("CDCUnavailable = %q, want it to name the privilege", why)
+	}
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-1", "OrderPaid"), event("o-2", "OrderCreated"))
+	eventually(t, 10*time.Second, "events published by polling", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 3, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), map[string]int{"o-1": 2, "o-2": 1})
+	if st, err := ReadSlot(ctx, e.db.Pool, slot); err != nil || st.Exists || r.State().Streaming {
+		t.Fatalf("slot %+v (%v), streaming %v: want none made, none streamed", st, err, r.State().Streaming)
+	}
+}
+
+func (e *env) dbName(t testing.TB) string {
+	t.Helper()
+	var name string
+	if err := e.db.Pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// roleWithoutReplication makes a throwaway login role that may neither
+// replicate nor own the outbox (it may read and write the test schema's
+// tables, as a service's role does), and returns a pool of its own on the
+// schema. The role goes when the test ends.
+func (e *env) roleWithoutReplication(t testing.TB) *pgxpool.Pool {
+	t.Helper()
 	ctx := context.Background()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
@@ -267,30 +340,15 @@ func TestCDCUnavailableFallsBackToPolling(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.User(role)
+	q := u.Query()
+	q.Set("pool_max_conns", "4")
+	u.RawQuery = q.Encode()
 	pool, err := pgxpool.New(ctx, u.String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
-	r, err := NewRelay(pool, e.js, Config{Mode: ModeCDC, PollInterval: 50 * time.Millisecond, Logger: cmpLogger(nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, r)
-	eventually(t, 20*time.Second, "the relay to say why it cannot stream", func() (bool, error) {
-		return r.State().CDCUnavailable != "", nil
-	})
-	if why := r.State().CDCUnavailable; !strings.Contains(why, "publication") {
-		t.Errorf("CDCUnavailable = %q, want it to name what is missing", why)
-	}
-	var w Writer
-	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-1", "OrderPaid"))
-	eventually(t, 10*time.Second, "events published by polling", func() (bool, error) {
-		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2, nil
-	})
-	if r.State().Streaming {
-		t.Fatal("the relay says it streams")
-	}
+	t.Cleanup(pool.Close) // before the role is dropped
+	return pool
 }
 
 func TestUnknownModeIsRefused(t *testing.T) {
