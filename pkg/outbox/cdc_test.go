@@ -65,22 +65,44 @@ func inOrder(t testing.TB, bySubject map[string][]int64, want map[string]int) {
 	}
 }
 
-// The crash after the mark, before the slot hears of it: the next stream
-// sends the event again, same id, and the stream's duplicate window drops
-// the copy.
-func TestCDCCrashAfterMarkBeforeConfirm(t *testing.T) {
+// The stream crashes twice between a PubAck and the slot's confirmation:
+// once after the acks before the mark ("outbox.after_ack_before_mark"),
+// once after the mark before the confirmed position reaches the server
+// ("outbox.cdc_after_mark"). Each time the next stream starts from the
+// confirmed position and publishes the unconfirmed tail again, same ids:
+// the stream holds each event once (Nats-Msg-Id), in order, every row ends
+// published, and the relay counted the copies as duplicates.
+func TestCDCCrashBetweenPubAckAndConfirm(t *testing.T) {
 	e := setup(t)
-	fp := failOn("outbox.cdc_after_mark", 1)
-	r := e.run(t, ModeCDC, fastLease(fp))
+	beforeMark, afterMark := failOn("outbox.after_ack_before_mark", 1), failOn("outbox.cdc_after_mark", 1)
+	cfg := fastLease(nil)
+	cfg.Hooks.FailpointFunc = func(name string) error {
+		if err := beforeMark.hook(name); err != nil {
+			return err
+		}
+		return afterMark.hook(name)
+	}
+	r := e.run(t, ModeCDC, cfg)
 	var w Writer
-	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-2", "OrderCreated"))
-	// The next stream's round reaches the failpoint again after its acks:
-	// the crash, then the copies acked as duplicates and marked again.
-	eventually(t, 10*time.Second, "both events marked, and sent again by the next stream", func() (bool, error) {
-		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2 && r.Counters().Duplicates >= 2 && fp.n.Load() >= 2, nil
+	want := map[string]int{}
+	for tx := range 6 { // several transactions, five aggregates in each
+		var evs []Event
+		for i := range 5 {
+			agg := fmt.Sprintf("o-%d", (tx+i)%5)
+			evs = append(evs, event(agg, "Step"))
+			want[agg]++
+		}
+		add(t, e.db.Pool, &w, evs...)
+	}
+	eventually(t, 20*time.Second, "every event published, past both crashes", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0 && beforeMark.n.Load() >= 2 && afterMark.n.Load() >= 2, nil
 	})
-	if got := streamMsgs(t, e.stream); got != 2 {
-		t.Fatalf("stream holds %d messages, want 2: the copies are dropped by id", got)
+	if got := streamMsgs(t, e.stream); got != 30 {
+		t.Fatalf("stream holds %d messages, want 30: each event once, the copies dropped by id", got)
+	}
+	inOrder(t, seqsBySubject(t, e.stream), want)
+	if c := r.Counters(); c.Duplicates == 0 || c.Published != 30 {
+		t.Fatalf("counters %+v: want 30 published, and the copies the restarts sent counted as duplicates", c)
 	}
 }
 
