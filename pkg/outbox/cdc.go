@@ -767,11 +767,16 @@ WHERE event_id = ANY($1) AND published_at IS NULL`
 
 // failCDCSQL records a streamed event's own failure; the poller retries it
 // after the delay (backdated by the HandOff, as handOverSQL), or it is
-// dead.
+// dead. The parameters' types are spelled out: "$3 - $5" alone is
+// "operator is not unique: unknown - unknown", and every event that failed
+// on its own ended the stream, over and over (each time publishing the
+// unconfirmed tail again), until the poller took the event after the
+// HandOff (TestThePublishIsASpanBetweenTheWriterAndTheConsumers/cdc,
+// TestTransientFailuresBackOffThenDie/cdc).
 const failCDCSQL = `
 UPDATE outbox
 SET attempts = attempts + 1,
     last_error = $2,
-    available_at = now() + ($3 - $5) * interval '1 microsecond',
+    available_at = now() + ($3::bigint - $5::bigint) * interval '1 microsecond',
     dead_at = CASE WHEN $4 THEN now() END
 WHERE event_id = $1 AND published_at IS NULL AND dead_at IS NULL`

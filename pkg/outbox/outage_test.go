@@ -19,12 +19,15 @@ import (
 // 30-minute outage at the default 2 s pause is a few hundred tries too.
 // Not one event may die of it, and none may have an attempt counted: the
 // first batch is handed back uncounted, and after it the relay claims
-// nothing until JetStream answers.
-func TestJetStreamOutageBurnsNoAttempts(t *testing.T) {
+// nothing until JetStream answers. In ModeCDC the stream pauses with its
+// batch queued and unconfirmed, probing as often; its HandOff is an hour,
+// so that the stream alone publishes, before the outage and after it.
+func TestJetStreamOutageBurnsNoAttempts(t *testing.T) { forEachMode(t, testJetStreamOutageBurnsNoAttempts) }
+
+func testJetStreamOutageBurnsNoAttempts(t *testing.T, mode Mode) {
 	e := setup(t)
-	r := e.relay(t, Config{PollInterval: 10 * time.Millisecond, MaxAttempts: 2, PublishTimeout: 200 * time.Millisecond,
-		BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond, OutageBackoffMax: 5 * time.Millisecond})
-	start(t, r)
+	r := e.run(t, mode, Config{PollInterval: 10 * time.Millisecond, MaxAttempts: 2, PublishTimeout: 200 * time.Millisecond,
+		BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond, OutageBackoffMax: 5 * time.Millisecond, HandOff: time.Hour})
 	var w Writer
 	add(t, e.db.Pool, &w, event("o-0", "Before"))
 	eventually(t, 10*time.Second, "the first event is published", func() (bool, error) {
@@ -35,9 +38,11 @@ func TestJetStreamOutageBurnsNoAttempts(t *testing.T) {
 	for i := range 60 {
 		add(t, e.db.Pool, &w, event(fmt.Sprintf("o-%d", i%12), "During"))
 	}
-	eventually(t, 30*time.Second, "the relay to hand a batch back", func() (bool, error) {
-		return r.Counters().Deferred >= 1, nil
-	})
+	if mode == ModePoll { // the stream keeps its batch, unconfirmed: nothing to hand back
+		eventually(t, 30*time.Second, "the relay to hand a batch back", func() (bool, error) {
+			return r.Counters().Deferred >= 1, nil
+		})
+	}
 	// Paused, the relay asks JetStream before every claim (at most 5ms
 	// apart here): two seconds of outage are hundreds of tries.
 	eventually(t, 30*time.Second, "two seconds of outage", func() (bool, error) {
@@ -68,11 +73,12 @@ func TestJetStreamOutageBurnsNoAttempts(t *testing.T) {
 
 // An idle relay that saw an outage asks JetStream itself whether it is
 // back, rather than reporting the outage until its next event.
-func TestIdleRelayNoticesTheBrokerIsBack(t *testing.T) {
+func TestIdleRelayNoticesTheBrokerIsBack(t *testing.T) { forEachMode(t, testIdleRelayNoticesTheBrokerIsBack) }
+
+func testIdleRelayNoticesTheBrokerIsBack(t *testing.T, mode Mode) {
 	e := setup(t)
-	r := e.relay(t, Config{PollInterval: 10 * time.Millisecond, PublishTimeout: 200 * time.Millisecond,
+	r := e.run(t, mode, Config{PollInterval: 10 * time.Millisecond, PublishTimeout: 200 * time.Millisecond,
 		BackoffBase: time.Millisecond, OutageBackoffMax: 5 * time.Millisecond})
-	start(t, r)
 	e.nats.DisableJetStream()
 	var w Writer
 	add(t, e.db.Pool, &w, event("o-1", "During"))
@@ -154,17 +160,20 @@ func TestClassifyTellsTheBrokersFailuresFromTheEvents(t *testing.T) {
 
 // A stream that is full (its byte bound reached, new messages refused) is
 // the broker's condition too: the relay waits without counting attempts,
-// and publishes once there is room again.
-func TestFullStreamPausesTheRelay(t *testing.T) {
+// and publishes once there is room again. In ModeCDC the stream leaves
+// the events the full stream refused (while it took others) to the table,
+// uncounted, where the poller hands them back as in ModePoll.
+func TestFullStreamPausesTheRelay(t *testing.T) { forEachMode(t, testFullStreamPausesTheRelay) }
+
+func testFullStreamPausesTheRelay(t *testing.T, mode Mode) {
 	e := setup(t)
 	ctx := context.Background()
 	if _, err := e.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "TINY", Subjects: []string{"tiny.>"},
 		MaxBytes: 2048, Discard: jetstream.DiscardNew}); err != nil {
 		t.Fatal(err)
 	}
-	r := e.relay(t, Config{PollInterval: 10 * time.Millisecond, MaxAttempts: 2, BackoffBase: time.Millisecond,
+	r := e.run(t, mode, Config{PollInterval: 10 * time.Millisecond, MaxAttempts: 2, BackoffBase: time.Millisecond,
 		BackoffMax: 5 * time.Millisecond, OutageBackoffMax: 5 * time.Millisecond})
-	start(t, r)
 	var w Writer
 	for i := range 20 {
 		ev := event(fmt.Sprint("o-", i), "Big")

@@ -17,7 +17,12 @@ import (
 // row's headers in the business transaction, published by the relay as the
 // message's traceparent and tracestate.
 func TestTraceContextOfCtxReachesTheMessage(t *testing.T) {
+	forEachMode(t, testTraceContextOfCtxReachesTheMessage)
+}
+
+func testTraceContextOfCtxReachesTheMessage(t *testing.T, mode Mode) {
 	e := setup(t)
+	e.run(t, mode, Config{})
 	var w Writer
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
@@ -43,7 +48,6 @@ func TestTraceContextOfCtxReachesTheMessage(t *testing.T) {
 	if err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE NOT headers ? 'traceparent'`).Scan(&untraced); err != nil || untraced != 0 {
 		t.Fatalf("rows without traceparent: %d (%v)", untraced, err)
 	}
-	start(t, e.relay(t, Config{}))
 	eventually(t, 10*time.Second, "events published", func() (bool, error) {
 		return count(t, e.db.Pool, "published_at IS NOT NULL") == 2, nil
 	})
@@ -81,11 +85,17 @@ func TestTraceContextOfCtxReachesTheMessage(t *testing.T) {
 // the commit: the wait in the outbox is the gap before it), ended at the
 // ack, and the message carries its context, so consumers' spans are its
 // children. An event the broker never takes ends its span in error; an
-// untraced event stays untraced.
+// untraced event stays untraced. In ModeCDC the stream publishes both
+// and the poison dies there.
 func TestThePublishIsASpanBetweenTheWriterAndTheConsumers(t *testing.T) {
+	forEachMode(t, testThePublishIsASpanBetweenTheWriterAndTheConsumers)
+}
+
+func testThePublishIsASpanBetweenTheWriterAndTheConsumers(t *testing.T, mode Mode) {
 	e := setup(t)
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	e.run(t, mode, Config{TracerProvider: tp})
 	writer, write := tp.Tracer("test").Start(context.Background(), "POST /orders")
 	var w Writer
 	traced := event("o-1", "OrderCreated")
@@ -104,7 +114,6 @@ func TestThePublishIsASpanBetweenTheWriterAndTheConsumers(t *testing.T) {
 	}
 	write.End()
 	committed := time.Now()
-	start(t, e.relay(t, Config{TracerProvider: tp}))
 	eventually(t, 10*time.Second, "events settled", func() (bool, error) {
 		return count(t, e.db.Pool, "published_at IS NOT NULL OR dead_at IS NOT NULL") == 3, nil
 	})
