@@ -22,7 +22,9 @@ import (
 // nothing until JetStream answers. In ModeCDC the stream pauses with its
 // batch queued and unconfirmed, probing as often; its HandOff is an hour,
 // so that the stream alone publishes, before the outage and after it.
-func TestJetStreamOutageBurnsNoAttempts(t *testing.T) { forEachMode(t, testJetStreamOutageBurnsNoAttempts) }
+func TestJetStreamOutageBurnsNoAttempts(t *testing.T) {
+	forEachMode(t, testJetStreamOutageBurnsNoAttempts)
+}
 
 func testJetStreamOutageBurnsNoAttempts(t *testing.T, mode Mode) {
 	e := setup(t)
@@ -73,7 +75,9 @@ func testJetStreamOutageBurnsNoAttempts(t *testing.T, mode Mode) {
 
 // An idle relay that saw an outage asks JetStream itself whether it is
 // back, rather than reporting the outage until its next event.
-func TestIdleRelayNoticesTheBrokerIsBack(t *testing.T) { forEachMode(t, testIdleRelayNoticesTheBrokerIsBack) }
+func TestIdleRelayNoticesTheBrokerIsBack(t *testing.T) {
+	forEachMode(t, testIdleRelayNoticesTheBrokerIsBack)
+}
 
 func testIdleRelayNoticesTheBrokerIsBack(t *testing.T, mode Mode) {
 	e := setup(t)
