@@ -727,41 +727,60 @@ func testDeterministicErrorsMakeEventsDead(t *testing.T, mode Mode) {
 	}
 }
 
-// The poller's claim and settle, alone: poll mode only. (In ModeCDC the
-// stream records an event's first failure, failCDCSQL, and the poller
-// does the rest, as here.)
+// An event the broker refuses for a reason retrying may cure is tried
+// again after a backoff that doubles, and is dead after MaxAttempts. The
+// broker refuses it for real: the event asks, in a header of its own, for
+// a stream that is not the one its subject goes to. In ModeCDC the stream
+// records the first failure and leaves the event to the table, where the
+// poller makes the later attempts.
 func TestTransientFailuresBackOffThenDie(t *testing.T) {
+	forEachMode(t, testTransientFailuresBackOffThenDie)
+}
+
+func testTransientFailuresBackOffThenDie(t *testing.T, mode Mode) {
 	e := setup(t)
-	var w Writer
-	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
 	ctx := context.Background()
-	r := e.relay(t, Config{MaxAttempts: 3, BackoffBase: time.Hour, BackoffMax: 10 * time.Hour, OutageBackoffMax: time.Hour})
+	r := e.relay(t, Config{Mode: mode, HandOff: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+		MaxAttempts: 3, BackoffBase: time.Hour, BackoffMax: 10 * time.Hour, OutageBackoffMax: time.Hour})
 	// Every backoff its longest, so that "not claimable yet" does not
 	// depend on a draw: full jitter may pick a microsecond, gone before the
 	// next claim looks (a test once failed on that).
 	r.jitter = longestJitter
+	start(t, r)
+	if mode == ModeCDC {
+		streaming(t, r)
+	}
+	var w Writer
+	refused := event("o-1", "OrderCreated")
+	refused.Headers = map[string]string{"Nats-Expected-Stream": "NOT-EV"}
+	add(t, e.db.Pool, &w, refused)
 
 	for attempt := 1; attempt <= 3; attempt++ {
-		if _, err := e.db.Pool.Exec(ctx, `UPDATE outbox SET available_at = now()`); err != nil {
-			t.Fatal(err) // skip the wait of the previous backoff
+		if attempt > 1 {
+			// Skip the wait of the previous backoff, and the HandOff.
+			if _, err := e.db.Pool.Exec(ctx, `UPDATE outbox SET available_at = now() - interval '1 hour'`); err != nil {
+				t.Fatal(err)
+			}
 		}
-		token := uuid.New()
-		batch, err := r.claim(ctx, token)
-		if err != nil || len(batch) != 1 {
-			t.Fatalf("attempt %d: claim %d rows, %v", attempt, len(batch), err)
-		}
-		if err := r.settle(ctx, token, batch, []result{{err: errTransient}}); err != nil {
+		eventually(t, 10*time.Second, fmt.Sprintf("attempt %d", attempt), func() (bool, error) {
+			return count(t, e.db.Pool, "attempts = $1", attempt) == 1, nil
+		})
+		rows, err := e.db.Pool.Query(ctx, `SELECT `+recordColumns+` FROM outbox`)
+		if err != nil {
 			t.Fatal(err)
 		}
-		rec, _ := Get(ctx, e.db.Pool, batch[0].id)
-		if rec.Attempts != attempt || rec.LastError == nil || *rec.LastError != errTransient.Error() {
+		rec, err := pgx.CollectExactlyOneRow(rows, scanRecord)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.LastError == nil || !strings.Contains(*rec.LastError, "expected stream does not match") {
 			t.Fatalf("attempt %d recorded as %+v", attempt, rec)
 		}
 		if dead := rec.DeadAt != nil; dead != (attempt == 3) {
 			t.Fatalf("attempt %d: dead = %v", attempt, dead)
 		}
 		if attempt < 3 {
-			// base·2^(attempt-1) from the settle, less a minute for a slow machine.
+			// base·2^(attempt-1) from the failure, less a minute for a slow machine.
 			floor := fmt.Sprintf("now() + interval '%d minutes'", 60<<(attempt-1)-1)
 			if n := count(t, e.db.Pool, "available_at > "+floor); n != 1 {
 				t.Fatalf("attempt %d: not backed off by its base (%s)", attempt, floor)
@@ -770,6 +789,15 @@ func TestTransientFailuresBackOffThenDie(t *testing.T) {
 				t.Fatalf("attempt %d: claimable again before its backoff ended", attempt)
 			}
 		}
+	}
+	if c := r.Counters(); c.Retried != 2 || c.Dead != 1 || c.Published != 0 {
+		t.Fatalf("counters %+v, want 2 retried, 1 dead, none published", c)
+	}
+	if n := streamMsgs(t, e.stream); n != 0 {
+		t.Fatalf("stream holds %d messages of a refused event", n)
+	}
+	if mode == ModeCDC && !r.State().Streaming {
+		t.Fatal("an event's own failure ended the stream") // it would wait an hour's backoff to start again
 	}
 }
 
