@@ -98,7 +98,9 @@ func forEachMode(t *testing.T, f func(t *testing.T, mode Mode)) {
 // run starts a relay with cfg in mode until the test ends. In ModeCDC it
 // waits until the relay streams its slot, so that the events the test
 // writes next go through the stream, and a short HandOff lets the poller
-// take what the stream leaves to the table within the test.
+// take what the stream leaves to the table within the test. In ModePoll
+// it waits until the relay listens, so that the test's first commit
+// wakes it.
 func (e *env) run(t *testing.T, mode Mode, cfg Config) *Relay {
 	t.Helper()
 	cfg.Mode = mode
@@ -109,8 +111,25 @@ func (e *env) run(t *testing.T, mode Mode, cfg Config) *Relay {
 	start(t, r)
 	if mode == ModeCDC {
 		streaming(t, r)
+	} else if !cfg.DisableListen {
+		listening(t, e)
 	}
 	return r
+}
+
+// listening waits until a relay LISTENs on the schema's channel: a test
+// whose poller only a NOTIFY wakes in time (a long PollInterval) must not
+// commit before it listens, or the wake-up is lost (under load the LISTEN
+// connection can come after the test's first commit).
+func listening(t testing.TB, e *env) {
+	t.Helper()
+	listen := "LISTEN " + pgx.Identifier{"outbox." + e.db.Name}.Sanitize()
+	eventually(t, 20*time.Second, "the relay listens", func() (bool, error) {
+		var n int
+		err := e.db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND state = 'idle'`, listen).Scan(&n)
+		return n > 0, err
+	})
 }
 
 // streaming waits until r streams its slot.
@@ -460,7 +479,16 @@ func (e *env) rowRelay(t testing.TB, cfg Config) *Relay {
 	return r
 }
 
-func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
+// A polling relay dies between the broker's ack and its mark; the
+// survivor publishes the event again under its id (a copy the stream
+// drops) once the lease expires. In ModeCDC the survivor streams (a
+// service switched from poll to cdc after a crash): the event predates its
+// slot, so its poller publishes it from the table. The stream's own crash
+// in this window is TestFailpointAfterAckBeforeMark/cdc and
+// TestCDCCrashBetweenPubAckAndConfirm.
+func TestRelayCrashAfterAckBeforeMark(t *testing.T) { forEachMode(t, testRelayCrashAfterAckBeforeMark) }
+
+func testRelayCrashAfterAckBeforeMark(t *testing.T, mode Mode) {
 	e := setup(t)
 	var w Writer
 	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"))
@@ -480,8 +508,7 @@ func TestRelayCrashAfterAckBeforeMark(t *testing.T) {
 		}
 	}
 	// Acked by the broker, never marked: the relay died in between.
-	survivor := e.relay(t, Config{Name: "survivor", PollInterval: 50 * time.Millisecond})
-	start(t, survivor)
+	survivor := e.run(t, mode, Config{Name: "survivor", PollInterval: 50 * time.Millisecond})
 	eventually(t, 10*time.Second, "event marked by the survivor", func() (bool, error) {
 		return count(t, e.db.Pool, "published_at IS NOT NULL") == 1, nil
 	})
@@ -816,6 +843,8 @@ func TestBackoffIsCappedFullJitter(t *testing.T) {
 	}
 }
 
+// Retention's statement alone, whatever the mode; the relay that runs it,
+// in both: TestRelayRetentionDeletesOnlyWhatItPublished.
 func TestRetentionDeletesOnlyOldPublishedEvents(t *testing.T) {
 	e := setup(t)
 	var w Writer
@@ -843,6 +872,42 @@ func TestRetentionDeletesOnlyOldPublishedEvents(t *testing.T) {
 	if count(t, e.db.Pool, "aggregate_id = 'old-published' AND aggregate_seq = 2") != 1 {
 		t.Fatal("sequence restarted after retention")
 	}
+}
+
+// A running relay's retention deletes the events it published once they
+// are older than Retention, and never one that waits (dead, or behind a
+// dead one); numbering goes on after it. In ModeCDC the stream neither
+// sees the deletes (its publication takes inserts) nor minds a deleted
+// previous event (gone from the table is published).
+func TestRelayRetentionDeletesOnlyWhatItPublished(t *testing.T) {
+	forEachMode(t, testRelayRetentionDeletesOnlyWhatItPublished)
+}
+
+func testRelayRetentionDeletesOnlyWhatItPublished(t *testing.T, mode Mode) {
+	e := setup(t)
+	if _, err := e.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
+		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.run(t, mode, Config{PollInterval: 50 * time.Millisecond, Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond})
+	var w Writer
+	broken := event("o-1", "Big")
+	broken.Subject = "small.o-1.Big" // too large for its stream: dead at once
+	broken.Payload = map[string]string{"blob": strings.Repeat("x", 2048)}
+	add(t, e.db.Pool, &w, broken)
+	add(t, e.db.Pool, &w, event("o-1", "After"))
+	add(t, e.db.Pool, &w, event("o-2", "A"), event("o-2", "B"))
+	add(t, e.db.Pool, &w, event("o-3", "A"))
+	eventually(t, 10*time.Second, "published events deleted, waiting ones kept", func() (bool, error) {
+		return streamMsgs(t, e.stream) == 3 && count(t, e.db.Pool, "true") == 2 &&
+			count(t, e.db.Pool, "aggregate_id = 'o-1' AND (dead_at IS NOT NULL OR aggregate_seq = 2)") == 2, nil
+	})
+	add(t, e.db.Pool, &w, event("o-2", "C"))
+	eventually(t, 10*time.Second, "the next event published and deleted", func() (bool, error) {
+		return streamMsgs(t, e.stream) == 4 && count(t, e.db.Pool, "true") == 2, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), map[string]int{"o-2": 3, "o-3": 1})
 }
 
 func TestConfigValidation(t *testing.T) {

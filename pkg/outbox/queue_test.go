@@ -118,6 +118,27 @@ func TestQueue(t *testing.T) {
 		}
 	})
 
+	t.Run("a relay publishes queued events, in either mode", func(t *testing.T) {
+		forEachMode(t, func(t *testing.T, mode Mode) {
+			e := setup(t)
+			e.run(t, mode, Config{PollInterval: time.Hour}) // only a NOTIFY, or the stream, finds them in time
+			if _, err := e.db.Pool.Exec(context.Background(), `CREATE TABLE tickets (id text PRIMARY KEY)`); err != nil {
+				t.Fatal(err)
+			}
+			var w Writer
+			err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+				return sendTicket(context.Background(), tx, &w, "t-1", event("o-1", "OrderCreated"), event("o-1", "OrderPaid"))
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "queued events published", func() (bool, error) {
+				return count(t, e.db.Pool, "published_at IS NOT NULL") == 2, nil
+			})
+			inOrder(t, seqsBySubject(t, e.stream), map[string]int{"o-1": 2})
+		})
+	})
+
 	t.Run("a relay listening is woken when the batch's transaction commits", func(t *testing.T) {
 		db := setupQueue(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
