@@ -113,7 +113,7 @@ func TestCDCCrashBetweenPubAckAndConfirm(t *testing.T) {
 // The stream must hold 1..400 in order.
 func TestCDCConcurrentWritersOnOneAggregate(t *testing.T) {
 	e := setup(t)
-	e.run(t, ModeCDC, Config{})
+	r := e.run(t, ModeCDC, Config{})
 	pool := e.db.NewPool(t, 8)
 	var w Writer
 	var wg sync.WaitGroup
@@ -131,6 +131,9 @@ func TestCDCConcurrentWritersOnOneAggregate(t *testing.T) {
 		return count(t, e.db.Pool, "published_at IS NOT NULL") == 400, nil
 	})
 	inOrder(t, seqsBySubject(t, e.stream), map[string]int{"hot": 400})
+	if n := r.State().HandedOff; n != 0 {
+		t.Fatalf("the stream left %d events to the table: the order above is not the stream's alone", n)
+	}
 }
 
 // The slot dropped while the relay streams and writers write (an operator,
