@@ -132,7 +132,7 @@ func TestQueue(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 5*time.Second, "queued events published", func() (bool, error) {
+			eventually(t, 10*time.Second, "queued events published", func() (bool, error) {
 				return count(t, e.db.Pool, "published_at IS NOT NULL") == 2, nil
 			})
 			inOrder(t, seqsBySubject(t, e.stream), map[string]int{"o-1": 2})
