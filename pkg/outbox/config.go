@@ -42,12 +42,13 @@ type Config struct {
 	// Slot names the replication slot and publication of ModeCDC; default
 	// SlotName of the pool's database and schema.
 	Slot string
-	// HandOff is how long an event the stream did not publish (its
-	// aggregate's previous event is not published, it failed on its own,
-	// or it was committed before the slot existed) waits in the table
-	// before the relay's poller takes it; ModeCDC only. Default 10s. A
-	// requeued or republished event waits it too: the stream sees inserts
-	// only.
+	// HandOff, in ModeCDC, keeps the relay's poller off the events the
+	// stream may still publish: the poller takes an unpublished event
+	// only once it has waited this long. Events the stream left to the
+	// table (its aggregate's previous event unpublished, its own failure)
+	// and events committed before this relay made the slot are due to the
+	// poller at once. A requeued or republished event waits the HandOff:
+	// it is an update, which the stream never carries. Default 10s.
 	HandOff time.Duration
 
 	// TracerProvider, when set, makes each traced event's publish a

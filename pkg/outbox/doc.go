@@ -27,6 +27,13 @@
 // Published events older than Retention are deleted; pending and dead ones
 // never are.
 //
+// In [ModeCDC] the relay does not claim: it streams the outbox's inserts
+// from a logical replication slot, in commit order, publishes them the
+// same way, marks them published, and confirms a position to the slot only
+// when every event at or before it is acked and marked. What the stream
+// cannot publish in order it leaves to the table, where a poller publishes
+// it as above. The guarantees below hold in both modes.
+//
 // # Guarantees
 //
 //   - Crash after the business commit: the event is a committed row, and a
@@ -38,6 +45,8 @@
 //     the consumer's inbox (pkg/inbox), drops the copy. Duplicates, never
 //     loss.
 //   - A stale relay, paused past its lease, marks nothing: the token changed.
+//     (ModeCDC: one relay streams a slot at a time; a crash between the
+//     PubAck and the slot's confirmation streams the events again.)
 //   - Broker outage or a missing stream: not the events' failure. The relay
 //     counts no attempt, pauses and publishes again when the broker takes
 //     events; no event dies of an outage.
