@@ -235,7 +235,7 @@ func (r *Relay) prepareSlot(ctx context.Context) error {
 	case "42710": // duplicate_object: another relay made it first
 		return nil
 	case "42501": // insufficient_privilege
-		return &unavailableCDCError{fmt.Sprintf("the relay's role cannot create publication %s on %s (it must own the table): %v", r.slot, table, err)}
+		return &unavailableCDCError{fmt.Sprintf("the relay's role cannot create publication %s on %s (CREATE PUBLICATION needs CREATE on the database and ownership of the table; or create the publication as the table's owner beforehand): %v", r.slot, table, err)}
 	}
 	return fmt.Errorf("create publication %s: %w", r.slot, err)
 }
