@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/registry"
 )
 
@@ -234,7 +234,7 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, from time.
 	sc := &scanner{nc: js.Conn(), api: api, stream: stream, last: info.State.LastSeq, missing: missing}
 	more := true
 	for more && !sc.done {
-		req := directGetRequest{Seq: sc.next, NextFor: ">", Batch: scanBatch, MaxBytes: scanBatchBytes}
+		req := broker.DirectGetRequest{Seq: sc.next, NextFor: ">", Batch: scanBatch, MaxBytes: scanBatchBytes}
 		if sc.next == 0 {
 			req.StartTime = &from
 		}
@@ -243,7 +243,7 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, from time.
 		}
 	}
 	for !sc.done {
-		req := directGetRequest{Seq: sc.next, NextFor: ">"}
+		req := broker.DirectGetRequest{Seq: sc.next, NextFor: ">"}
 		if sc.next == 0 {
 			req.StartTime = &from
 		}
@@ -262,18 +262,6 @@ const (
 	scanBatch      = 1000
 	scanBatchBytes = 8 << 20
 )
-
-// directGetRequest is the body of a JetStream message get, direct or from
-// the leader (nats-server's JSApiMsgGetRequest): the message at or after
-// Seq, or after StartTime, whose subject matches NextFor; Batch and
-// MaxBytes, for direct gets only, ask for several.
-type directGetRequest struct {
-	Seq       uint64     `json:"seq,omitempty"`
-	StartTime *time.Time `json:"start_time,omitempty"`
-	NextFor   string     `json:"next_by_subj,omitempty"`
-	Batch     int        `json:"batch,omitempty"`
-	MaxBytes  int        `json:"max_bytes,omitempty"`
-}
 
 // scanner is one scan's progress.
 type scanner struct {
@@ -300,70 +288,16 @@ func (sc *scanner) see(seq uint64, h nats.Header) {
 
 // direct reads one batch of direct gets and reports whether the replica
 // that answered holds more after it.
-func (sc *scanner) direct(ctx context.Context, req directGetRequest) (more bool, err error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return false, err
-	}
-	inbox := sc.nc.NewInbox()
-	sub, err := sc.nc.SubscribeSync(inbox)
-	if err != nil {
-		return false, fmt.Errorf("direct get: %w", err)
-	}
-	defer sub.Unsubscribe()
-	// The batch arrives as fast as the server sends it; a client-side limit
-	// would drop messages of it, which would look lost. scanBatch and
-	// scanBatchBytes bound it instead.
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		return false, fmt.Errorf("direct get: %w", err)
-	}
-	if err := sc.nc.PublishRequest(sc.api+"DIRECT.GET."+sc.stream, inbox, body); err != nil {
-		return false, fmt.Errorf("direct get: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	got := 0
-	for {
-		m, err := sub.NextMsgWithContext(ctx)
-		if errors.Is(err, nats.ErrNoResponders) {
-			return false, fmt.Errorf("direct get: %w: the stream does not allow direct gets "+
-				"(AllowDirect, which the shop's stream keeper restores: STREAMS_NATS_PASSWORD)", err)
-		}
-		if err != nil {
-			return false, fmt.Errorf("direct get: %w", err)
-		}
-		switch status := m.Header.Get("Status"); status {
-		case "":
-			seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
-			if err != nil {
-				return false, fmt.Errorf("direct get: a message without its sequence (%s): %w", jetstream.SequenceHeader, err)
-			}
-			got++
-			sc.see(seq, m.Header)
-			if sc.done {
-				return false, nil // the rest of the batch goes with the subscription
-			}
-			if m.Header.Get(numPendingHeader) == "" {
-				return true, nil // a server before 2.11: one message per request, no end of batch
-			}
-		case "204": // end of batch: how many the replica holds after it
-			pending, err := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
-			return got > 0 && (err != nil || pending > 0), nil
-		case "404": // nothing at or after the sequence asked for
-			return false, nil
-		default:
-			return false, fmt.Errorf("direct get: %s %s", status, m.Header.Get("Description"))
-		}
-	}
+func (sc *scanner) direct(ctx context.Context, req broker.DirectGetRequest) (more bool, err error) {
+	return broker.DirectGetBatch(ctx, sc.nc, sc.api, sc.stream, req, func(seq uint64, h nats.Header) bool {
+		sc.see(seq, h)
+		return !sc.done
+	})
 }
-
-// numPendingHeader is on every message of a direct get batch (and on its
-// end): how many messages follow.
-const numPendingHeader = "Nats-Num-Pending"
 
 // fromLeader reads one message from the stream's leader, and notes that
 // nothing is left when it has none.
-func (sc *scanner) fromLeader(ctx context.Context, req directGetRequest) error {
+func (sc *scanner) fromLeader(ctx context.Context, req broker.DirectGetRequest) error {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return err
