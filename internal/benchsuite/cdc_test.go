@@ -438,12 +438,12 @@ func cdcRows(b *testing.B, t *table, sz sizes) {
 		// mode each run asked for, and how many replication slots the
 		// shop's database had at the end of the load: 0 in a run that
 		// asked for cdc means the shop polled.
-		var rate, txs, cpu, busy, slots [2][]float64
+		var rate, txs, cpu, busy, slots, rss [2][]float64
 		for range *runs {
 			for j, m := range modes {
 				r := sagaWith(b, sz, []string{"RELAY_MODE=" + string(m)})
 				rate[j], txs[j], cpu[j] = append(rate[j], r.rate), append(txs[j], r.txPerOrder), append(cpu[j], r.cpuPerOrder)
-				busy[j], slots[j] = append(busy[j], r.busy), append(slots[j], r.slots)
+				busy[j], slots[j], rss[j] = append(busy[j], r.busy), append(slots[j], r.slots), append(rss[j], r.rssMB)
 			}
 		}
 		secs := *sagaSeconds
@@ -456,6 +456,7 @@ func cdcRows(b *testing.B, t *table, sz sizes) {
 			t.add("13", fmt.Sprintf("  machine CPU per completed order (RELAY_MODE=%s)", m), "ms", cpu[j])
 			t.add("13", fmt.Sprintf("  machine CPU busy in the measured window (RELAY_MODE=%s)", m), "%", busy[j])
 			t.add("13", fmt.Sprintf("  replication slots of the shop's database at end of load (RELAY_MODE=%s)", m), "slots", slots[j])
+			t.add("13", fmt.Sprintf("  peak RSS of shop all, VmHWM (RELAY_MODE=%s)", m), "MB", rss[j])
 		}
 		for _, what := range []string{
 			"whole saga, %d s at %g orders/s, RELAY_MODE=%s asked: COMPLETED/s",
