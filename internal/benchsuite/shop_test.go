@@ -316,7 +316,9 @@ func (s *shop) stop() {
 		s.admin.Close()
 	}
 	s.dropDB()
-	if *keepLogs {
+	// A failed run's messages name its log: keep it, or they point at
+	// nothing.
+	if *keepLogs || s.tb.Failed() {
 		s.tb.Logf("shop log kept in %s", s.dir)
 		return
 	}
