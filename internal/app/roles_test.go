@@ -318,7 +318,7 @@ func TestServiceRoles(t *testing.T) {
 		}
 		relay := ready.Dependencies["relay"]
 		if code != http.StatusOK || relay.Mode != "cdc" || relay.Status != "polling" || !strings.Contains(relay.Error, "ORDER_RELAY_MODE=poll") ||
-			!(strings.Contains(relay.Error, "REPLICATION") || strings.Contains(relay.Error, "own the table")) {
+			!(strings.Contains(relay.Error, "REPLICATION") || strings.Contains(relay.Error, "ownership of the table")) {
 			t.Errorf("GET /readyz as a role that may not replicate = %d, relay %+v: want 200, polling, naming the privilege and ORDER_RELAY_MODE", code, relay)
 		}
 		if out := logged.String(); !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "cannot stream the outbox by CDC") {
