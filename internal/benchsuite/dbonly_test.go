@@ -153,11 +153,13 @@ func (s relayStatements) claimAndMark(ctx context.Context, pool *pgxpool.Pool, n
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	tag, err := pool.Exec(ctx, s.mark, ids, token)
-	if err != nil {
+	// markSQL answers how many it marked, and how many of those have their
+	// aggregate's next event waiting (which the relay then claims at once).
+	var marked, waiting int64
+	if err := pool.QueryRow(ctx, s.mark, ids, token).Scan(&marked, &waiting); err != nil {
 		return 0, fmt.Errorf("mark: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return int(marked), nil
 }
 
 func TestDBOnlyRunsTheRelaysStatements(t *testing.T) {

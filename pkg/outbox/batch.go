@@ -232,8 +232,10 @@ func (ev row) message() (*nats.Msg, error) {
 
 // settle records the outcome of a batch. Every update is fenced by the
 // claim token: a relay whose lease expired and was taken over matches no
-// rows, so it can neither mark nor fail an event it no longer owns.
-func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, results []result) error {
+// rows, so it can neither mark nor fail an event it no longer owns. It
+// reports whether an event it marked has its aggregate's next event
+// waiting, which only now may be claimed.
+func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, results []result) (next bool, err error) {
 	var acked, released [][16]byte // plain arrays: pgx encodes them without the driver.Valuer detour
 	var outage error
 	failed := &pgx.Batch{}
@@ -280,17 +282,22 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 		// recorded, the lease expires, the events are published again (the
 		// duplicate window or the consumers' inbox absorbs the copies).
 		if err := r.cfg.failpoint(failpointAfterAckBeforeMark); err != nil {
-			return err
+			return false, err
 		}
 		// Marked only now, after the ack: a crash before this line leaves the
 		// events claimed; the lease expires and they are published again.
-		tag, err := r.pool.Exec(ctx, markSQL, acked, token)
-		if err != nil {
-			return fmt.Errorf("mark %d events published: %w", len(acked), err)
+		var marked, waiting int64
+		if err := r.pool.QueryRow(ctx, markSQL, acked, token).Scan(&marked, &waiting); err != nil {
+			return false, fmt.Errorf("mark %d events published: %w", len(acked), err)
 		}
-		r.stats.published.Add(tag.RowsAffected())
+		// Failure window: an aggregate's next event (written in the same
+		// transaction, say) could not be claimed while this one was in
+		// flight, and the wake-up of its commit went to a worker that found
+		// nothing. Without a look now it waited for the next poll.
+		next = waiting > 0
+		r.stats.published.Add(marked)
 		r.stats.lastPublish.Store(time.Now().UnixNano())
-		if lost := int64(len(acked)) - tag.RowsAffected(); lost > 0 {
+		if lost := int64(len(acked)) - marked; lost > 0 {
 			r.stats.lostLeases.Add(lost)
 			r.log.Warn("outbox lease lost before marking; another relay publishes these again", "events", lost)
 		}
@@ -303,16 +310,24 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, batch []row, result
 	}
 	if failed.Len() > 0 {
 		if err := r.pool.SendBatch(ctx, failed).Close(); err != nil {
-			return fmt.Errorf("record %d publish failures: %w", failed.Len(), err)
+			return next, fmt.Errorf("record %d publish failures: %w", failed.Len(), err)
 		}
 	}
-	return nil
+	return next, nil
 }
 
 const markSQL = `
-UPDATE outbox
-SET published_at = now(), claimed_by = NULL, claim_token = NULL, claim_until = NULL
-WHERE event_id = ANY($1) AND claim_token = $2`
+WITH marked AS (
+	UPDATE outbox
+	SET published_at = now(), claimed_by = NULL, claim_token = NULL, claim_until = NULL
+	WHERE event_id = ANY($1) AND claim_token = $2
+	RETURNING aggregate_type, aggregate_id, aggregate_seq
+)
+SELECT count(*),
+       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM outbox n
+           WHERE n.aggregate_type = m.aggregate_type AND n.aggregate_id = m.aggregate_id
+             AND n.aggregate_seq = m.aggregate_seq + 1 AND n.published_at IS NULL AND n.dead_at IS NULL))
+FROM marked m`
 
 const failSQL = `
 UPDATE outbox

@@ -97,7 +97,7 @@ func BenchmarkDatabaseOnly(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := r.settle(ctx, token, batch, make([]result, len(batch))); err != nil {
+				if _, err := r.settle(ctx, token, batch, make([]result, len(batch))); err != nil {
 					b.Fatal(err)
 				}
 				done += len(batch)

@@ -110,7 +110,7 @@ func TestOutageResultsAreHandedBackUncounted(t *testing.T) {
 	if err != nil || len(batch) != 2 {
 		t.Fatalf("claim %d rows, %v", len(batch), err)
 	}
-	if err := r.settle(ctx, token, batch, []result{{err: errAckTimeout, outage: true}, {err: errTransient}}); err != nil {
+	if _, err := r.settle(ctx, token, batch, []result{{err: errAckTimeout, outage: true}, {err: errTransient}}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, e.db.Pool, "attempts = 0 AND claim_token IS NULL AND available_at <= now() AND last_error = $1", errAckTimeout.Error()); n != 1 {

@@ -541,10 +541,10 @@ func TestStaleRelayIsFencedOff(t *testing.T) {
 	}
 
 	// The stale relay wakes and tries to mark and to fail the row.
-	if err := stale.settle(ctx, staleToken, batch, []result{{}}); err != nil {
+	if _, err := stale.settle(ctx, staleToken, batch, []result{{}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := stale.settle(ctx, staleToken, batch, []result{{err: errors.New("boom"), permanent: true}}); err != nil {
+	if _, err := stale.settle(ctx, staleToken, batch, []result{{err: errors.New("boom"), permanent: true}}); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := Get(ctx, e.db.Pool, batch[0].id)
@@ -557,7 +557,7 @@ func TestStaleRelayIsFencedOff(t *testing.T) {
 	if got := stale.Counters().LostLeases; got != 2 {
 		t.Fatalf("stale relay counted %d lost leases, want 2", got)
 	}
-	if err := fresh.settle(ctx, freshToken, batch, []result{{}}); err != nil {
+	if _, err := fresh.settle(ctx, freshToken, batch, []result{{}}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, e.db.Pool, "published_at IS NOT NULL"); n != 1 {

@@ -163,3 +163,22 @@ func TestQueue(t *testing.T) {
 		}
 	})
 }
+
+// An aggregate's next event cannot be claimed while its previous one is in
+// flight; the worker that marks the previous one must look again at once.
+// Before it did, the next event waited for the next poll (PollInterval)
+// whenever its commit's wake-up went to a worker that found nothing: the
+// poll subtest of TestQueue above failed so in CI. Here nothing but that
+// look can find it: no LISTEN, one worker, an hour's poll, and both events
+// committed before the relay starts, so its first claim takes only the
+// first.
+func TestNextEventOfAnAggregateIsClaimedOnceThePreviousIsMarked(t *testing.T) {
+	e := setup(t)
+	var w Writer
+	add(t, e.db.Pool, &w, event("o-1", "OrderCreated"), event("o-1", "OrderPaid"), event("o-1", "OrderShipped"))
+	e.run(t, ModePoll, Config{PollInterval: time.Hour, DisableListen: true, Workers: 1})
+	eventually(t, 10*time.Second, "the aggregate's three events published, one claim after another", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NOT NULL") == 3, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), map[string]int{"o-1": 3})
+}

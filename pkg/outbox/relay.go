@@ -181,7 +181,7 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) work(ctx context.Context) {
 	failures, outages := 0, 0
 	for ctx.Err() == nil {
-		n, err := r.relayBatch(ctx)
+		n, next, err := r.relayBatch(ctx)
 		var down *unavailableError
 		switch {
 		case ctx.Err() != nil:
@@ -197,8 +197,8 @@ func (r *Relay) work(ctx context.Context) {
 				r.brokerUp()
 			}
 		}
-		if n == r.cfg.BatchSize && failures == 0 && outages == 0 {
-			continue // a full batch: more are probably waiting
+		if (n == r.cfg.BatchSize || next) && failures == 0 && outages == 0 {
+			continue // a full batch, or events it unblocked: more are waiting
 		}
 		wait := r.cfg.PollInterval
 		switch {
@@ -216,13 +216,14 @@ func (r *Relay) work(ctx context.Context) {
 }
 
 // relayBatch claims, publishes and marks one batch; it returns how many events it claimed,
-// and an *unavailableError when the broker took none of them for reasons
+// whether an event it marked has its aggregate's next event waiting (look
+// again at once), and an *unavailableError when the broker took none of them for reasons
 // of its own.
-func (r *Relay) relayBatch(ctx context.Context) (int, error) {
+func (r *Relay) relayBatch(ctx context.Context) (n int, next bool, err error) {
 	if st := r.nc.Status(); st != nats.CONNECTED {
 		// While the broker is unreachable every publish would fail; the
 		// events wait, unclaimed, in the outbox instead.
-		return 0, &unavailableError{fmt.Errorf("nats connection %s", st)}
+		return 0, false, &unavailableError{fmt.Errorf("nats connection %s", st)}
 	}
 	down := r.stats.downSince.Load() != 0
 	if down {
@@ -231,7 +232,7 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 		// leave the events to the relays that can, not hold one after
 		// another for a publish timeout.
 		if err := r.probe(ctx); err != nil {
-			return 0, &unavailableError{err}
+			return 0, false, &unavailableError{err}
 		}
 	}
 	token := uuid.New()
@@ -240,12 +241,12 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 		if err == nil && down {
 			r.brokerUp() // JetStream answers and there is nothing to send
 		}
-		return 0, err
+		return 0, false, err
 	}
 	// Failure window: the lease is committed, nothing is published. The
 	// batch waits for the lease to expire; then any relay takes it over.
 	if err := r.cfg.failpoint(failpointAfterClaim); err != nil {
-		return len(batch), err
+		return len(batch), false, err
 	}
 	claimed := time.Now()
 	for i := range batch {
@@ -257,12 +258,13 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 	defer cancel()
 	results, err := r.publish(ctx, batch)
 	if err != nil {
-		return len(batch), err // "died" part way: nothing is settled, the lease expires
+		return len(batch), false, err // "died" part way: nothing is settled, the lease expires
 	}
-	if err := r.settle(ctx, token, batch, results); err != nil {
-		return len(batch), err
+	next, err = r.settle(ctx, token, batch, results)
+	if err != nil {
+		return len(batch), false, err
 	}
-	return len(batch), verdict(results)
+	return len(batch), next, verdict(results)
 }
 
 // backoff is exponential with full jitter: a delay in (0, base·2^(attempt-1)],
