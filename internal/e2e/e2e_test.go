@@ -144,7 +144,11 @@ func runMain(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	var h slog.Handler = slog.NewTextHandler(io.Discard, nil)
+	// The shop's warnings and errors are kept, and their tail printed when
+	// a test fails: a flake's cause (a stream that ended and restarted, an
+	// outage) is there, and CI shows nothing else of the shop.
+	warnings := &logTail{max: 64 << 10}
+	var h slog.Handler = slog.NewTextHandler(warnings, &slog.HandlerOptions{Level: slog.LevelWarn})
 	if os.Getenv("E2E_LOG") != "" {
 		h = slog.NewTextHandler(os.Stderr, nil)
 	}
@@ -190,6 +194,9 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	code = m.Run()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "e2e: a test failed; the shop's last warnings and errors (E2E_LOG=1 shows its whole log):\n%s\n", warnings)
+	}
 	// Every test ran with the services' permissions on: a service that
 	// needed what its NATS user may not do shows here, not as a slow test.
 	if n := violations.n.Load(); n > 0 {
@@ -211,6 +218,33 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	return code
+}
+
+// logTail keeps the last max bytes written to it, whole lines.
+type logTail struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (l *logTail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	if over := len(l.buf) - l.max; over > 0 {
+		cut := over
+		if i := bytes.IndexByte(l.buf[over:], '\n'); i >= 0 {
+			cut = over + i + 1
+		}
+		l.buf = append(l.buf[:0], l.buf[cut:]...)
+	}
+	return len(p), nil
+}
+
+func (l *logTail) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.buf)
 }
 
 // violationCounter counts the shop's "nats permissions violation" records,
