@@ -597,6 +597,17 @@ func testBrokerOutage(t *testing.T, mode Mode) {
 	}
 }
 
+// smallStream makes the stream SMALL on small.>, which refuses messages
+// over 512 bytes: an event too large for it fails on its own, for good.
+func (e *env) smallStream(t *testing.T) jetstream.Stream {
+	t.Helper()
+	small, err := e.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return small
+}
+
 func TestFailingHeadBlocksOnlyItsAggregate(t *testing.T) {
 	forEachMode(t, testFailingHeadBlocksOnlyItsAggregate)
 }
@@ -607,10 +618,7 @@ func TestFailingHeadBlocksOnlyItsAggregate(t *testing.T) {
 func testFailingHeadBlocksOnlyItsAggregate(t *testing.T, mode Mode) {
 	e := setup(t)
 	ctx := context.Background()
-	small, err := e.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
+	small := e.smallStream(t)
 	e.run(t, mode, Config{PollInterval: 50 * time.Millisecond})
 	var w Writer
 	broken := event("o-1", "OrderCreated")
@@ -726,11 +734,7 @@ func TestDeterministicErrorsMakeEventsDead(t *testing.T) {
 
 func testDeterministicErrorsMakeEventsDead(t *testing.T, mode Mode) {
 	e := setup(t)
-	if _, err := e.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
-		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.smallStream(t)
 	var w Writer
 	big := event("o-1", "Big")
 	big.Subject = "small.o-1.Big"
@@ -885,11 +889,7 @@ func TestRelayRetentionDeletesOnlyWhatItPublished(t *testing.T) {
 
 func testRelayRetentionDeletesOnlyWhatItPublished(t *testing.T, mode Mode) {
 	e := setup(t)
-	if _, err := e.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{
-		Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.smallStream(t)
 	e.run(t, mode, Config{PollInterval: 50 * time.Millisecond, Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond})
 	var w Writer
 	broken := event("o-1", "Big")
