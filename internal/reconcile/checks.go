@@ -10,10 +10,9 @@ import (
 
 // stuckOrders: each state's time is that of its first history entry (later
 // entries with the same status are notes, e.g. a refund). WAIT_PAY's
-// deadline is the earlier of its armed timeout and entry + PaymentTimeout
-// (the pay-by the order promised): a timeout that fails keeps being
-// rescheduled by the scanner, and an order whose timeout row is missing
-// would wait forever.
+// deadline is the earlier of its armed safety-net timeout and entry +
+// PaymentTimeout (the pay_by the order promised, which payment keeps): an
+// order still waiting Grace after it has not heard payment's word.
 func (r *run) stuckOrders() error {
 	rows, err := r.order.Query(r.ctx, `
 		WITH cur AS (
@@ -40,10 +39,12 @@ func (r *run) stuckOrders() error {
 	_, err = pgx.ForEachRow(rows, []any{&id, &status, &age, &timeout}, func() error {
 		detail := fmt.Sprintf("%s for %s", status, age.Round(time.Second))
 		if status == "WAIT_PAY" {
+			// Payment decides the deadline: past it, the order waits for
+			// payment's PaymentExpired (or the capture it accepted).
 			if timeout {
-				detail += ", its payment timeout has not closed it (is the saga timeout scanner running, or failing and rescheduling it?)"
+				detail += ", past its pay_by: payment has not said it expired or was paid (is the payment service running and reading ORDERS, and the order reading PAYMENT?)"
 			} else {
-				detail += ", past its payment timeout, and no timeout is armed"
+				detail += ", past its pay_by, and the order's safety-net timeout is not armed"
 			}
 		}
 		r.findings = append(r.findings, Finding{Kind: StuckOrder, OrderID: id, Detail: detail})

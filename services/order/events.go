@@ -31,7 +31,7 @@ func event(id uuid.UUID, typ string, payload any) outbox.Event {
 // committed notices) only advance the sequence cursor.
 var (
 	inventoryOutcomes   = []string{"InventoryReserved", "InventoryRejected"}
-	paymentOutcomes     = []string{"PaymentOpened", "PaymentSucceeded", "PaymentFailed", "PaymentRefunded"}
+	paymentOutcomes     = []string{"PaymentOpened", "PaymentSucceeded", "PaymentFailed", "PaymentExpired", "PaymentRefunded"}
 	fulfillmentOutcomes = []string{"FulfillmentStarted", "ShipmentDelivered"}
 )
 

@@ -79,7 +79,7 @@ func TestFailpointFuncReachesConsumersAndScanner(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	seen := map[string]int{}
-	e := setupWith(t, Config{PaymentTimeout: 50 * time.Millisecond}, registry.Hooks{FailpointFunc: func(name string) error {
+	e := setupWith(t, Config{PaymentTimeout: 50 * time.Millisecond, PaymentOverdue: time.Millisecond}, registry.Hooks{FailpointFunc: func(name string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[name]++

@@ -20,7 +20,7 @@ import (
 const (
 	evCancel           = "CustomerCancel" // POST /orders/{id}/cancel
 	reservationTimeout = "reservation"    // the timeout armed with the order (PENDING)
-	paymentTimeout     = "payment"        // the timeout set on entering WAIT_PAY
+	paymentTimeout     = "payment"        // the safety net set on entering WAIT_PAY, PaymentOverdue after pay_by
 	fulfillmentTimeout = "fulfillment"    // the timeout set on entering PAID, kept through FULFILLING
 )
 
@@ -105,7 +105,14 @@ func (s *Service) transitions() []saga.Transition {
 		{From: paymentOpen, Event: "InventoryReserved", To: WaitPay, Func: s.awaitPayment},
 		{From: WaitPay, Event: "PaymentSucceeded", To: Paid, Func: s.paid},
 		{From: WaitPay, Event: "PaymentFailed", To: Closed, Func: s.closeFunc(reasonPaymentFailed)},
-		{From: WaitPay, Event: saga.TimeoutEvent(paymentTimeout), To: Closed, Func: s.closeFunc(reasonPaymentTimeout)},
+		// Payment owns the deadline (docs/architecture.md, "Who decides the
+		// deadline"): the order closes when payment says the intent expired
+		// unpaid, never on a timer of its own, so a capture payment accepted
+		// before pay_by is never lost to an event that travelled slowly.
+		{From: WaitPay, Event: "PaymentExpired", To: Closed, Func: s.closeFunc(reasonPaymentTimeout)},
+		// The order's own timer is a safety net long after pay_by: it asks
+		// payment again and decides nothing.
+		{From: WaitPay, Event: saga.TimeoutEvent(paymentTimeout), To: WaitPay, Func: s.askPayment},
 		{From: WaitPay, Event: evCancel, To: Closed, Func: s.closeFunc(reasonCustomerCancel)},
 		{From: Paid, Event: "FulfillmentStarted", To: Fulfilling, Func: s.moveFunc("fulfillment_started", "")},
 		{From: Fulfilling, Event: "ShipmentDelivered", To: Completed, Func: s.complete},
@@ -206,10 +213,11 @@ func (s *Service) noteIntent(_ context.Context, _ pgx.Tx, st *saga.Step) error {
 }
 
 // awaitPayment: STOCK_HELD or PAYMENT_OPEN → WAIT_PAY, on the second of the
-// two answers. The pay-by time is both the payload's promise and the
-// durable timeout, so they agree. The reservation timeout goes in the same
-// transaction: a reservation and its timeout can never both take effect.
-// The order now shows what a client pays (the intent and the pay-by time).
+// two answers. The pay-by time is decided here, once: shown by the order and
+// sent to payment in OrderAwaitingPayment, which keeps it and decides by it.
+// The reservation timeout goes in the same transaction: a reservation and
+// its timeout can never both take effect. The order now shows what a
+// client pays (the intent and the pay-by time).
 func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
 	id, err := stepOrder(st)
 	if err != nil {
@@ -239,11 +247,38 @@ func (s *Service) awaitPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) er
 	}
 	payBy := now().Add(s.cfg.PaymentTimeout)
 	st.CancelTimeout(reservationTimeout)
-	st.SetTimeout(paymentTimeout, payBy)
+	st.SetTimeout(paymentTimeout, payBy.Add(s.cfg.PaymentOverdue))
 	queuePaymentDue(st.Batch(), id, intent, payBy)
 	queueStatus(st.Batch(), id, st.To, "payable") // stock held, intent open
 	return s.outbox.Queue(ctx, st.Batch(), event(id, "OrderAwaitingPayment", map[string]any{
 		"order_id": id, "total": total, "pay_by": payBy.Format(time.RFC3339Nano), "intent_id": intent,
+	}))
+}
+
+// askPayment: WAIT_PAY, PaymentOverdue after pay_by, and payment has said
+// neither "paid" nor "expired" (it is down, or far behind, or never read
+// OrderAwaitingPayment). The order asks again, with the deadline, in
+// OrderPaymentOverdue, and keeps waiting for payment's word: payment
+// expires the intent on reading it, unless a capture came first. Closing
+// here instead would race a capture payment may have accepted and not yet
+// announced.
+func (s *Service) askPayment(ctx context.Context, tx pgx.Tx, st *saga.Step) error {
+	id, err := stepOrder(st)
+	if err != nil {
+		return err
+	}
+	d, err := data(st)
+	if err != nil {
+		return err
+	}
+	var payBy time.Time
+	if err := tx.QueryRow(ctx, `SELECT pay_by FROM orders WHERE order_id = $1`, id).Scan(&payBy); err != nil {
+		return fmt.Errorf("read pay_by of order %s: %w", id, err)
+	}
+	s.log.Warn("payment has not settled an order long past its pay_by; asking again",
+		"order_id", id, "pay_by", payBy, "overdue", now().Sub(payBy).Round(time.Second))
+	return s.outbox.Queue(ctx, st.Batch(), event(id, "OrderPaymentOverdue", map[string]any{
+		"order_id": id, "intent_id": d.IntentID, "pay_by": payBy.UTC().Format(time.RFC3339Nano),
 	}))
 }
 

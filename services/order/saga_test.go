@@ -121,20 +121,59 @@ func TestSagaPaymentFailed(t *testing.T) {
 	}
 }
 
-func TestSagaPaymentTimeout(t *testing.T) {
+// Payment owns the deadline: the order's own timer, long after pay_by,
+// only asks payment again (OrderPaymentOverdue) and the order stays
+// WAIT_PAY; it closes when payment says the intent expired.
+func TestSagaClosesOnPaymentsExpiry(t *testing.T) {
 	t.Parallel()
-	e := setup(t, Config{PaymentTimeout: 200 * time.Millisecond})
+	e := setup(t, Config{PaymentTimeout: 100 * time.Millisecond, PaymentOverdue: 100 * time.Millisecond})
 	e.stock(t, "SKU-1", 100)
 	o := e.create(t, "SKU-1", 1)
 	e.payable(t, o.ID, false)
-	e.waitStatus(t, o.ID, WaitPay)
+	waiting := e.waitStatus(t, o.ID, WaitPay)
+	poll.Until(t, 15*time.Second, "the order asks payment about its overdue intent", func() bool {
+		return slices.Contains(e.events(t, o.ID), "OrderPaymentOverdue")
+	})
+	p := e.payload(t, o.ID, "OrderPaymentOverdue")
+	if p["pay_by"] != waiting.Payment.PayBy.Format(time.RFC3339Nano) || p["intent_id"] != waiting.Payment.IntentID.String() {
+		t.Fatalf("OrderPaymentOverdue %v, want the deadline and intent the order shows (%+v)", p, waiting.Payment)
+	}
+	if got := e.get(t, o.ID); got.Status != WaitPay {
+		t.Fatalf("the order's own timer decided: %s, want WAIT_PAY until payment's word", got.Status)
+	}
+
+	e.publish(t, "payment", o.ID, "PaymentExpired", map[string]any{"order_id": o.ID, "intent_id": waiting.Payment.IntentID,
+		"pay_by": waiting.Payment.PayBy, "expired_at": waiting.Payment.PayBy})
 	got := e.waitStatus(t, o.ID, Closed)
 	if got.History[len(got.History)-1].Reason != reasonPaymentTimeout {
 		t.Fatalf("history %+v", got.History)
 	}
-	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderClosed")
+	wantEvents(t, e.events(t, o.ID), "OrderCreated", "OrderAwaitingPayment", "OrderPaymentOverdue", "OrderClosed")
 	if p := e.payload(t, o.ID, "OrderClosed"); p["reason"] != reasonPaymentTimeout {
 		t.Fatalf("OrderClosed %v", p)
+	}
+	if got := e.timeouts(t, o.ID); got != "" {
+		t.Fatalf("timeouts of a closed order: %q, want none", got)
+	}
+}
+
+// A capture payment accepted before pay_by is the order's payment however
+// late its event arrives: long after the deadline, and after the order's
+// own timer asked, the order goes on to PAID, with no refund.
+func TestSagaPaymentArrivingLongAfterPayByIsApplied(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{PaymentTimeout: 100 * time.Millisecond, PaymentOverdue: 100 * time.Millisecond})
+	e.stock(t, "SKU-1", 100)
+	o := e.create(t, "SKU-1", 1)
+	e.payable(t, o.ID, false)
+	e.waitStatus(t, o.ID, WaitPay)
+	poll.Until(t, 15*time.Second, "the order asks payment about its overdue intent", func() bool {
+		return slices.Contains(e.events(t, o.ID), "OrderPaymentOverdue")
+	})
+	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "pay-slow", "provider_payment_id": "pp-slow", "amount": 100})
+	e.waitStatus(t, o.ID, Paid)
+	if evs := e.events(t, o.ID); slices.Contains(evs, "RefundRequested") || slices.Contains(evs, "OrderClosed") {
+		t.Fatalf("events %v: a payment accepted in time was refunded or closed", evs)
 	}
 }
 

@@ -43,8 +43,13 @@ import (
 // variables). Zero fields take their defaults.
 type Config struct {
 	// PaymentTimeout (PAYMENT_TIMEOUT) is how long an order may wait in
-	// WAIT_PAY; default DefaultPaymentTimeout.
+	// WAIT_PAY: its pay_by is this long after it enters WAIT_PAY, and
+	// payment expires the intent then; default DefaultPaymentTimeout.
 	PaymentTimeout time.Duration
+	// PaymentOverdue is how long after pay_by an order payment has neither
+	// paid nor expired asks payment again (OrderPaymentOverdue); default
+	// PaymentTimeout, and a minute at least.
+	PaymentOverdue time.Duration
 	// ReservationTimeout (ORDER_RESERVATION_TIMEOUT) is how long an order
 	// may stay PENDING, waiting for inventory to reserve it and payment to
 	// open its intent, before the saga closes it; default
@@ -66,6 +71,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	c.PaymentTimeout = cmp.Or(c.PaymentTimeout, DefaultPaymentTimeout)
+	c.PaymentOverdue = cmp.Or(c.PaymentOverdue, max(c.PaymentTimeout, time.Minute))
 	c.ReservationTimeout = cmp.Or(c.ReservationTimeout, DefaultReservationTimeout)
 	c.FulfillmentTimeout = cmp.Or(c.FulfillmentTimeout, DefaultFulfillmentTimeout)
 	c.KeyTTL = cmp.Or(c.KeyTTL, DefaultKeyTTL)
@@ -73,9 +79,9 @@ func (c *Config) setDefaults() {
 }
 
 func (c *Config) validate() error {
-	if c.PaymentTimeout < 0 || c.ReservationTimeout < 0 || c.FulfillmentTimeout < 0 || c.KeyTTL < 0 {
-		return fmt.Errorf("order: PaymentTimeout (%s), ReservationTimeout (%s), FulfillmentTimeout (%s) and KeyTTL (%s) must not be negative",
-			c.PaymentTimeout, c.ReservationTimeout, c.FulfillmentTimeout, c.KeyTTL)
+	if c.PaymentTimeout < 0 || c.PaymentOverdue < 0 || c.ReservationTimeout < 0 || c.FulfillmentTimeout < 0 || c.KeyTTL < 0 {
+		return fmt.Errorf("order: PaymentTimeout (%s), PaymentOverdue (%s), ReservationTimeout (%s), FulfillmentTimeout (%s) and KeyTTL (%s) must not be negative",
+			c.PaymentTimeout, c.PaymentOverdue, c.ReservationTimeout, c.FulfillmentTimeout, c.KeyTTL)
 	}
 	return nil
 }
@@ -192,12 +198,12 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 // lag; Run runs them.
 func (s *Service) Consumers() []*inbox.Consumer { return s.consumers }
 
-// TimeoutsFired returns how many saga timeouts (reservation and payment
-// deadlines) this instance has fired.
+// TimeoutsFired returns how many saga timeouts (reservation, payment
+// safety net, fulfillment) this instance has fired.
 func (s *Service) TimeoutsFired() int64 { return s.scanner.Fired() }
 
 // Run consumes the INVENTORY, PAYMENT and FULFILLMENT streams, fires
-// reservation and payment timeouts, deletes expired idempotency keys and watches the saga's backlog
+// the saga's timeouts, deletes expired idempotency keys and watches the saga's backlog
 // for admission until ctx ends; it then
 // returns nil. It returns an error when a part cannot start or fails.
 func (s *Service) Run(ctx context.Context) error {

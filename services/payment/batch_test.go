@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -50,7 +51,7 @@ func TestBatchSizeChangesNoIntent(t *testing.T) {
 		if a != b {
 			t.Errorf("one at a time and in batches differ:\n--- one at a time\n%s\n--- in batches\n%s", a, b)
 		}
-		for _, want := range []string{"PAYABLE", "PAID", "CLOSED", "REQUESTED", "traceparent", "announced true"} {
+		for _, want := range []string{"PAYABLE", "PAID", "CLOSED", "REQUESTED", "traceparent", "announced true", "2030-01-01"} {
 			if !strings.Contains(a, want) {
 				t.Errorf("the history never reached %s", want)
 			}
@@ -92,7 +93,8 @@ func paymentHistory(t *testing.T, rng *rand.Rand, orders int, envs ...*env) []in
 		var q []inbox.Message
 		for seq, typ := range script {
 			payload := map[string]any{"order_id": orderID, "total": total, "amount": total,
-				"payment_id": paymentID.String(), "reason": "late"}
+				"payment_id": paymentID.String(), "reason": "late",
+				"pay_by": time.Date(2030, 1, 1, 0, 0, i, 0, time.UTC).Format(time.RFC3339Nano)}
 			data, err := json.Marshal(payload)
 			if err != nil {
 				t.Fatal(err)
@@ -120,7 +122,7 @@ func orderCtx(orderID string) context.Context {
 func (e *env) paymentSnapshot(t *testing.T) string {
 	t.Helper()
 	return e.db.Dump(t,
-		`SELECT order_id, state, amount, trace_headers FROM intents ORDER BY order_id`,
+		`SELECT order_id, state, amount, pay_by, trace_headers FROM intents ORDER BY order_id`,
 		`SELECT i.order_id, o.aggregate_seq, o.payload->>'amount', 'announced ' || (o.payload->>'intent_id' = i.intent_id::text)
 		 FROM intents i JOIN outbox o ON o.aggregate_id = i.order_id AND o.event_type = 'PaymentOpened' ORDER BY 1`,
 		`SELECT order_id, payment_id, idempotency_key, amount, state FROM refunds ORDER BY order_id, idempotency_key`)

@@ -22,6 +22,7 @@ const (
 	EventPaymentFailed    = "PaymentFailed"
 	EventPaymentRefunded  = "PaymentRefunded"
 	EventPaymentRejected  = "PaymentRejected"
+	EventPaymentExpired   = "PaymentExpired"
 )
 
 // PaymentOpened is the payload of a PaymentOpened event: payment has opened
@@ -60,6 +61,16 @@ type PaymentRejected struct {
 	Reason            string    `json:"reason"`
 }
 
+// PaymentExpired is the payload of a PaymentExpired event: the intent's
+// deadline passed with no capture, so payment will take none; the order
+// closes on it.
+type PaymentExpired struct {
+	OrderID   string    `json:"order_id"`
+	IntentID  uuid.UUID `json:"intent_id"`
+	PayBy     time.Time `json:"pay_by"`
+	ExpiredAt time.Time `json:"expired_at"`
+}
+
 // PaymentRefunded is the payload of a PaymentRefunded event.
 type PaymentRefunded struct {
 	OrderID   string    `json:"order_id"`
@@ -74,17 +85,26 @@ const ConsumerName = "payment-orders"
 // orderEvent holds the fields payment reads from any ORDERS event; the
 // payloads carry more, which a tolerant reader ignores.
 type orderEvent struct {
-	OrderID   string `json:"order_id"`
-	Total     *int64 `json:"total"`  // OrderCreated
-	Amount    *int64 `json:"amount"` // OrderPaid, RefundRequested
-	PaymentID string `json:"payment_id"`
-	Reason    string `json:"reason"`
+	OrderID   string     `json:"order_id"`
+	Total     *int64     `json:"total"`  // OrderCreated
+	Amount    *int64     `json:"amount"` // OrderPaid, RefundRequested
+	PayBy     *time.Time `json:"pay_by"` // OrderAwaitingPayment, OrderPaymentOverdue
+	PaymentID string     `json:"payment_id"`
+	Reason    string     `json:"reason"`
 }
 
+// The ORDERS events that tell payment the order's deadline: the first when
+// the order enters WAIT_PAY, the second the order's safety net, sent long
+// after pay_by while payment has not yet said whether it was paid.
+const (
+	typeAwaitingPayment = "OrderAwaitingPayment"
+	typePaymentOverdue  = "OrderPaymentOverdue"
+)
+
 // handledTypes are the ORDERS events payment acts on (inbox
-// Config.Handles); the others (OrderAwaitingPayment, OrderCompleted) only
-// advance the aggregate's cursor: the intent is open from OrderCreated on.
-var handledTypes = []string{"OrderCreated", "OrderPaid", "OrderClosed", "OrderRejected", "RefundRequested"}
+// Config.Handles); the others (OrderCompleted) only advance the
+// aggregate's cursor: the intent is open from OrderCreated on.
+var handledTypes = []string{"OrderCreated", typeAwaitingPayment, typePaymentOverdue, "OrderPaid", "OrderClosed", "OrderRejected", "RefundRequested"}
 
 // typeRefundRequested is the one event whose handling reads before it
 // writes.
@@ -115,6 +135,10 @@ func readOrderEvent(m inbox.Message) (orderEvent, error) {
 		return ev, need("total", ev.Total)
 	case "OrderPaid", typeRefundRequested:
 		return ev, need("amount", ev.Amount)
+	case typeAwaitingPayment, typePaymentOverdue:
+		if ev.PayBy == nil || ev.PayBy.IsZero() {
+			return ev, inbox.Poison(fmt.Errorf("%s without pay_by", m.Type))
+		}
 	}
 	return ev, nil
 }
@@ -134,6 +158,13 @@ func (s *Service) queueIntent(ctx context.Context, b *pgx.Batch, typ string, ev 
 		return s.outbox.Queue(ctx, b, orderEventOf(ev.OrderID, EventPaymentOpened, s.cfg.Now(), PaymentOpened{
 			OrderID: ev.OrderID, IntentID: id, Amount: *ev.Total,
 		}))
+	case typeAwaitingPayment, typePaymentOverdue:
+		b.Queue(learnDeadlineSQL, ev.OrderID, *ev.PayBy)
+		if !s.cfg.Now().Before(*ev.PayBy) {
+			// Heard late (a lagging consumer, or the order's safety net):
+			// the expiry loop takes it once this commits.
+			s.kickExpiry()
+		}
 	case "OrderPaid":
 		b.Queue(markPaidSQL, ev.OrderID, *ev.Amount)
 	default: // OrderClosed, OrderRejected
@@ -248,6 +279,17 @@ func paymentEvent(p Payment, at time.Time) outbox.Event {
 func rejectedEvent(p Payment, at time.Time) outbox.Event {
 	return orderEventOf(p.OrderID, EventPaymentRejected, at, PaymentRejected{
 		OrderID: p.OrderID, PaymentID: p.PaymentID, ProviderPaymentID: p.ProviderPaymentID, Amount: p.Amount, Reason: p.RejectReason,
+	})
+}
+
+// expiredEvent is the outbox event of an intent whose deadline passed.
+func expiredEvent(in Intent, at time.Time) outbox.Event {
+	var payBy time.Time
+	if in.PayBy != nil {
+		payBy = in.PayBy.UTC()
+	}
+	return orderEventOf(in.OrderID, EventPaymentExpired, at, PaymentExpired{
+		OrderID: in.OrderID, IntentID: in.IntentID, PayBy: payBy, ExpiredAt: at.UTC(),
 	})
 }
 

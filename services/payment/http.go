@@ -30,8 +30,15 @@ const maxIDLen = 255
 // handleWebhook is the provider's callback. The signature is checked on
 // the raw bytes before anything is parsed or written: decoding first would
 // act on unauthenticated input, and re-encoding would not reproduce the
-// bytes that were signed.
+// bytes that were signed. A success for an intent that no longer takes one
+// is money the provider already took: it is recorded as rejected and
+// refunded, and answered 200.
 func (s *Service) handleWebhook(w http.ResponseWriter, r *http.Request) {
+	s.serveCallback(w, r, false)
+}
+
+// serveCallback is handleWebhook; refuseLate is recordCallback's.
+func (s *Service) serveCallback(w http.ResponseWriter, r *http.Request, refuseLate bool) {
 	body, err := httpx.ReadBody(r)
 	if err != nil {
 		httpx.WriteProblem(w, r, s.log, err)
@@ -60,7 +67,7 @@ func (s *Service) handleWebhook(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteProblem(w, r, s.log, err)
 		return
 	}
-	p, replayed, err := s.recordCallback(r.Context(), cb)
+	p, replayed, err := s.recordCallback(r.Context(), cb, refuseLate)
 	if err != nil {
 		httpx.WriteProblem(w, r, s.log, problemOf(err))
 		return
@@ -113,8 +120,13 @@ func validateCallback(cb Callback) error {
 }
 
 // handleSimulate asks the fake provider to charge the order. The provider
-// signs a callback and it goes through handleWebhook like any other, so
-// the demo exercises the real verification and recording path.
+// signs a callback and it goes through the webhook's path like any other,
+// so the demo exercises the real verification and recording path, with one
+// difference: the customer is asking, not telling. A charge for an intent
+// that no longer takes one (its deadline passed, the order closed, or it
+// is paid) is refused in the transaction that would have recorded it,
+// 409, and nothing is captured, as a real provider refuses to charge an
+// intent the shop cancelled.
 func (s *Service) handleSimulate(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Outcome string `json:"outcome"`
@@ -151,7 +163,7 @@ func (s *Service) handleSimulate(w http.ResponseWriter, r *http.Request) {
 	cb.Header.Set(SignatureHeader, sig)
 	cb.RemoteAddr = "fake-provider"
 	rec := &recorder{header: http.Header{}}
-	s.handleWebhook(rec, cb)
+	s.serveCallback(rec, cb, true)
 	for k, v := range rec.header {
 		w.Header()[k] = v
 	}
@@ -190,6 +202,15 @@ func problemOf(err error) error {
 	case errors.Is(err, ErrPaymentConflict):
 		return httpx.NewProblem(http.StatusConflict, "payment-conflict",
 			"this provider_payment_id was recorded with a different order, status or amount")
+	case errors.Is(err, ErrWindowClosed):
+		return httpx.NewProblem(http.StatusConflict, "payment-window-closed",
+			"the order's payment window closed at its pay_by: nothing was charged, and the order is being closed")
+	case errors.Is(err, ErrIntentClosed):
+		return httpx.NewProblem(http.StatusConflict, "order-not-payable",
+			"the order no longer takes a payment (it was closed, or its payment declined): nothing was charged")
+	case errors.Is(err, ErrAlreadyPaid):
+		return httpx.NewProblem(http.StatusConflict, "already-paid",
+			"the order is paid already: nothing was charged")
 	}
 	return err
 }

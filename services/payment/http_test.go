@@ -232,20 +232,6 @@ func TestConcurrentTwinCallbacksRecordOnePayment(t *testing.T) {
 	outboxtest.RequireWritten(t, e.db.Pool, outboxtest.Want{})
 }
 
-// Money taken for an order that is no longer waiting is still recorded and
-// announced: the saga asks for the refund.
-func TestLateSuccessIsRecordedAndEmitted(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	for _, state := range []string{StateClosed, StatePaid} {
-		t.Run(state, func(t *testing.T) {
-			order := e.intent(t, state, 1200)
-			wantStatus(t, e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_late_" + state, Status: StatusSucceeded, Amount: 1200}), http.StatusOK)
-			outboxtest.RequireWritten(t, e.db.Pool, outboxtest.Want{AggregateID: order, Type: "PaymentSucceeded"})
-		})
-	}
-}
-
 func TestSimulate(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -263,16 +249,24 @@ func TestSimulate(t *testing.T) {
 		t.Fatalf("events %+v", evs)
 	}
 
-	// Each simulation is a new provider payment: a second one is a second
-	// charge, which the saga would refund.
-	rec = e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"failed"}`), hdr)
+	// The intent took its payment: a second charge is refused before any
+	// money moves, whatever its outcome.
+	for _, outcome := range []string{"succeeded", "failed"} {
+		rec = e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"`+outcome+`"}`), hdr)
+		wantProblem(t, rec, http.StatusConflict, "already-paid")
+		if rec.Header().Get("Retry-After") != "" {
+			t.Fatalf("already-paid carries Retry-After: it is final")
+		}
+	}
+
+	// A decline closes the intent: a later charge is refused too.
+	declined := e.intent(t, StatePayable, 4200)
+	rec = e.do(t, http.MethodPost, "/payments/"+declined+"/simulate", []byte(`{"outcome":"failed"}`), hdr)
 	wantStatus(t, rec, http.StatusOK)
 	if _, status := decodeResult(t, rec.Body.Bytes()); status != StatusFailed {
 		t.Fatalf("simulate failed: %s", rec.Body)
 	}
-	if n := e.count(t, `SELECT count(*) FROM payments WHERE order_id = $1`, order); n != 2 {
-		t.Fatalf("%d payments, want 2", n)
-	}
+	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+declined+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusConflict, "order-not-payable")
 
 	rec = e.do(t, http.MethodGet, "/payments/"+order, nil, nil)
 	wantStatus(t, rec, http.StatusOK)
@@ -280,8 +274,11 @@ func TestSimulate(t *testing.T) {
 		State    string    `json:"state"`
 		Payments []Payment `json:"payments"`
 	}
-	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got.State != StatePayable || len(got.Payments) != 2 {
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got.State != StatePaid || len(got.Payments) != 1 {
 		t.Fatalf("GET: %s (%v)", rec.Body, err)
+	}
+	if n := e.count(t, `SELECT count(*) FROM payments WHERE order_id = $1`, declined); n != 1 {
+		t.Fatalf("%d payments of the declined order, want its one failure", n)
 	}
 
 	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+uuid.NewString()+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr), http.StatusNotFound, "order-not-found")

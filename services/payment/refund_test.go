@@ -13,18 +13,23 @@ import (
 	"github.com/shop-ref/shop/pkg/inbox"
 )
 
-// closedAndPaid makes an order that payment learned from ORDERS events and
-// that was closed, then a payment that succeeded late. It returns the order
-// id and the payment id, which a RefundRequested names.
+// closedAndPaid makes an order that payment learned from ORDERS events, a
+// payment that succeeded while its intent was open, and the order's close
+// that crossed it (the customer cancelled as the payment was made, so the
+// saga asks for the money back). It returns the order id and the payment
+// id, which a RefundRequested names.
 func (e *env) closedAndPaid(t *testing.T, amount int64) (string, string) {
 	t.Helper()
 	order := uuid.NewString()
 	e.publish(t, order, "OrderCreated", map[string]any{"order_id": order, "total": amount})
-	e.publish(t, order, "OrderClosed", map[string]any{"order_id": order, "reason": "payment_timeout"})
-	poll.Until(t, 30*time.Second, "the intent is CLOSED", func() bool { return e.intentState(t, order) == StateClosed })
-	rec := e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_late", Status: StatusSucceeded, Amount: amount})
+	poll.Until(t, 30*time.Second, "the intent is PAYABLE", func() bool { return e.intentState(t, order) == StatePayable })
+	rec := e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_" + uuid.NewString(), Status: StatusSucceeded, Amount: amount})
 	wantStatus(t, rec, http.StatusOK)
-	paymentID, _ := decodeResult(t, rec.Body.Bytes())
+	paymentID, status := decodeResult(t, rec.Body.Bytes())
+	if status != StatusSucceeded {
+		t.Fatalf("payment %s, want succeeded", status)
+	}
+	e.publish(t, order, "OrderClosed", map[string]any{"order_id": order, "reason": "customer_cancel"})
 	return order, paymentID
 }
 

@@ -15,6 +15,8 @@ var Registration = registry.Entry{
 	Facts: []registry.Fact{
 		{What: "opened intent", SQL: `SELECT order_id AS key, 1 AS n FROM intents WHERE opened_at > $1`,
 			EventType: "PaymentOpened", EventKey: "aggregate_id"},
+		{What: "expired intent", SQL: `SELECT order_id AS key, 1 AS n FROM intents WHERE state = 'EXPIRED' AND updated_at > $1`,
+			EventType: "PaymentExpired", EventKey: "aggregate_id"},
 		payments("succeeded", "PaymentSucceeded"),
 		payments("failed", "PaymentFailed"),
 		payments("rejected", "PaymentRejected"),
@@ -33,6 +35,15 @@ var Registration = registry.Entry{
 			      FROM payments p LEFT JOIN refunds r ON r.payment_id = p.payment_id AND r.state = 'DONE'
 			      WHERE p.status = 'succeeded' AND p.order_id::text = ANY($1)
 			      GROUP BY p.order_id, p.payment_id HAVING count(r.refund_id) <> 1`},
+		// Payment owns the deadline: the order closes for it only on
+		// payment's PaymentExpired, which an intent that took a capture
+		// never gets. A payment answered "succeeded" whose order was closed
+		// by the deadline is the customer told "paid" who lost the order.
+		{Invariant: 4, Name: "no payment answered succeeded lost its order to the payment deadline",
+			From: &registry.Query{Service: "order", SQL: `SELECT order_id::text FROM order_history WHERE status = 'CLOSED' AND reason = 'payment_timeout'`},
+			SQL: `SELECT p.order_id || ': payment ' || p.payment_id || ' was answered succeeded at ' || p.created_at
+			      || ', yet the order was closed by its payment deadline'
+			      FROM payments p WHERE p.status = 'succeeded' AND p.order_id = ANY($1)`},
 		// A payment the service could not apply (status 'rejected': a success
 		// of another amount than the order's total, or for an order it did
 		// not know) has its

@@ -4,12 +4,19 @@
 // callbacks, emits PaymentSucceeded / PaymentFailed, and refunds through the
 // provider when the order saga asks, exactly once even when the provider's
 // answer is lost. A success it cannot apply to its order (another amount, an
-// order it does not know) is recorded as rejected (PaymentRejected) and
-// refunded the same way, without the saga.
+// order it does not know, an intent that no longer takes one) is recorded
+// as rejected (PaymentRejected) and refunded the same way, without the saga.
 //
 // The order saga shows an order as WAIT_PAY only after it has heard
 // PaymentOpened, so an intent is open here whenever a client is told to
 // pay: a payment made at that instant is applied, never refused.
+//
+// Payment owns the payment deadline. It learns the order's pay_by from
+// OrderAwaitingPayment and decides, under the intent's row lock, whether a
+// capture came in time; at pay_by it expires an unpaid intent
+// (PaymentExpired), and the order closes on that word. So a capture payment
+// answers "succeeded" is the order's payment however long its event takes
+// to reach the order.
 package payment
 
 import (
@@ -38,6 +45,11 @@ var (
 	ErrNotFound        = errors.New("payment: order not known")
 	ErrAmountMismatch  = errors.New("payment: amount differs from the order total")
 	ErrPaymentConflict = errors.New("payment: provider payment id already recorded with other details")
+	// The intent no longer takes a payment: its deadline passed, it was
+	// closed (declined, or the order closed), or it was paid already.
+	ErrWindowClosed = errors.New("payment: the payment window closed (pay_by passed)")
+	ErrIntentClosed = errors.New("payment: the order no longer takes a payment")
+	ErrAlreadyPaid  = errors.New("payment: the order is paid already")
 )
 
 // Config is the payment service's own settings (its Registration declares
@@ -55,7 +67,7 @@ type Config struct {
 }
 
 // Service is the payment service. Its HTTP handlers are mounted by Routes;
-// its consumer and refund loop run in Run.
+// its consumer, expiry loop and refund loop run in Run.
 type Service struct {
 	pool     *pgxpool.Pool
 	cfg      Config
@@ -66,6 +78,9 @@ type Service struct {
 	consumer *inbox.Consumer
 	tracer   trace.Tracer  // the callbacks' spans
 	kick     chan struct{} // wakes the refund loop; capacity 1, so kicks coalesce
+
+	expiryKick chan struct{} // wakes the expiry loop, as kick the refund loop
+	expiryPoll time.Duration // the longest the expiry loop sleeps
 
 	refundPoll      time.Duration // how often the refund loop looks for due refunds
 	refundCall      time.Duration // time limit of one provider call
@@ -104,6 +119,8 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 		// on each one, and polls anyway.
 		outbox:          &outbox.Writer{Prefix: Prefix, NotifyInterval: 5 * time.Millisecond},
 		kick:            make(chan struct{}, 1),
+		expiryKick:      make(chan struct{}, 1),
+		expiryPoll:      time.Second,
 		refundPoll:      time.Second,
 		refundCall:      5 * time.Second,
 		refundBackoff:   time.Second,
@@ -130,12 +147,13 @@ func consumerWorkers(pool *pgxpool.Pool) int {
 	return max(1, min(registry.ConsumerWorkers, int(pool.Config().MaxConns)-2))
 }
 
-// Run consumes the ORDERS stream and retries open refunds until ctx ends,
-// then returns nil. The outbox relay is not part of it: the process runs one
-// per schema.
+// Run consumes the ORDERS stream, expires intents at their deadline and
+// retries open refunds until ctx ends, then returns nil. The outbox relay
+// is not part of it: the process runs one per schema.
 func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.consumer.Run(ctx) })
+	g.Go(func() error { return s.runExpiry(ctx) })
 	g.Go(func() error { return s.runRefunds(ctx) })
 	return g.Wait()
 }
@@ -145,41 +163,64 @@ func (s *Service) Run(ctx context.Context) error {
 // recorded already (a replay) and changes nothing. A success that cannot be
 // applied to its order is recorded as rejected, with its refund (see
 // recordCallbackTx).
-func (s *Service) recordCallback(ctx context.Context, cb Callback) (p Payment, replayed bool, err error) {
-	p, replayed, err = s.recordCallbackTx(ctx, cb)
+//
+// With refuseLate (the fake provider charging for simulate, which asks
+// before it takes the money, as a real provider refuses to charge an
+// intent that was cancelled) a success for an intent that no longer takes
+// one writes nothing and returns the reason's error: nothing was captured.
+func (s *Service) recordCallback(ctx context.Context, cb Callback, refuseLate bool) (p Payment, replayed bool, err error) {
+	p, replayed, err = s.recordCallbackTx(ctx, cb, refuseLate)
 	if isUniqueViolation(err) {
 		// A twin with the same provider payment id committed between our
 		// check and our insert (possible only across orders, or for an
 		// order payment does not know, since callbacks of one known order
 		// take the intent lock): a second look sees it.
-		p, replayed, err = s.recordCallbackTx(ctx, cb)
+		p, replayed, err = s.recordCallbackTx(ctx, cb, refuseLate)
 	}
 	return p, replayed, err
 }
 
-// unapplicable says why cb cannot be applied to in (nil: an order payment
-// does not know), or "" when it can. Every state takes a payment of the
-// right amount: the intent is open from the order's creation, and the order
-// saga decides. It applies a success while the order waits for payment and
-// turns one for an order that does not (not yet, or no longer) into a
-// refund request.
-func unapplicable(in *Intent, cb Callback) string {
+// verdict says why cb cannot be applied to in at now (nil: an order
+// payment does not know), or "" when it can: the intent is PAYABLE, its
+// deadline (if payment has heard it) has not passed, and the amount is the
+// order's total. This is the one place the payment deadline is decided,
+// under the intent's row lock: a capture it accepts is the order's payment
+// however long its event takes to reach the order, and the intent cannot
+// expire under it.
+func verdict(in *Intent, cb Callback, now time.Time) string {
 	switch {
 	case in == nil:
 		return RejectUnknownOrder
 	case cb.Amount != in.Amount:
 		return RejectAmountMismatch
+	case in.State == StatePaid:
+		return RejectAlreadyPaid
+	case in.State == StateExpired, in.State == StatePayable && in.PayBy != nil && !now.Before(*in.PayBy):
+		return RejectWindowClosed
+	case in.State != StatePayable:
+		return RejectOrderClosed
 	}
 	return ""
 }
 
-// refusals are the errors of a failed callback that cannot be applied.
+// refusals are the errors of a callback that writes nothing: a failure
+// that cannot be applied, or a success refused before any money moved
+// (refuseLate).
 var refusals = map[string]error{
 	RejectUnknownOrder:   ErrNotFound,
 	RejectAmountMismatch: ErrAmountMismatch,
+	RejectWindowClosed:   ErrWindowClosed,
+	RejectOrderClosed:    ErrIntentClosed,
+	RejectAlreadyPaid:    ErrAlreadyPaid,
 }
 
-func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, bool, error) {
+// late tells the reasons that say the intent no longer takes a payment,
+// as opposed to a callback that could never apply.
+func late(reason string) bool {
+	return reason == RejectWindowClosed || reason == RejectOrderClosed || reason == RejectAlreadyPaid
+}
+
+func (s *Service) recordCallbackTx(ctx context.Context, cb Callback, refuseLate bool) (Payment, bool, error) {
 	tx, in, recorded, traced, err := beginCallback(ctx, s.pool, cb)
 	if err != nil {
 		return Payment{}, false, err
@@ -202,18 +243,24 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, b
 		}
 		return *recorded, true, nil
 	}
-	reason := unapplicable(in, cb)
-	if reason != "" && cb.Status != StatusSucceeded {
+	// The clock is read with the intent locked: the deadline is judged at
+	// the moment the capture is decided, and no expiry can slip in before
+	// the commit.
+	now := s.cfg.Now()
+	reason := verdict(in, cb, now)
+	switch {
+	case reason != "" && cb.Status != StatusSucceeded && !late(reason):
 		// No money moved, so there is nothing to keep or give back: the
 		// callback is refused and writes nothing, and the provider may send
 		// it again once it applies.
+		return Payment{}, false, refusals[reason]
+	case reason != "" && refuseLate:
 		return Payment{}, false, refusals[reason]
 	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Payment{}, false, fmt.Errorf("new payment id: %w", err)
 	}
-	now := s.cfg.Now()
 	p := Payment{
 		PaymentID:         id,
 		OrderID:           cb.OrderID,
@@ -222,16 +269,32 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, b
 		Amount:            cb.Amount,
 		CreatedAt:         now,
 	}
-	// The payment and its event (and a rejected payment's refund) travel in
-	// one round trip.
+	// The payment, its event, the intent's new state (and a rejected
+	// payment's refund) travel in one round trip.
 	b := &pgx.Batch{}
+	if in != nil && in.State == StatePayable && reason == RejectWindowClosed {
+		// Due, and the expiry loop has not reached it yet: it expires here,
+		// under the same lock, before the callback is recorded against it,
+		// so the order hears the expiry first.
+		b.Queue(setIntentStateSQL, in.OrderID, StateExpired)
+		if err := s.outbox.Queue(ctx, b, expiredEvent(*in, now)); err != nil {
+			return Payment{}, false, err
+		}
+	}
 	ev := paymentEvent(p, now)
 	var refund *Refund
-	if reason != "" {
+	switch {
+	case reason == "" && p.Status == StatusSucceeded:
+		b.Queue(setIntentStateSQL, in.OrderID, StatePaid)
+	case reason == "":
+		// Declined: the order closes on PaymentFailed, so the intent closes
+		// with it, here, and a capture after it is not answered succeeded.
+		b.Queue(setIntentStateSQL, in.OrderID, StateClosed)
+	case p.Status == StatusSucceeded:
 		// Failure window: money the provider took that the order cannot
-		// take. Refused, as it once was, it stayed with the provider and
-		// nothing here knew of it. It is recorded as rejected, with a
-		// refund in the same transaction; the refund loop asks the
+		// take (another amount, an unknown order, an intent past its
+		// deadline, closed or paid already). It is recorded as rejected,
+		// with a refund in the same transaction; the refund loop asks the
 		// provider with the payment id as the idempotency key, so however
 		// often the callback or the refund call is repeated, the money
 		// goes back once. Until it has, verify and the reconciler report
@@ -247,6 +310,9 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback) (Payment, b
 				IdempotencyKey: p.PaymentID, Amount: p.Amount}
 		}
 	}
+	// A failure for an intent that no longer takes payments is recorded
+	// with its PaymentFailed and changes nothing: the order heard payment's
+	// word (the capture, the expiry, the decline) before it.
 	queueInsertPayment(b, p)
 	if refund != nil {
 		queueInsertRefund(b, *refund) // after the payment it references

@@ -21,11 +21,14 @@ type DB interface {
 }
 
 // Intent states. An intent is opened PAYABLE when payment reads the
-// order's OrderCreated (openIntentSQL) and follows the order from there.
+// order's OrderCreated (openIntentSQL). What payment answers a callback
+// moves it (a capture to PAID, a decline to CLOSED), and so does its
+// deadline (EXPIRED); the order's events close it too.
 const (
-	StatePayable = "PAYABLE" // open: takes a payment of its amount
-	StatePaid    = "PAID"
-	StateClosed  = "CLOSED" // closed or rejected
+	StatePayable = "PAYABLE" // open: takes a payment of its amount until PayBy
+	StatePaid    = "PAID"    // a capture was accepted
+	StateClosed  = "CLOSED"  // declined, or the order closed or was rejected
+	StateExpired = "EXPIRED" // PayBy passed with no capture (PaymentExpired)
 )
 
 // Payment statuses: the two a provider reports, and the one this service
@@ -38,13 +41,15 @@ const (
 	StatusRejected = "rejected"
 )
 
-// Why a captured payment is rejected. (Versions before intents were opened
-// on OrderCreated also rejected "not_payable": stock not held yet. Such
-// payments stay in the table; a payment for an order that is not waiting
-// for payment is now applied, and the saga refunds it.)
+// Why a captured payment is rejected. (The table may also hold
+// "not_payable", written by versions that refused orders whose stock was
+// not held yet.)
 const (
 	RejectAmountMismatch = "amount_mismatch" // the amount differs from the order total
 	RejectUnknownOrder   = "unknown_order"   // payment has not heard of the order
+	RejectWindowClosed   = "window_closed"   // the intent's pay_by had passed (EXPIRED)
+	RejectOrderClosed    = "order_closed"    // the intent was closed: declined, or the order closed
+	RejectAlreadyPaid    = "already_paid"    // the intent had taken a capture already
 )
 
 // Refund states.
@@ -60,6 +65,9 @@ type Intent struct {
 	State     string    `json:"state"`
 	Amount    int64     `json:"amount"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// PayBy is the deadline the order shows, learned from
+	// OrderAwaitingPayment; nil until payment has read it.
+	PayBy *time.Time `json:"pay_by,omitempty"`
 }
 
 // Payment is one recorded provider callback.
@@ -98,13 +106,13 @@ type Refund struct {
 	LastError        *string   `json:"last_error"`
 }
 
-const intentColumns = `order_id, intent_id, state, amount, updated_at`
+const intentColumns = `order_id, intent_id, state, amount, updated_at, pay_by`
 
 // getIntent reads orderID's intent, or returns ErrNotFound.
 func getIntent(ctx context.Context, db DB, orderID string) (Intent, error) {
 	var in Intent
 	err := db.QueryRow(ctx, `SELECT `+intentColumns+` FROM intents WHERE order_id = $1`, orderID).
-		Scan(&in.OrderID, &in.IntentID, &in.State, &in.Amount, &in.UpdatedAt)
+		Scan(&in.OrderID, &in.IntentID, &in.State, &in.Amount, &in.UpdatedAt, &in.PayBy)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return in, ErrNotFound
 	}
@@ -238,16 +246,49 @@ const (
 		INSERT INTO intents (order_id, intent_id, state, amount, trace_headers, opened_at)
 		VALUES ($1, $2, 'PAYABLE', $3, $4, now())
 		ON CONFLICT (order_id) DO UPDATE SET intent_id = EXCLUDED.intent_id, opened_at = EXCLUDED.opened_at`
+	// The capture moved the intent to PAID already; this only covers an
+	// order payment never saw created.
 	markPaidSQL = `
 		INSERT INTO intents (order_id, state, amount) VALUES ($1, 'PAID', $2)
 		ON CONFLICT (order_id) DO UPDATE SET state = 'PAID', updated_at = now()
-		WHERE intents.state NOT IN ('PAID', 'CLOSED')`
+		WHERE intents.state NOT IN ('PAID', 'CLOSED', 'EXPIRED')`
 	// No amount in OrderClosed/OrderRejected: an order never seen stays
-	// unknown, and its callbacks get 404.
+	// unknown, and its callbacks get 404. An expired intent stays EXPIRED:
+	// the order closed because of it.
 	markClosedSQL = `
 		UPDATE intents SET state = 'CLOSED', updated_at = now()
-		WHERE order_id = $1 AND state <> 'CLOSED'`
+		WHERE order_id = $1 AND state NOT IN ('CLOSED', 'EXPIRED')`
+	// OrderAwaitingPayment (and the order's later OrderPaymentOverdue, which
+	// repeats it) tells payment the deadline the order shows. The first
+	// word stands: the order never moves it. A deadline already past is
+	// expired by the next pass of the expiry loop.
+	learnDeadlineSQL = `
+		UPDATE intents SET pay_by = $2, updated_at = now()
+		WHERE order_id = $1 AND pay_by IS NULL`
 )
+
+// setIntentStateSQL moves an intent locked by beginCallback to what the
+// callback made of it.
+const setIntentStateSQL = `UPDATE intents SET state = $2, updated_at = now() WHERE order_id = $1`
+
+// expireDueSQL expires up to $2 open intents whose deadline is at or before
+// $1 and returns them. It takes the intent rows FOR UPDATE, the lock a
+// capture takes (beginCallback): an intent is either captured or expired,
+// never both, whichever locks it first; SKIP LOCKED leaves an intent a
+// capture holds to that capture (which sees the deadline itself) and the
+// others to another copy of the service. An intent with a succeeded
+// payment is never expired, even one recorded by a version that left the
+// intent PAYABLE.
+const expireDueSQL = `
+	UPDATE intents i SET state = 'EXPIRED', updated_at = now()
+	WHERE i.order_id IN (
+		SELECT order_id FROM intents
+		WHERE state = 'PAYABLE' AND pay_by IS NOT NULL AND pay_by <= $1
+		ORDER BY pay_by
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED)
+	  AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.order_id = i.order_id AND p.status = 'succeeded')
+	RETURNING ` + intentColumns + `, trace_headers`
 
 // insertRefundSQL records a requested refund. It does nothing when the
 // payment already has one (the saga asked twice) or the key is known (a
