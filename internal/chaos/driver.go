@@ -147,6 +147,22 @@ func (d *driver) create(ctx context.Context, r *orderRec) bool {
 	}
 }
 
+// payBy reads the deadline the order shows (zero if it cannot).
+func (d *driver) payBy(ctx context.Context, r *orderRec) time.Time {
+	urls := d.h.urls("order")
+	st, b, err := d.h.do(ctx, http.MethodGet, urls[r.i%len(urls)]+"/orders/"+r.id, "", nil, nil)
+	if err != nil || st != http.StatusOK {
+		return time.Time{}
+	}
+	var o struct {
+		Payment struct {
+			PayBy time.Time `json:"pay_by"`
+		} `json:"payment"`
+	}
+	_ = json.Unmarshal(b, &o)
+	return o.Payment.PayBy
+}
+
 // status reads the order's status from any order copy ("" on failure).
 func (d *driver) status(ctx context.Context, r *orderRec, k int) string {
 	urls := d.h.urls("order")
@@ -177,13 +193,29 @@ func (d *driver) waitFor(ctx context.Context, r *orderRec, want string) string {
 // pay asks the fake provider to charge the moment the order said WAIT_PAY,
 // retrying what got no answer or a 5xx, until the order shows it is paid
 // or has ended. The shop promises to take that payment: any other answer
-// is a refusal, recorded (the run fails on it), and not retried.
+// is a refusal, recorded (the run fails on it), and not retried. Two 409s
+// are the promise kept, not a refusal: already-paid on a retry (a lost
+// answer had charged), and payment-window-closed for a charge sent after
+// the pay_by the order showed (retries under faults can take that long).
 func (d *driver) pay(ctx context.Context, r *orderRec) {
 	urls := d.h.urls("payment")
 	for k := 0; ; k++ {
+		sent := time.Now()
 		st, b, err := d.h.do(ctx, http.MethodPost, urls[(r.i+k)%len(urls)]+"/payments/"+r.id+"/simulate", "", nil, []byte(`{"outcome":"succeeded"}`))
 		if err == nil && (st == http.StatusOK || st == http.StatusAccepted) {
 			return
+		}
+		if err == nil && st == http.StatusConflict {
+			var p struct {
+				Code string `json:"code"`
+			}
+			_ = json.Unmarshal(b, &p)
+			if p.Code == "already-paid" && k > 0 {
+				return
+			}
+			if payBy := d.payBy(ctx, r); p.Code == "payment-window-closed" && !payBy.IsZero() && !sent.Before(payBy) {
+				return
+			}
 		}
 		if err == nil && st < 500 {
 			d.mu.Lock()

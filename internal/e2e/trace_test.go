@@ -389,11 +389,11 @@ func TestATimeoutContinuesItsOrdersTrace(t *testing.T) {
 		t.Fatalf("place order: %d %s", r.status, r.raw)
 	}
 	id := r.body["order_id"].(string)
-	waitStatus(t, id, "CLOSED") // nobody pays: the payment timeout closes it
+	waitStatus(t, id, "CLOSED") // nobody pays: payment expires the intent at pay_by
 	steps := []step{
 		{"order", "POST /orders", nil},
 		{"order", "order STOCK_HELD → WAIT_PAY|order PAYMENT_OPEN → WAIT_PAY", []int{0}},
-		{"order", "saga timeout payment", []int{1}},
+		{"payment", "payment intent expired", []int{0}},
 		{"order", "order WAIT_PAY → CLOSED", []int{2}},
 		{"inventory", "process OrderClosed", []int{3}},
 	}

@@ -91,6 +91,7 @@ func (g *generator) follow(ctx context.Context, i int, r *orderRun, sem chan str
 	defer g.settled.Add(1)
 	pay := g.paid(i)
 	paidAt := false
+	tries := 0 // simulate calls that got no answer, or a 5xx
 	interval := 25 * time.Millisecond
 	for {
 		switch r.status {
@@ -105,7 +106,8 @@ func (g *generator) follow(ctx context.Context, i int, r *orderRun, sem chan str
 				return // stays there until the payment timeout closes it
 			}
 			if !paidAt {
-				ok, err := g.simulate(ctx, r.id, sem)
+				ok, err := g.simulate(ctx, r.id, sem, tries > 0)
+				tries++
 				if err != nil {
 					g.noteErr(err) // the provider refused it: it stays unpaid
 					return
@@ -151,7 +153,10 @@ func (g *generator) follow(ctx context.Context, i int, r *orderRun, sem chan str
 // request that got no answer, or a 5xx, is sent again on the next round.
 // A 404 that is no problem+json (net/http's plain "404 page not found")
 // means the route is absent: the payment service's fake provider is off.
-func (g *generator) simulate(ctx context.Context, id string, sem chan struct{}) (bool, error) {
+//
+// After a try that got no answer (retried), 409 already-paid means that
+// try charged: it counts as the payment, not as a refusal.
+func (g *generator) simulate(ctx context.Context, id string, sem chan struct{}, retried bool) (bool, error) {
 	select {
 	case sem <- struct{}{}:
 	case <-ctx.Done():
@@ -161,11 +166,14 @@ func (g *generator) simulate(ctx context.Context, id string, sem chan struct{}) 
 	status, _, resp, err := g.do(ctx, http.MethodPost, g.cfg.paymentURL+"/payments/"+id+"/simulate", "", []byte(`{"outcome":"succeeded"}`))
 	var res struct {
 		Status string `json:"status"`
+		Code   string `json:"code"`
 	}
+	_ = json.Unmarshal(resp, &res)
 	switch {
 	case err != nil, status >= 500:
 		return false, nil // try again on the next round
-	case status == http.StatusOK && json.Unmarshal(resp, &res) == nil && res.Status == "succeeded":
+	case status == http.StatusOK && res.Status == "succeeded",
+		retried && status == http.StatusConflict && res.Code == "already-paid":
 		g.payments.Add(1)
 		return true, nil
 	case status == http.StatusNotFound && bytes.HasPrefix(resp, []byte("404 page not found")):

@@ -55,7 +55,14 @@ type generator struct {
 // newGenerator returns a generator whose client keeps a connection for every
 // creator and follower at once.
 func newGenerator(cfg config, out io.Writer) *generator {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+	// http.DefaultTransport may be wrapped (a test that checks every
+	// response, running loadgen beside it): cloned when it is the standard
+	// one, a plain transport otherwise.
+	base, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		base = &http.Transport{}
+	}
+	tr := base.Clone()
 	tr.MaxIdleConnsPerHost = 2*cfg.concurrency + 16
 	var b [4]byte
 	_, _ = rand.Read(b[:])

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -28,16 +29,44 @@ type Customers struct {
 	Client               *http.Client
 }
 
-// Paid is what one customer of [Customers.PayTheInstant] saw.
+// Paid is what one customer of [Customers.PayTheInstant] or
+// [Customers.PayAround] saw.
 type Paid struct {
 	OrderID   string
 	Via       string        // "webhook" or "simulate"
 	WaitedFor time.Duration // from the order's creation to the GET that showed WAIT_PAY
+	PayBy     time.Time     // the deadline the order showed
+	Offset    time.Duration // when the customer meant to pay, from PayBy (PayAround)
+	SentAt    time.Time     // when the payment request was sent
 	PayStatus int           // the payment request's HTTP status
 	PayBody   string        // and its body
+	Attempts  int           // payment requests sent (503s are sent again)
 	Final     string        // the order's status once it ended
 	History   []string      // "STATUS:reason" entries of the order's history
+	Captured  int           // payments payment shows as succeeded (applied to the order)
+	Rejected  int           // payments payment shows as rejected (taken, to be refunded)
 	Refunds   int           // refunds payment shows for the order
+	Refunded  int           // of them, those the provider has completed
+}
+
+// Answer is what the payment request was answered: the payment's status
+// for a 200 ("succeeded", "failed", "rejected"), the problem code
+// otherwise. A simulate sent again after a 503 (whose outcome was unknown)
+// and answered 409 already-paid was charged by the earlier try:
+// "succeeded".
+func (p Paid) Answer() string {
+	var res struct {
+		Status string `json:"status"`
+		Code   string `json:"code"`
+	}
+	_ = json.Unmarshal([]byte(p.PayBody), &res)
+	switch {
+	case p.PayStatus == http.StatusOK:
+		return res.Status
+	case p.PayStatus == http.StatusConflict && res.Code == "already-paid" && p.Attempts > 1:
+		return payment.StatusSucceeded
+	}
+	return fmt.Sprintf("%d %s", p.PayStatus, res.Code)
 }
 
 // PayTheInstant places n orders of one unit of sku at once and pays each
@@ -59,7 +88,7 @@ func (c Customers) PayTheInstant(t testing.TB, n int, sku string) []Paid {
 			if i%2 == 1 {
 				via = "simulate"
 			}
-			p, err := c.payOne(ctx, sku, via)
+			p, err := c.payOne(ctx, sku, via, nil)
 			out[i] = p
 			if err != nil {
 				errs <- fmt.Errorf("customer %d (%s): %w", i, via, err)
@@ -77,7 +106,46 @@ func (c Customers) PayTheInstant(t testing.TB, n int, sku string) []Paid {
 	return out
 }
 
-func (c Customers) payOne(ctx context.Context, sku, via string) (Paid, error) {
+// PayAround places len(offsets)×2 orders of one unit of sku at once; each
+// customer waits until GET /orders/{id} shows WAIT_PAY, reads its pay_by,
+// and pays at pay_by + its offset (before, at, after the deadline), each
+// offset once through the signed webhook and once through simulate, then
+// follows the order to its end and reads what payment shows of it. Like
+// PayTheInstant it fails t only for what makes the report unreadable.
+func (c Customers) PayAround(t testing.TB, sku string, offsets []time.Duration) []Paid {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out := make([]Paid, 2*len(offsets))
+	errs := make(chan error, len(out))
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Go(func() {
+			via, offset := "webhook", offsets[i/2]
+			if i%2 == 1 {
+				via = "simulate"
+			}
+			p, err := c.payOne(ctx, sku, via, &offset)
+			out[i] = p
+			if err != nil {
+				errs <- fmt.Errorf("customer %d (%s at pay_by%+v): %w", i, via, offset, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	return out
+}
+
+// payOne is one customer: it places an order, waits for WAIT_PAY and pays
+// through via, at once (offset nil) or at pay_by + *offset.
+func (c Customers) payOne(ctx context.Context, sku, via string, offset *time.Duration) (Paid, error) {
 	p := Paid{Via: via}
 	key := "customer-" + randomHex()
 	created := time.Now()
@@ -89,6 +157,9 @@ func (c Customers) payOne(ctx context.Context, sku, via string) (Paid, error) {
 			Status string `json:"status"`
 			Reason string `json:"reason"`
 		} `json:"history"`
+		Payment *struct {
+			PayBy time.Time `json:"pay_by"`
+		} `json:"payment"`
 	}
 	body := fmt.Sprintf(`{"customer_id":"instant","items":[{"sku":%q,"quantity":1}]}`, sku)
 	for {
@@ -139,6 +210,17 @@ func (c Customers) payOne(ctx context.Context, sku, via string) (Paid, error) {
 		return p, fmt.Errorf("order %s went PENDING → %s, never WAIT_PAY", o.OrderID, o.Status)
 	}
 	p.WaitedFor = time.Since(created)
+	if o.Payment == nil {
+		return p, fmt.Errorf("order %s shows WAIT_PAY without what to pay", o.OrderID)
+	}
+	p.PayBy = o.Payment.PayBy
+	if offset != nil {
+		p.Offset = *offset
+		if err := sleep(ctx, time.Until(p.PayBy.Add(*offset))); err != nil {
+			return p, err
+		}
+	}
+	p.SentAt = time.Now()
 	var err error
 	// The provider sends its webhook again after a 503 (same payment id,
 	// signed anew), and a customer's simulate is retried the same way: the
@@ -146,6 +228,7 @@ func (c Customers) payOne(ctx context.Context, sku, via string) (Paid, error) {
 	cb, _ := json.Marshal(payment.Callback{OrderID: o.OrderID, ProviderPaymentID: "pay_" + randomHex(),
 		Status: payment.StatusSucceeded, Amount: o.Total})
 	p.PayStatus, p.PayBody, err = c.retrying(ctx, func() (int, http.Header, []byte, error) {
+		p.Attempts++
 		if via == "webhook" {
 			return c.send(ctx, http.MethodPost, c.PaymentURL+"/webhooks/payment", cb,
 				map[string]string{payment.SignatureHeader: payment.Sign(c.WebhookSecret, time.Now(), cb)})
@@ -175,12 +258,30 @@ func (c Customers) payOne(ctx context.Context, sku, via string) (Paid, error) {
 		return p, fmt.Errorf("GET /payments/%s: %w", o.OrderID, err)
 	}
 	var view struct {
-		Refunds []json.RawMessage `json:"refunds"`
+		Payments []struct {
+			Status string `json:"status"`
+		} `json:"payments"`
+		Refunds []struct {
+			State string `json:"state"`
+		} `json:"refunds"`
 	}
 	if st != http.StatusOK || json.Unmarshal([]byte(b), &view) != nil {
 		return p, fmt.Errorf("GET /payments/%s: %d %s", o.OrderID, st, b)
 	}
+	for _, pm := range view.Payments {
+		switch pm.Status {
+		case payment.StatusSucceeded:
+			p.Captured++
+		case payment.StatusRejected:
+			p.Rejected++
+		}
+	}
 	p.Refunds = len(view.Refunds)
+	for _, r := range view.Refunds {
+		if r.State == "DONE" {
+			p.Refunded++
+		}
+	}
 	return p, nil
 }
 
@@ -192,12 +293,8 @@ func RequireAllCompleted(t testing.TB, paid []Paid) {
 	var waits []time.Duration
 	for _, p := range paid {
 		waits = append(waits, p.WaitedFor)
-		var res struct {
-			Status string `json:"status"`
-		}
-		_ = json.Unmarshal([]byte(p.PayBody), &res)
 		switch {
-		case p.PayStatus != http.StatusOK || res.Status != payment.StatusSucceeded:
+		case p.Answer() != payment.StatusSucceeded:
 			t.Errorf("order %s paid through %s the instant it showed WAIT_PAY: %d %s", p.OrderID, p.Via, p.PayStatus, strings.TrimSpace(p.PayBody))
 		case p.Final != "COMPLETED" || p.Refunds != 0:
 			t.Errorf("order %s paid through %s: ended %s with %d refunds; history %v", p.OrderID, p.Via, p.Final, p.Refunds, p.History)
@@ -208,6 +305,52 @@ func RequireAllCompleted(t testing.TB, paid []Paid) {
 		t.Logf("%d orders paid the instant they showed WAIT_PAY; creation → WAIT_PAY p50 %v, max %v",
 			len(waits), waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond))
 	}
+}
+
+// RequireAnswerIsOutcome fails t unless what each customer of PayAround
+// was answered is what happened: "succeeded" ⇒ COMPLETED, one payment
+// captured, nothing refunded; refused by simulate (409, not retryable) ⇒
+// CLOSED and nothing captured; "rejected" by the webhook (the provider
+// took the money after the deadline) ⇒ CLOSED, nothing captured, the
+// money refunded once. It logs the outcomes per offset.
+func RequireAnswerIsOutcome(t testing.TB, paid []Paid) {
+	t.Helper()
+	type tally struct{ succeeded, refused int }
+	perOffset := map[time.Duration]*tally{}
+	for _, p := range paid {
+		if perOffset[p.Offset] == nil {
+			perOffset[p.Offset] = &tally{}
+		}
+		closed := p.Final == "CLOSED" && p.Captured == 0
+		switch answer := p.Answer(); {
+		case answer == payment.StatusSucceeded:
+			perOffset[p.Offset].succeeded++
+			if p.Final != "COMPLETED" || p.Captured != 1 || p.Refunds != 0 {
+				t.Errorf("order %s, paid through %s at pay_by%+v (sent %+v), was answered succeeded and ended %s with %d payments captured and %d refunds; history %v",
+					p.OrderID, p.Via, p.Offset, p.SentAt.Sub(p.PayBy).Round(time.Millisecond), p.Final, p.Captured, p.Refunds, p.History)
+			}
+		case p.Via == "simulate" && p.PayStatus == http.StatusConflict:
+			perOffset[p.Offset].refused++
+			if !closed || p.Rejected != 0 {
+				t.Errorf("order %s, simulate at pay_by%+v refused (%s), ended %s with %d captured and %d rejected payments: want CLOSED and nothing taken; history %v",
+					p.OrderID, p.Offset, answer, p.Final, p.Captured, p.Rejected, p.History)
+			}
+		case p.Via == "webhook" && answer == payment.StatusRejected:
+			perOffset[p.Offset].refused++
+			if !closed || p.Rejected != 1 || p.Refunds != 1 {
+				t.Errorf("order %s, webhook at pay_by%+v answered rejected, ended %s with %d captured, %d rejected payments and %d refunds: want CLOSED and one refund; history %v",
+					p.OrderID, p.Offset, p.Final, p.Captured, p.Rejected, p.Refunds, p.History)
+			}
+		default:
+			t.Errorf("order %s, paid through %s at pay_by%+v: answered %d %s", p.OrderID, p.Via, p.Offset, p.PayStatus, strings.TrimSpace(p.PayBody))
+		}
+	}
+	offsets := slices.Sorted(maps.Keys(perOffset))
+	var line strings.Builder
+	for _, o := range offsets {
+		fmt.Fprintf(&line, " %+v: %d succeeded, %d refused;", o, perOffset[o].succeeded, perOffset[o].refused)
+	}
+	t.Logf("%d orders paid around their pay_by, per offset:%s", len(paid), strings.TrimSuffix(line.String(), ";"))
 }
 
 func (c Customers) send(ctx context.Context, method, url string, body []byte, header map[string]string) (int, http.Header, []byte, error) {
