@@ -45,8 +45,13 @@ import (
 
 const (
 	paymentTimeout = 8 * time.Second
-	webhookSecret  = "e2e-secret"
-	operatorToken  = "e2e-operator-token"
+	// captureGrace is PAYMENT_CAPTURE_GRACE: an unpaid order closes this
+	// long after its pay_by. Shorter than the default (30s) to keep the
+	// suite short, long enough that a payment made in time on a loaded
+	// machine is still decided in time.
+	captureGrace  = 15 * time.Second
+	webhookSecret = "e2e-secret"
+	operatorToken = "e2e-operator-token"
 )
 
 // shop is the running system every test in the package talks to.
@@ -113,6 +118,7 @@ func runMain(m *testing.M) (code int) {
 		"DATABASE_URL":           dbURL,
 		"NATS_URL":               srv.URL(),
 		"PAYMENT_TIMEOUT":        paymentTimeout.String(),
+		"PAYMENT_CAPTURE_GRACE":  captureGrace.String(),
 		"PAYMENT_WEBHOOK_SECRET": webhookSecret,
 		// The demo's endpoint is served (the tests pay through it), and the
 		// operator's endpoints want their token, as in a real deployment.

@@ -107,7 +107,7 @@ func TestPaymentTimeoutClosesAndReleases(t *testing.T) {
 	restock(t, s, 5, 700)
 	id := placeOrder(t, "slow-"+randHex(), item(s, 1)).body["order_id"].(string)
 	waitStatus(t, id, "WAIT_PAY")
-	poll.Until(t, paymentTimeout+15*time.Second, "the payment timeout closes the order", func() bool {
+	poll.Until(t, paymentTimeout+captureGrace+15*time.Second, "payment expires the intent and the order closes", func() bool {
 		return orderStatus(t, id) == "CLOSED"
 	})
 	checkInvariants(t)

@@ -389,7 +389,8 @@ func TestATimeoutContinuesItsOrdersTrace(t *testing.T) {
 		t.Fatalf("place order: %d %s", r.status, r.raw)
 	}
 	id := r.body["order_id"].(string)
-	waitStatus(t, id, "CLOSED") // nobody pays: payment expires the intent at pay_by
+	// Nobody pays: payment expires the intent after pay_by and its grace.
+	poll.Until(t, paymentTimeout+captureGrace+15*time.Second, "order "+id+" CLOSED", func() bool { return orderStatus(t, id) == "CLOSED" })
 	steps := []step{
 		{"order", "POST /orders", nil},
 		{"order", "order STOCK_HELD → WAIT_PAY|order PAYMENT_OPEN → WAIT_PAY", []int{0}},

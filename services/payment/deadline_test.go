@@ -52,17 +52,10 @@ func TestIntentExpiresAtItsDeadline(t *testing.T) {
 		t.Fatalf("intent %s before its deadline, want PAYABLE", st)
 	}
 
+	// The customer pays at pay_by: refused at once, and nothing is
+	// captured. The intent waits the grace for payments that arrived
+	// before it, then expires.
 	e.advance(time.Minute)
-	poll.Until(t, 30*time.Second, "the intent expires", func() bool { return e.intentState(t, order) == StateExpired })
-	evs := e.outboxRows(t, EventPaymentExpired)
-	if len(evs) != 1 || evs[0].AggregateID != order || evs[0].Subject != "payment."+order+".PaymentExpired" {
-		t.Fatalf("PaymentExpired events %+v, want one for %s", evs, order)
-	}
-	if got := evs[0].Payload["pay_by"]; got != payBy.UTC().Format(time.RFC3339Nano) {
-		t.Fatalf("PaymentExpired pay_by %v, want %s", got, payBy.UTC().Format(time.RFC3339Nano))
-	}
-
-	// The customer pays after it: refused, and nothing is captured.
 	rec := e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr)
 	wantProblem(t, rec, http.StatusConflict, "payment-window-closed")
 	if rec.Header().Get("Retry-After") != "" {
@@ -71,6 +64,21 @@ func TestIntentExpiresAtItsDeadline(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM payments WHERE order_id = $1`, order); n != 0 {
 		t.Fatalf("%d payments after a refused charge, want none", n)
 	}
+	if st := e.intentState(t, order); st != StatePayable {
+		t.Fatalf("intent %s within the grace after pay_by, want PAYABLE", st)
+	}
+
+	e.advance(testGrace)
+	poll.Until(t, 30*time.Second, "the intent expires", func() bool { return e.intentState(t, order) == StateExpired })
+	evs := e.outboxRows(t, EventPaymentExpired)
+	if len(evs) != 1 || evs[0].AggregateID != order || evs[0].Subject != "payment."+order+".PaymentExpired" {
+		t.Fatalf("PaymentExpired events %+v, want one for %s", evs, order)
+	}
+	if got := evs[0].Payload["pay_by"]; got != payBy.UTC().Format(time.RFC3339Nano) {
+		t.Fatalf("PaymentExpired pay_by %v, want %s", got, payBy.UTC().Format(time.RFC3339Nano))
+	}
+	wantProblem(t, e.do(t, http.MethodPost, "/payments/"+order+"/simulate", []byte(`{"outcome":"succeeded"}`), hdr),
+		http.StatusConflict, "payment-window-closed")
 
 	// The provider took money anyway (its own late capture): acknowledged,
 	// rejected, refunded once; never PaymentSucceeded.
@@ -107,7 +115,7 @@ func TestCaptureAfterTheDeadlineExpiresTheIntentItself(t *testing.T) {
 	e.svc.expiryPoll = time.Hour
 	e.start(t)
 	order := e.awaiting(t, 500, e.clock().Add(time.Hour))
-	e.advance(time.Hour)
+	e.advance(time.Hour + testGrace)
 	rec := e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_at_deadline", Status: StatusSucceeded, Amount: 500})
 	wantStatus(t, rec, http.StatusOK)
 	if _, status := decodeResult(t, rec.Body.Bytes()); status != StatusRejected {
@@ -191,6 +199,7 @@ func TestCaptureAndExpiryRaceOneWins(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.svc.expiryPoll = time.Millisecond
+	e.svc.cfg.CaptureGrace = time.Millisecond
 	e.start(t)
 	const n = 40
 	start := e.clock()
@@ -248,4 +257,66 @@ func TestCaptureAndExpiryRaceOneWins(t *testing.T) {
 		}
 	}
 	t.Logf("%d captured in time, %d after their deadline", succeeded, rejected)
+}
+
+// A payment is made when it arrives, not when it gets the intent's lock:
+// one that arrived before pay_by and waited (for a connection, or the lock
+// under load) is in time within the grace after pay_by, and the expiry
+// waits that grace. One still waiting when the grace ends is refused: the
+// intent expires, and the payment is answered as the outcome.
+func TestAPaymentThatArrivedInTimeIsDecidedByItsArrival(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		wait  time.Duration // how far past pay_by the clock is when the lock is free
+		want  string
+		state string
+	}{
+		{"decided within the grace", testGrace / 2, StatusSucceeded, StatePaid},
+		{"decided after the grace", testGrace, StatusRejected, StateExpired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.svc.expiryPoll = 10 * time.Millisecond
+			e.start(t)
+			payBy := e.clock().Add(time.Second)
+			order := e.awaiting(t, 800, payBy)
+
+			// Another transaction holds the intent's row, as a busy one would.
+			ctx := context.Background()
+			tx, err := e.db.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // the lock is released by the commit below
+			var holder int
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid() FROM intents WHERE order_id = $1 FOR UPDATE`, order).Scan(&holder); err != nil {
+				t.Fatal(err)
+			}
+			answered := make(chan string, 1)
+			go func() { // arrives before pay_by
+				rec := e.signed(t, Callback{OrderID: order, ProviderPaymentID: "pay_waited", Status: StatusSucceeded, Amount: 800})
+				var res struct{ Status string }
+				_ = json.Unmarshal(rec.Body.Bytes(), &res)
+				answered <- res.Status
+			}()
+			poll.Until(t, 30*time.Second, "the callback waits for the intent's lock", func() bool {
+				return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holder) > 0
+			})
+			e.advance(time.Second + tc.wait)
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := <-answered; got != tc.want {
+				t.Fatalf("answered %q, want %q", got, tc.want)
+			}
+			poll.Until(t, 30*time.Second, "the intent is "+tc.state, func() bool { return e.intentState(t, order) == tc.state })
+			e.advance(time.Hour) // long past: a paid intent never expires
+			time.Sleep(5 * e.svc.expiryPoll)
+			if st := e.intentState(t, order); st != tc.state {
+				t.Fatalf("intent %s, want %s", st, tc.state)
+			}
+		})
+	}
 }

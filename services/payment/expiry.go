@@ -25,9 +25,12 @@ func (s *Service) kickExpiry() {
 	}
 }
 
-// runExpiry expires open intents whose deadline has passed, until ctx ends:
-// each becomes EXPIRED and its PaymentExpired is written in the same
-// transaction, under the lock a capture takes (expireDueSQL). It sleeps
+// runExpiry expires open intents whose deadline, and the CaptureGrace after
+// it, have passed, until ctx ends: each becomes EXPIRED and its
+// PaymentExpired is written in the same transaction, under the lock a
+// capture takes (expireDueSQL). The grace lets a payment that arrived
+// before the deadline be decided after it; a payment that arrives after
+// the deadline is refused at once (verdict). It sleeps
 // until the next deadline it knows of, or expiryPoll at most (deadlines
 // heard meanwhile, copies of the service, a clock that jumped). Several
 // copies may run: each intent is expired once.
@@ -56,7 +59,7 @@ func (s *Service) runExpiry(ctx context.Context) error {
 			if n < expiryBatch {
 				next, err := nextDeadline(ctx, s.pool)
 				if err == nil && next != nil {
-					wait = min(wait, max(next.Sub(s.cfg.Now()), time.Millisecond))
+					wait = min(wait, max(next.Add(s.cfg.CaptureGrace).Sub(s.cfg.Now()), time.Millisecond))
 				}
 				break
 			}
@@ -79,7 +82,7 @@ func (s *Service) expireDue(ctx context.Context) (int, error) {
 	}()
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		now := s.cfg.Now()
-		rows, _ := tx.Query(ctx, expireDueSQL, now, expiryBatch)
+		rows, _ := tx.Query(ctx, expireDueSQL, now.Add(-s.cfg.CaptureGrace), expiryBatch)
 		var traces []map[string]string
 		for rows.Next() {
 			var in Intent

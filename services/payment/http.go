@@ -34,11 +34,11 @@ const maxIDLen = 255
 // is money the provider already took: it is recorded as rejected and
 // refunded, and answered 200.
 func (s *Service) handleWebhook(w http.ResponseWriter, r *http.Request) {
-	s.serveCallback(w, r, false)
+	s.serveCallback(w, r, received{at: s.cfg.Now()})
 }
 
-// serveCallback is handleWebhook; refuseLate is recordCallback's.
-func (s *Service) serveCallback(w http.ResponseWriter, r *http.Request, refuseLate bool) {
+// serveCallback is handleWebhook for a callback received as rc.
+func (s *Service) serveCallback(w http.ResponseWriter, r *http.Request, rc received) {
 	body, err := httpx.ReadBody(r)
 	if err != nil {
 		httpx.WriteProblem(w, r, s.log, err)
@@ -67,7 +67,7 @@ func (s *Service) serveCallback(w http.ResponseWriter, r *http.Request, refuseLa
 		httpx.WriteProblem(w, r, s.log, err)
 		return
 	}
-	p, replayed, err := s.recordCallback(r.Context(), cb, refuseLate)
+	p, replayed, err := s.recordCallback(r.Context(), cb, rc)
 	if err != nil {
 		httpx.WriteProblem(w, r, s.log, problemOf(err))
 		return
@@ -128,6 +128,7 @@ func validateCallback(cb Callback) error {
 // 409, and nothing is captured, as a real provider refuses to charge an
 // intent the shop cancelled.
 func (s *Service) handleSimulate(w http.ResponseWriter, r *http.Request) {
+	asked := s.cfg.Now() // the moment the customer paid
 	var req struct {
 		Outcome string `json:"outcome"`
 	}
@@ -163,7 +164,7 @@ func (s *Service) handleSimulate(w http.ResponseWriter, r *http.Request) {
 	cb.Header.Set(SignatureHeader, sig)
 	cb.RemoteAddr = "fake-provider"
 	rec := &recorder{header: http.Header{}}
-	s.serveCallback(rec, cb, true)
+	s.serveCallback(rec, cb, received{at: asked, refuseLate: true})
 	for k, v := range rec.header {
 		w.Header()[k] = v
 	}

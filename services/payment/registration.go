@@ -86,6 +86,7 @@ func configure(env *registry.Env) registry.NewFunc {
 	var cfg Config
 	env.Secret(&cfg.WebhookSecret, "PAYMENT_WEBHOOK_SECRET", DefaultWebhookSecret, "HMAC `key` of payment callbacks")
 	env.Bool(&cfg.Simulate, "PAYMENT_FAKE_PROVIDER", false, "serve POST /payments/{id}/simulate, the fake provider's demo payments")
+	env.Duration(&cfg.CaptureGrace, "PAYMENT_CAPTURE_GRACE", DefaultCaptureGrace, "how long after pay_by a payment that arrived before it may still be decided; unpaid intents expire after it")
 	return func(d registry.Deps) (registry.Domain, error) {
 		if cfg.WebhookSecret == DefaultWebhookSecret {
 			d.Log().Warn("PAYMENT_WEBHOOK_SECRET is the public demo default: anyone can forge payment callbacks; set your own outside the demo")

@@ -20,6 +20,7 @@
 package payment
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,9 +63,19 @@ type Config struct {
 	// a process facing a real provider must not let any client mint
 	// signed "succeeded" callbacks for any order.
 	Simulate bool
-	Provider *FakeProvider    // nil: a new FakeProvider
-	Now      func() time.Time // nil: time.Now; tests move the clock to expire signatures
+	// CaptureGrace (PAYMENT_CAPTURE_GRACE) is how long after an intent's
+	// pay_by a payment that arrived before it may still be decided (it
+	// waited for a connection or the intent's lock under load); the
+	// intent expires once it has passed. Default DefaultCaptureGrace.
+	CaptureGrace time.Duration
+	Provider     *FakeProvider    // nil: a new FakeProvider
+	Now          func() time.Time // nil: time.Now; tests move the clock to expire signatures
 }
+
+// DefaultCaptureGrace is Config.CaptureGrace's default: as long as a
+// service may take to answer (app.WriteTimeout); a client still waiting
+// after that has given up.
+const DefaultCaptureGrace = 30 * time.Second
 
 // Service is the payment service. Its HTTP handlers are mounted by Routes;
 // its consumer, expiry loop and refund loop run in Run.
@@ -104,6 +115,10 @@ func New(d registry.Deps, cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.CaptureGrace < 0 {
+		return nil, fmt.Errorf("payment: Config.CaptureGrace %s is negative", cfg.CaptureGrace)
+	}
+	cfg.CaptureGrace = cmp.Or(cfg.CaptureGrace, DefaultCaptureGrace)
 	tp := d.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -164,30 +179,42 @@ func (s *Service) Run(ctx context.Context) error {
 // applied to its order is recorded as rejected, with its refund (see
 // recordCallbackTx).
 //
-// With refuseLate (the fake provider charging for simulate, which asks
-// before it takes the money, as a real provider refuses to charge an
-// intent that was cancelled) a success for an intent that no longer takes
-// one writes nothing and returns the reason's error: nothing was captured.
-func (s *Service) recordCallback(ctx context.Context, cb Callback, refuseLate bool) (p Payment, replayed bool, err error) {
-	p, replayed, err = s.recordCallbackTx(ctx, cb, refuseLate)
+// rc says when the callback arrived and whether a late one is refused.
+func (s *Service) recordCallback(ctx context.Context, cb Callback, rc received) (p Payment, replayed bool, err error) {
+	p, replayed, err = s.recordCallbackTx(ctx, cb, rc)
 	if isUniqueViolation(err) {
 		// A twin with the same provider payment id committed between our
 		// check and our insert (possible only across orders, or for an
 		// order payment does not know, since callbacks of one known order
 		// take the intent lock): a second look sees it.
-		p, replayed, err = s.recordCallbackTx(ctx, cb, refuseLate)
+		p, replayed, err = s.recordCallbackTx(ctx, cb, rc)
 	}
 	return p, replayed, err
 }
 
-// verdict says why cb cannot be applied to in at now (nil: an order
-// payment does not know), or "" when it can: the intent is PAYABLE, its
-// deadline (if payment has heard it) has not passed, and the amount is the
+// received is how a callback came in.
+type received struct {
+	// at is when the request arrived: the moment a payment is made, which
+	// the deadline is judged by (a request that waited for a connection
+	// or a lock under load was still made in time).
+	at time.Time
+	// refuseLate: a success for an intent that no longer takes one writes
+	// nothing and returns the reason's error, nothing captured. The fake
+	// provider charging for simulate asks before it takes the money, as a
+	// real provider refuses to charge an intent that was cancelled.
+	refuseLate bool
+}
+
+// verdict says why cb, which arrived at rc.at, cannot be applied to in at
+// now (nil: an order payment does not know), or "" when it can: the intent
+// is PAYABLE, the callback arrived before its deadline (if payment has
+// heard it) and is decided within grace after it, and the amount is the
 // order's total. This is the one place the payment deadline is decided,
 // under the intent's row lock: a capture it accepts is the order's payment
 // however long its event takes to reach the order, and the intent cannot
-// expire under it.
-func verdict(in *Intent, cb Callback, now time.Time) string {
+// expire under it (the expiry loop takes an intent only grace after its
+// deadline, under the same lock).
+func verdict(in *Intent, cb Callback, arrived, now time.Time, grace time.Duration) string {
 	switch {
 	case in == nil:
 		return RejectUnknownOrder
@@ -195,7 +222,8 @@ func verdict(in *Intent, cb Callback, now time.Time) string {
 		return RejectAmountMismatch
 	case in.State == StatePaid:
 		return RejectAlreadyPaid
-	case in.State == StateExpired, in.State == StatePayable && in.PayBy != nil && !now.Before(*in.PayBy):
+	case in.State == StateExpired, in.State == StatePayable && in.PayBy != nil &&
+		(!arrived.Before(*in.PayBy) || !now.Before(in.PayBy.Add(grace))):
 		return RejectWindowClosed
 	case in.State != StatePayable:
 		return RejectOrderClosed
@@ -203,9 +231,15 @@ func verdict(in *Intent, cb Callback, now time.Time) string {
 	return ""
 }
 
+// expiring tells whether in is open and due for expiry at now: its
+// deadline and the grace after it have passed.
+func expiring(in *Intent, now time.Time, grace time.Duration) bool {
+	return in != nil && in.State == StatePayable && in.PayBy != nil && !now.Before(in.PayBy.Add(grace))
+}
+
 // refusals are the errors of a callback that writes nothing: a failure
 // that cannot be applied, or a success refused before any money moved
-// (refuseLate).
+// (received.refuseLate).
 var refusals = map[string]error{
 	RejectUnknownOrder:   ErrNotFound,
 	RejectAmountMismatch: ErrAmountMismatch,
@@ -220,7 +254,7 @@ func late(reason string) bool {
 	return reason == RejectWindowClosed || reason == RejectOrderClosed || reason == RejectAlreadyPaid
 }
 
-func (s *Service) recordCallbackTx(ctx context.Context, cb Callback, refuseLate bool) (Payment, bool, error) {
+func (s *Service) recordCallbackTx(ctx context.Context, cb Callback, rc received) (Payment, bool, error) {
 	tx, in, recorded, traced, err := beginCallback(ctx, s.pool, cb)
 	if err != nil {
 		return Payment{}, false, err
@@ -243,18 +277,17 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback, refuseLate 
 		}
 		return *recorded, true, nil
 	}
-	// The clock is read with the intent locked: the deadline is judged at
-	// the moment the capture is decided, and no expiry can slip in before
-	// the commit.
+	// The clock is read again with the intent locked: no expiry can slip
+	// in before the commit.
 	now := s.cfg.Now()
-	reason := verdict(in, cb, now)
+	reason := verdict(in, cb, rc.at, now, s.cfg.CaptureGrace)
 	switch {
 	case reason != "" && cb.Status != StatusSucceeded && !late(reason):
 		// No money moved, so there is nothing to keep or give back: the
 		// callback is refused and writes nothing, and the provider may send
 		// it again once it applies.
 		return Payment{}, false, refusals[reason]
-	case reason != "" && refuseLate:
+	case reason != "" && rc.refuseLate:
 		return Payment{}, false, refusals[reason]
 	}
 	id, err := uuid.NewV7()
@@ -272,7 +305,7 @@ func (s *Service) recordCallbackTx(ctx context.Context, cb Callback, refuseLate 
 	// The payment, its event, the intent's new state (and a rejected
 	// payment's refund) travel in one round trip.
 	b := &pgx.Batch{}
-	if in != nil && in.State == StatePayable && reason == RejectWindowClosed {
+	if expiring(in, now, s.cfg.CaptureGrace) {
 		// Due, and the expiry loop has not reached it yet: it expires here,
 		// under the same lock, before the callback is recorded against it,
 		// so the order hears the expiry first.

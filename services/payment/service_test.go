@@ -26,6 +26,10 @@ import (
 
 const testSecret = "test-secret"
 
+// testGrace is the tests' Config.CaptureGrace: how long after pay_by an
+// intent waits for a payment that arrived before it.
+const testGrace = 10 * time.Second
+
 // env is one test's payment service over its own schema and NATS server.
 type env struct {
 	db       *pgtest.Schema
@@ -67,6 +71,7 @@ func newEnv(t *testing.T) *env {
 		WebhookSecret: testSecret,
 		Provider:      e.provider,
 		Simulate:      true,
+		CaptureGrace:  testGrace,
 		Now:           e.clock,
 	})
 	if err != nil {

@@ -272,7 +272,7 @@ const (
 const setIntentStateSQL = `UPDATE intents SET state = $2, updated_at = now() WHERE order_id = $1`
 
 // expireDueSQL expires up to $2 open intents whose deadline is at or before
-// $1 and returns them. It takes the intent rows FOR UPDATE, the lock a
+// $1 (now less Config.CaptureGrace) and returns them. It takes the intent rows FOR UPDATE, the lock a
 // capture takes (beginCallback): an intent is either captured or expired,
 // never both, whichever locks it first; SKIP LOCKED leaves an intent a
 // capture holds to that capture (which sees the deadline itself) and the
