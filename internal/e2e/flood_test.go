@@ -55,18 +55,21 @@ func TestEarlyMessagesDoNotStopTheShop(t *testing.T) {
 		return inv == floodEvents && pay == floodEvents
 	})
 	parking := time.Since(start)
+	// A message is acked after the commit that parks it: the last batch's
+	// acks may still be on their way when the rows show, so the consumers
+	// get a moment to come down to what is in flight.
 	for _, c := range []string{"inventory-orders", "payment-orders"} {
 		cons, err := js.Consumer(ctx, "ORDERS", c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		info, err := cons.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.NumAckPending > 100 {
-			t.Errorf("%s holds %d messages unacknowledged with the flood parked, want what is in flight only", c, info.NumAckPending)
-		}
+		poll.Until(t, 30*time.Second, c+" holds only what is in flight unacknowledged with the flood parked", func() bool {
+			info, err := cons.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return info.NumAckPending <= 100
+		})
 	}
 	flooded := completeOrder(t, s)
 	t.Logf("order→COMPLETED %v normally, %v with %d early messages parked (parking them took %v)",
