@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
@@ -96,6 +98,18 @@ func TestBrowser(t *testing.T) {
 		}
 		t.Logf("%s: %v", what, time.Since(start).Round(time.Millisecond))
 	}
+	// The page must work under its own Content-Security-Policy: a script,
+	// style or request it blocks is recorded (this script is injected by
+	// the browser, which the policy does not govern) and fails the test.
+	step("record what the content-security policy blocks",
+		func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+			_, err := cdp.Call(ctx, t, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{
+				Source: `window.cspViolations = [];
+					document.addEventListener("securitypolicyviolation",
+						(e) => window.cspViolations.push(e.violatedDirective + " " + e.blockedURI));`})
+			return chromedp.Void{}, err
+		},
+	)
 	step("open the page and see it live",
 		chromedp.Navigate(sh.dashboard),
 		chromedp.WaitVisible(chromedp.CSS(`#conn.live`)),
@@ -249,6 +263,13 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("screenshot: %v", err)
 		}
 	}
+	violations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.cspViolations`))
+	if err != nil {
+		t.Errorf("read the policy's violations: %v", err)
+	}
+	for _, v := range violations {
+		t.Errorf("the content-security policy blocked %s", v)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	for _, e := range exceptions {
@@ -287,6 +308,7 @@ func startShop(t *testing.T) shopURLs {
 		"FULFILLMENT_DELAY":     "200ms",
 		"DASHBOARD_ADDR":        freeAddr(t),
 		"PAYMENT_FAKE_PROVIDER": "true", // the page's Pay button
+		"DASHBOARD_DEMO":        "true", // its Place and Pay buttons
 		"TRACE_UI_URL":          "http://traces.example/trace/{trace_id}",
 	}
 	for _, name := range services.All.Names() {
