@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/config"
+	"github.com/shop-ref/shop/internal/dashboard"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
@@ -50,7 +52,7 @@ func TestBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := findChromium(t)
 	begin := time.Now()
-	sh := startShop(t)
+	sh := startShop(t, true)
 	restock(t, sh, "SKU-1")
 	t.Logf("shop up and SKU-1 on sale after %v", time.Since(begin).Round(time.Millisecond))
 
@@ -294,10 +296,39 @@ func findChromium(t *testing.T) string {
 
 type shopURLs struct{ dashboard, order, inventory string }
 
+// TestClientTraceparentIsNoTraceLink: with tracing off, a client sends
+// POST /orders with a traceparent of its choosing. The shop records no
+// trace, so the dashboard must not link the order to that one (or any).
+func TestClientTraceparentIsNoTraceLink(t *testing.T) {
+	t.Parallel()
+	sh := startShop(t, false)
+	restock(t, sh, "SKU-1")
+	status, body := shoptest.Call(t, "POST", sh.order+"/orders", map[string]string{"Idempotency-Key": "k-" + randHex(),
+		"Traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}, `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`)
+	var o struct {
+		OrderID string `json:"order_id"`
+	}
+	if status != http.StatusCreated || json.Unmarshal(body, &o) != nil {
+		t.Fatalf("POST /orders: %d %s", status, body)
+	}
+	var st dashboard.State
+	poll.Until(t, 10*time.Second, "the order on the dashboard", func() bool {
+		st = getState(t, sh.dashboard)
+		return slices.ContainsFunc(st.Orders, func(x dashboard.Order) bool { return x.ID == o.OrderID })
+	})
+	for _, x := range st.Orders {
+		if x.TraceURL != "" {
+			t.Errorf("order %s links to %s; with tracing off no order has a trace", x.ID, x.TraceURL)
+		}
+	}
+}
+
 // startShop runs every service and the dashboard in this process, as `shop
 // all` does, over a throwaway database and a test NATS server, and waits
-// until they serve.
-func startShop(t *testing.T) shopURLs {
+// until they serve. traced: the order service records spans (kept in
+// memory, exported nowhere); otherwise tracing is off, as without
+// OTEL_EXPORTER_OTLP_ENDPOINT.
+func startShop(t *testing.T, traced bool) shopURLs {
 	t.Helper()
 	dbURL := throwawayDatabase(t)
 	nats := natstest.New(t)
@@ -318,11 +349,12 @@ func startShop(t *testing.T) shopURLs {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The order service records spans (kept in memory, exported nowhere),
-	// so its outbox rows carry a traceparent and the page links the trace.
-	tp := sdktrace.NewTracerProvider()
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	cfg.Services["order"].TracerProvider = tp
+	if traced {
+		// Its outbox rows carry a traceparent, and the page links the trace.
+		tp := sdktrace.NewTracerProvider()
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		cfg.Services["order"].TracerProvider = tp
+	}
 	log := slog.New(slog.DiscardHandler)
 	if os.Getenv("DASHBOARD_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
