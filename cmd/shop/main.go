@@ -36,12 +36,12 @@ built on a transactional outbox, idempotent consumers and JetStream.
 
 Usage:
   shop all [-demo]         every service in one process; -demo stocks a catalogue and prints curls;
-                           a live dashboard on DASHBOARD_ADDR (default :8080)
+                           a live dashboard on DASHBOARD_ADDR (default 127.0.0.1:8080)
   shop {services}
                            one service: HTTP, its consumers and its outbox relay
   shop dashboard           the live dashboard alone, on DASHBOARD_ADDR: reads the services'
-                           schemas, places and pays orders through ORDER_URL and PAYMENT_URL,
-                           shows each service's /readyz from its <SERVICE>_URL
+                           schemas, shows each service's /readyz from its <SERVICE>_URL; with
+                           DASHBOARD_DEMO=true places and pays orders through ORDER_URL and PAYMENT_URL
   shop migrate [-roles] [service…]
                            apply the migrations of each service's schema (default: all), then exit;
                            -roles also creates each service's least-privilege database role
@@ -64,7 +64,7 @@ Usage:
 
 Configuration comes from the environment: DATABASE_URL, <SERVICE>_DATABASE_URL
 (ORDER_DATABASE_URL, …), NATS_URL, <SERVICE>_ADDR and <SERVICE>_NATS_PASSWORD,
-DASHBOARD_ADDR and <SERVICE>_URL (shop dashboard).
+DASHBOARD_ADDR, DASHBOARD_DEMO, DASHBOARD_HOSTS and <SERVICE>_URL (shop dashboard).
 SHOP_FAILPOINTS (testing only) arms crash points, e.g. outbox.after_claim=crash@3.
 Flags override it; "shop <command> -h" lists them.
 `)

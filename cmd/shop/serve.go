@@ -31,6 +31,7 @@ func serveAll(reg registry.Registry) command {
 			if err := demo.Settings(cfg.Settings); err != nil {
 				return err
 			}
+			cfg.DashboardDemo = true
 		}
 		log.Info("starting", "services", cfg.Registry.Names(), "config", cfg)
 		if withDemo {

@@ -87,6 +87,34 @@ func TestAll(t *testing.T) {
 		})
 	})
 
+	t.Run("the dashboard takes no orders outside the demo", func(t *testing.T) {
+		base := "http://" + vars["DASHBOARD_ADDR"]
+		var st struct {
+			CanOrder *bool `json:"can_order"`
+		}
+		poll.Until(t, 30*time.Second, "the dashboard's state", func() bool {
+			res, err := http.Get(base + "/api/state")
+			if err != nil {
+				return false
+			}
+			defer res.Body.Close()
+			return res.StatusCode == http.StatusOK && json.NewDecoder(res.Body).Decode(&st) == nil
+		})
+		if st.CanOrder == nil || *st.CanOrder {
+			t.Errorf("state: can_order %v, want false", st.CanOrder)
+		}
+		for _, path := range []string{"/api/demo/order", "/api/demo/pay/0193b5f0-0000-7000-8000-000000000001"} {
+			res, err := http.Post(base+path, "text/plain", strings.NewReader("x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusNotFound && res.StatusCode != http.StatusMethodNotAllowed {
+				t.Errorf("POST %s: %s, want 404 or 405", path, res.Status)
+			}
+		}
+	})
+
 	t.Run("stops cleanly when the context ends", func(t *testing.T) {
 		cancel()
 		select {
@@ -167,9 +195,16 @@ func TestAllDemo(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the dashboard the banner names: %v", err)
 		}
+		var st struct {
+			CanOrder bool `json:"can_order"`
+		}
+		err = json.NewDecoder(res.Body).Decode(&st)
 		res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			t.Fatalf("the dashboard the banner names answers %s", res.Status)
+		if res.StatusCode != http.StatusOK || err != nil {
+			t.Fatalf("the dashboard the banner names answers %s (%v)", res.Status, err)
+		}
+		if !st.CanOrder {
+			t.Error("the demo's dashboard says it may not place orders")
 		}
 		conn, err := pgx.Connect(ctx, vars["DATABASE_URL"])
 		if err != nil {
@@ -218,12 +253,14 @@ func TestAllDemo(t *testing.T) {
 }
 
 // `shop dashboard` serves the dashboard alone, as Compose runs it: it reads
-// the services' schemas and places an order through ORDER_URL.
+// the services' schemas and, with DASHBOARD_DEMO as Compose sets it, places
+// an order through ORDER_URL.
 func TestDashboard(t *testing.T) {
 	t.Parallel()
 	s := shoptest.StartFor(t, services.All)
 	s.Restock(t, "SKU-1", 10, 100)
-	vars := map[string]string{"DASHBOARD_ADDR": shoptest.FreeAddr(t), "ORDER_URL": s.URLs["order"], "PAYMENT_URL": s.URLs["payment"]}
+	vars := map[string]string{"DASHBOARD_ADDR": shoptest.FreeAddr(t), "ORDER_URL": s.URLs["order"], "PAYMENT_URL": s.URLs["payment"],
+		"DASHBOARD_DEMO": "true"}
 	for k, v := range s.Env {
 		if strings.HasSuffix(k, "DATABASE_URL") {
 			vars[k] = v

@@ -178,6 +178,9 @@ func TestComposeEnvVars(t *testing.T) {
 		if v == "NATS_REPLICAS" || v == "NATS_STREAM_MAX_BYTES" {
 			value = "3" // a count
 		}
+		if v == "DASHBOARD_DEMO" {
+			value = "true" // a switch, off by default
+		}
 		if strings.HasSuffix(v, "RELAY_MODE") { // the mode the default is not
 			value = string(outbox.ModePoll)
 			if config.DefaultRelayMode == outbox.ModePoll {
@@ -758,7 +761,7 @@ func TestComposeDockerfile(t *testing.T) {
 	exposed := func(port int) bool {
 		return slices.ContainsFunc(ranges, func(r [2]int) bool { return r[0] <= port && port <= r[1] })
 	}
-	ports := map[string]string{"the dashboard": ":8080"} // DASHBOARD_ADDR's default
+	ports := map[string]string{"the dashboard": config.DefaultDashboardAddr}
 	for _, e := range services.All {
 		ports["service "+e.Name] = e.Addr
 	}

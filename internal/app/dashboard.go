@@ -97,7 +97,9 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg config.Config, urls 
 		OrderURL:       urls["order"],
 		PaymentURL:     urls["payment"],
 		PaymentTimeout: config.Setting[time.Duration](cfg.Settings, "PAYMENT_TIMEOUT"),
+		Demo:           cfg.DashboardDemo,
 		CanPay:         config.Setting[bool](cfg.Settings, "PAYMENT_FAKE_PROVIDER"),
+		Hosts:          dashboardHosts(cfg),
 		ServiceURLs:    services,
 		Consumers:      dashboardConsumers(cfg),
 		TraceUIURL:     cfg.TraceUIURL,
@@ -127,6 +129,19 @@ func runDashboard(ctx context.Context, ln net.Listener, cfg config.Config, urls 
 		return fmt.Errorf("dashboard: serve http: %w", err)
 	}
 	return nil
+}
+
+// dashboardHosts are the Host names the dashboard answers to besides
+// loopback's: DASHBOARD_ADDR's host when it names one (an address bound to
+// every interface names none) and DASHBOARD_HOSTS.
+func dashboardHosts(cfg config.Config) []string {
+	hosts := slices.Clone(cfg.DashboardHosts)
+	if h, _, err := net.SplitHostPort(cfg.DashboardAddr); err == nil && h != "" {
+		if ip := net.ParseIP(h); ip == nil || !ip.IsUnspecified() {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
 }
 
 // dashboardConsumers lists the registry's consumers with the service that

@@ -44,7 +44,8 @@ func Run(ctx context.Context, cfg config.Config, names []string, log *slog.Logge
 
 // RunDemo is Run of every service plus the demo: the payment service's
 // fake provider is on (POST /payments/{id}/simulate, the curl it prints and
-// the dashboard's Pay button), and once this process's own services listen
+// the dashboard's Pay button), the dashboard may place and pay orders
+// (config.Config.DashboardDemo), and once this process's own services listen
 // and answer, it stocks the demo catalogue through its own inventory
 // service (with cfg.OperatorToken, if one is set) and prints to out how to
 // try the shop, with the addresses it really bound (the dashboard's may be
@@ -53,6 +54,7 @@ func RunDemo(ctx context.Context, cfg config.Config, log *slog.Logger, out io.Wr
 	if err := demo.Settings(cfg.Settings); err != nil {
 		return err
 	}
+	cfg.DashboardDemo = true // the page's buttons
 	return run(ctx, cfg, cfg.Registry.Names(), log, func(ctx context.Context, urls map[string]string, js jetstream.JetStream) {
 		settled := func(ctx context.Context) error { return shopSettled(ctx, cfg, js) }
 		if err := demo.Seed(ctx, urls, config.Setting[string](cfg.Settings, "OPERATOR_TOKEN"), settled, out); err != nil && ctx.Err() == nil {

@@ -52,6 +52,11 @@ const AuditUser = "audit"
 // drifted; every other process can only report the drift.
 const StreamsUser = "streams"
 
+// SystemUsers are the shop's NATS users besides one per service. A service
+// named like one of them would share its user (registry.Validate refuses
+// the name; Users refuses two users of one name).
+func SystemUsers() []string { return []string{AuditUser, StreamsUser} }
+
 // denied is what no shop user may do, even where an allow would match:
 // removing a stream or its messages is an operator's act on the server
 // itself.
@@ -190,10 +195,15 @@ func Users(services []Access, passwords map[string]string) ([]*server.User, erro
 	users = append(users,
 		&server.User{Username: AuditUser, Password: passwords[AuditUser], Permissions: AuditPermissions()},
 		&server.User{Username: StreamsUser, Password: passwords[StreamsUser], Permissions: StreamsPermissions(services)})
+	seen := make(map[string]bool, len(users))
 	for _, u := range users {
 		if u.Password == "" {
 			return nil, fmt.Errorf("nats users: no password for %s", u.Username)
 		}
+		if seen[u.Username] {
+			return nil, fmt.Errorf("nats users: two users named %s (a service named like one of the shop's own users?)", u.Username)
+		}
+		seen[u.Username] = true
 	}
 	return users, nil
 }

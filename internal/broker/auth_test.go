@@ -360,3 +360,26 @@ func passwordOf(t *testing.T, srv *natstest.Server, user string) string {
 	}
 	return p
 }
+
+// A service named like one of the shop's own users would share that user:
+// the server's user list refuses the second of a name, whoever slipped
+// past registry.Validate.
+func TestUsersRefuseTwoOfOneName(t *testing.T) {
+	t.Parallel()
+	for _, name := range broker.SystemUsers() {
+		access := append(services.All.Access(), broker.Access{User: name})
+		passwords := map[string]string{}
+		for _, a := range access {
+			passwords[a.User] = "x"
+		}
+		for _, u := range broker.SystemUsers() {
+			passwords[u] = "x"
+		}
+		if _, err := broker.Users(access, passwords); err == nil || !strings.Contains(err.Error(), "two users named "+name) {
+			t.Errorf("a service named %s: err = %v, want two users named %s", name, err, name)
+		}
+	}
+	if _, err := broker.Users(services.All.Access(), nil); err == nil {
+		t.Error("no passwords: want an error")
+	}
+}

@@ -41,6 +41,10 @@ const (
 	// <NAME>_RELAY_MODE says. In one place so that the figures of `make
 	// bench` can flip it (docs/architecture.md).
 	DefaultRelayMode = outbox.ModeCDC
+	// DefaultDashboardAddr is DASHBOARD_ADDR's default: loopback only, so
+	// that the dashboard, which shows every customer's recent orders, is
+	// not on every interface unless asked (docker-compose.yml asks).
+	DefaultDashboardAddr = "127.0.0.1:8080"
 )
 
 // Config is the configuration of one shop process, read from the
@@ -95,8 +99,17 @@ type Config struct {
 	// service does (RECONCILE_INTERVAL, default ReconcileInterval).
 	ReconcileInterval time.Duration
 	// DashboardAddr is where `shop all` and `shop dashboard` serve the live
-	// dashboard (DASHBOARD_ADDR, default :8080).
+	// dashboard (DASHBOARD_ADDR, default DefaultDashboardAddr).
 	DashboardAddr string
+	// DashboardDemo lets the dashboard place and pay orders
+	// (DASHBOARD_DEMO, default false; `shop all -demo` sets it). Off, it
+	// only reads.
+	DashboardDemo bool
+	// DashboardHosts are the host names the dashboard answers to besides
+	// loopback's and its listen address's (DASHBOARD_HOSTS, comma
+	// separated): the names an operator's browser reaches it by. A request
+	// with any other Host is refused, against DNS rebinding.
+	DashboardHosts []string
 	// TracesEndpoint is where traces go over OTLP/HTTP
 	// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT).
 	// Set, each service of the process gets a tracer provider of its own
@@ -161,11 +174,23 @@ func LoadFor(reg registry.Registry, getenv func(string) string) (Config, error) 
 		build:               make(map[string]registry.NewFunc, len(reg)),
 		NATSReplicas:        1,
 		StreamLimits:        broker.DefaultLimits,
-		DashboardAddr:       cmp.Or(getenv("DASHBOARD_ADDR"), ":8080"),
+		DashboardAddr:       cmp.Or(getenv("DASHBOARD_ADDR"), DefaultDashboardAddr),
 		// Read here only to know whether to export: the exporter reads
 		// these and the other OTEL_* variables itself, as specified.
 		TracesEndpoint: cmp.Or(getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT")),
 		TraceUIURL:     getenv("TRACE_UI_URL"),
+	}
+	if v := getenv("DASHBOARD_DEMO"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return Config{}, fmt.Errorf("DASHBOARD_DEMO=%q: want true or false", v)
+		}
+		cfg.DashboardDemo = b
+	}
+	for h := range strings.SplitSeq(getenv("DASHBOARD_HOSTS"), ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			cfg.DashboardHosts = append(cfg.DashboardHosts, h)
+		}
 	}
 	if v := getenv("NATS_STREAM_MAX_AGE"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -331,6 +356,8 @@ func (cfg Config) LogValue() slog.Value {
 		slog.Duration("nats_stream_max_age", cfg.StreamLimits.MaxAge),
 		slog.Int64("nats_stream_max_bytes", cfg.StreamLimits.MaxBytes),
 		slog.String("dashboard_addr", cfg.DashboardAddr),
+		slog.Bool("dashboard_demo", cfg.DashboardDemo),
+		slog.Any("dashboard_hosts", cfg.DashboardHosts),
 	}
 	if cfg.Settings != nil {
 		attrs = append(attrs, slog.Any("settings", cfg.Settings))

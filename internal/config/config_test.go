@@ -37,6 +37,11 @@ func TestConfig(t *testing.T) {
 		if got := cfg.Services["order"].Addr; got != ":8081" {
 			t.Errorf("order addr %q, want the contract's :8081", got)
 		}
+		// The dashboard shows customers' orders: loopback unless asked,
+		// and read-only outside the demo.
+		if cfg.DashboardAddr != "127.0.0.1:8080" || cfg.DashboardDemo || len(cfg.DashboardHosts) != 0 {
+			t.Errorf("dashboard: addr %q, demo %v, hosts %q; want 127.0.0.1:8080, read-only, none", cfg.DashboardAddr, cfg.DashboardDemo, cfg.DashboardHosts)
+		}
 		for _, e := range services.All {
 			if got := cfg.Services[e.Name].Addr; got != e.Addr {
 				t.Errorf("%s addr %q, want its entry's %q", e.Name, got, e.Addr)
@@ -66,6 +71,18 @@ func TestConfig(t *testing.T) {
 		}
 		if got := cfg.Services["payment"].Addr; got != ":9000" {
 			t.Errorf("payment addr %q", got)
+		}
+	})
+
+	t.Run("the dashboard's demo and hosts", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{"DASHBOARD_DEMO": "true", "DASHBOARD_HOSTS": " shop.example, ops.example ,,"}
+		cfg, err := LoadConfig(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !cfg.DashboardDemo || !slices.Equal(cfg.DashboardHosts, []string{"shop.example", "ops.example"}) {
+			t.Errorf("demo %v, hosts %q", cfg.DashboardDemo, cfg.DashboardHosts)
 		}
 	})
 
@@ -143,6 +160,7 @@ func TestLoadConfigRefusesBadValues(t *testing.T) {
 		"FULFILLMENT_DELAY":         "-2s",
 		"IDEMPOTENCY_KEY_TTL":       "0",
 		"PAYMENT_FAKE_PROVIDER":     "yes please",
+		"DASHBOARD_DEMO":            "on",
 		"NATS_REPLICAS":             "7",
 		"RELAY_MODE":                "wal",
 		"INVENTORY_RELAY_MODE":      "debezium",

@@ -13,11 +13,14 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
@@ -25,6 +28,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/app"
 	"github.com/shop-ref/shop/internal/config"
+	"github.com/shop-ref/shop/internal/dashboard"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/natstest"
 	"github.com/shop-ref/shop/internal/pgtest"
@@ -48,7 +52,7 @@ func TestBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := findChromium(t)
 	begin := time.Now()
-	sh := startShop(t)
+	sh := startShop(t, true)
 	restock(t, sh, "SKU-1")
 	t.Logf("shop up and SKU-1 on sale after %v", time.Since(begin).Round(time.Millisecond))
 
@@ -96,6 +100,18 @@ func TestBrowser(t *testing.T) {
 		}
 		t.Logf("%s: %v", what, time.Since(start).Round(time.Millisecond))
 	}
+	// The page must work under its own Content-Security-Policy: a script,
+	// style or request it blocks is recorded (this script is injected by
+	// the browser, which the policy does not govern) and fails the test.
+	step("record what the content-security policy blocks",
+		func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+			_, err := cdp.Call(ctx, t, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{
+				Source: `window.cspViolations = [];
+					document.addEventListener("securitypolicyviolation",
+						(e) => window.cspViolations.push(e.violatedDirective + " " + e.blockedURI));`})
+			return chromedp.Void{}, err
+		},
+	)
 	step("open the page and see it live",
 		chromedp.Navigate(sh.dashboard),
 		chromedp.WaitVisible(chromedp.CSS(`#conn.live`)),
@@ -249,6 +265,13 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("screenshot: %v", err)
 		}
 	}
+	violations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.cspViolations`))
+	if err != nil {
+		t.Errorf("read the policy's violations: %v", err)
+	}
+	for _, v := range violations {
+		t.Errorf("the content-security policy blocked %s", v)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	for _, e := range exceptions {
@@ -273,10 +296,39 @@ func findChromium(t *testing.T) string {
 
 type shopURLs struct{ dashboard, order, inventory string }
 
+// TestClientTraceparentIsNoTraceLink: with tracing off, a client sends
+// POST /orders with a traceparent of its choosing. The shop records no
+// trace, so the dashboard must not link the order to that one (or any).
+func TestClientTraceparentIsNoTraceLink(t *testing.T) {
+	t.Parallel()
+	sh := startShop(t, false)
+	restock(t, sh, "SKU-1")
+	status, body := shoptest.Call(t, "POST", sh.order+"/orders", map[string]string{"Idempotency-Key": "k-" + randHex(),
+		"Traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}, `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":1}]}`)
+	var o struct {
+		OrderID string `json:"order_id"`
+	}
+	if status != http.StatusCreated || json.Unmarshal(body, &o) != nil {
+		t.Fatalf("POST /orders: %d %s", status, body)
+	}
+	var st dashboard.State
+	poll.Until(t, 10*time.Second, "the order on the dashboard", func() bool {
+		st = getState(t, sh.dashboard)
+		return slices.ContainsFunc(st.Orders, func(x dashboard.Order) bool { return x.ID == o.OrderID })
+	})
+	for _, x := range st.Orders {
+		if x.TraceURL != "" {
+			t.Errorf("order %s links to %s; with tracing off no order has a trace", x.ID, x.TraceURL)
+		}
+	}
+}
+
 // startShop runs every service and the dashboard in this process, as `shop
 // all` does, over a throwaway database and a test NATS server, and waits
-// until they serve.
-func startShop(t *testing.T) shopURLs {
+// until they serve. traced: the order service records spans (kept in
+// memory, exported nowhere); otherwise tracing is off, as without
+// OTEL_EXPORTER_OTLP_ENDPOINT.
+func startShop(t *testing.T, traced bool) shopURLs {
 	t.Helper()
 	dbURL := throwawayDatabase(t)
 	nats := natstest.New(t)
@@ -287,6 +339,7 @@ func startShop(t *testing.T) shopURLs {
 		"FULFILLMENT_DELAY":     "200ms",
 		"DASHBOARD_ADDR":        freeAddr(t),
 		"PAYMENT_FAKE_PROVIDER": "true", // the page's Pay button
+		"DASHBOARD_DEMO":        "true", // its Place and Pay buttons
 		"TRACE_UI_URL":          "http://traces.example/trace/{trace_id}",
 	}
 	for _, name := range services.All.Names() {
@@ -296,11 +349,12 @@ func startShop(t *testing.T) shopURLs {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The order service records spans (kept in memory, exported nowhere),
-	// so its outbox rows carry a traceparent and the page links the trace.
-	tp := sdktrace.NewTracerProvider()
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	cfg.Services["order"].TracerProvider = tp
+	if traced {
+		// Its outbox rows carry a traceparent, and the page links the trace.
+		tp := sdktrace.NewTracerProvider()
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		cfg.Services["order"].TracerProvider = tp
+	}
 	log := slog.New(slog.DiscardHandler)
 	if os.Getenv("DASHBOARD_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))

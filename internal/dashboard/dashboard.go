@@ -44,6 +44,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -83,11 +84,24 @@ type Config struct {
 	// PaymentTimeout is the saga's PAYMENT_TIMEOUT, shown on the page: an
 	// order that is not paid closes after it.
 	PaymentTimeout time.Duration
+	// Demo lets the page act: POST /api/demo/order places an order and
+	// POST /api/demo/pay/{id} pays one (with CanPay). Off, the default, the
+	// dashboard only reads and those paths do not exist (404): an endpoint
+	// that orders for anyone who reaches it is a demo's convenience, never
+	// an operator's view (`shop all -demo`, DASHBOARD_DEMO).
+	Demo bool
 	// CanPay says the payment service serves POST /payments/{id}/simulate
 	// (its fake provider is on, PAYMENT_FAKE_PROVIDER; `shop all -demo`).
-	// Only then does the page offer "Pay"; without it (the default) POST
-	// /api/demo/pay answers 409 and says why.
+	// Only then, and with Demo, does the page offer "Pay"; with Demo but
+	// without it POST /api/demo/pay answers 409 and says why.
 	CanPay bool
+	// Hosts are the names, besides localhost, 127.0.0.1 and ::1, that the
+	// dashboard answers to in a request's Host header (without the port):
+	// the host it listens on, when that is a name or an address of its
+	// own, and the names an operator reaches it by (DASHBOARD_HOSTS). Any
+	// other Host is refused with 421, which is what defeats DNS rebinding
+	// (guard.go).
+	Hosts []string
 	// Interval is how often the server-sent events push the state (default
 	// 1s).
 	Interval time.Duration
@@ -144,6 +158,11 @@ func (c *Config) validate() error {
 	case c.TraceUIURL != "" && !strings.Contains(c.TraceUIURL, "{trace_id}"):
 		return fmt.Errorf("dashboard: TraceUIURL %q has no {trace_id} to put the trace id in", c.TraceUIURL)
 	}
+	for _, h := range c.Hosts {
+		if hostName(h) == "" || strings.ContainsAny(h, "/ ") {
+			return fmt.Errorf("dashboard: Hosts: %q is not a host name (want one such as shop.example.com, without scheme or path)", h)
+		}
+	}
 	return nil
 }
 
@@ -152,7 +171,8 @@ type Server struct {
 	cfg      Config
 	services []string // the pools' names, in the order the page lists them
 	journeys map[string]journey.DB
-	mux      *http.ServeMux
+	hosts    []string // the Host names served (hostName), loopback's included
+	handler  http.Handler
 
 	// The state is read at most once per half interval, however many pages
 	// are open, so each extra viewer costs the databases nothing.
@@ -176,7 +196,10 @@ func New(cfg Config) (*Server, error) {
 		cfg:      cfg,
 		services: serviceNames(cfg.Pools, cfg.Services),
 		journeys: make(map[string]journey.DB, len(cfg.Pools)),
-		mux:      http.NewServeMux(),
+		hosts:    slices.Clone(loopback),
+	}
+	for _, h := range cfg.Hosts {
+		s.hosts = append(s.hosts, hostName(h))
 	}
 	s.sampler.ring = make([]Sample, max(1, int(cfg.Window/cfg.SampleInterval)))
 	s.sampler.failing, s.sampler.read = map[string]error{}, map[string]bool{}
@@ -184,19 +207,23 @@ func New(cfg Config) (*Server, error) {
 		s.journeys[name] = db
 	}
 	files, _ := fs.Sub(static, "static") // static is embedded: cannot fail
-	s.mux.Handle("GET /{$}", http.FileServerFS(files))
-	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(files)))
-	s.mux.HandleFunc("GET /api/state", s.handleState)
-	s.mux.HandleFunc("GET /api/events", s.handleEvents)
-	s.mux.HandleFunc("GET /api/series", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.series()) })
-	s.mux.HandleFunc("GET /api/orders/{id}/journey", s.handleJourney)
-	s.mux.HandleFunc("POST /api/demo/order", s.handleOrder)
-	s.mux.HandleFunc("POST /api/demo/pay/{id}", s.handlePay)
+	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", http.FileServerFS(files))
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(files)))
+	mux.HandleFunc("GET /api/state", s.handleState)
+	mux.HandleFunc("GET /api/events", s.handleEvents)
+	mux.HandleFunc("GET /api/series", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.series()) })
+	mux.HandleFunc("GET /api/orders/{id}/journey", s.handleJourney)
+	if cfg.Demo {
+		mux.HandleFunc("POST /api/demo/order", s.handleOrder)
+		mux.HandleFunc("POST /api/demo/pay/{id}", s.handlePay)
+	}
+	s.handler = s.guard(mux)
 	return s, nil
 }
 
 // ServeHTTP serves the page and its API.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // state returns the state, read afresh unless a read of the last half
 // interval can serve.

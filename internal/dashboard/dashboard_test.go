@@ -341,7 +341,7 @@ func TestDemoPay(t *testing.T) {
 	})
 	t.Run("without the fake provider, says so and calls nothing", func(t *testing.T) {
 		d, err := dashboard.New(dashboard.Config{Pools: map[string]dashboard.DB{"order": failingDB{}},
-			OrderURL: "http://order.invalid", PaymentURL: payment.URL})
+			OrderURL: "http://order.invalid", PaymentURL: payment.URL, Demo: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -366,6 +366,12 @@ func TestNewValidates(t *testing.T) {
 	if _, err := dashboard.New(dashboard.Config{Pools: map[string]dashboard.DB{"order": failingDB{}},
 		OrderURL: "http://o", PaymentURL: "http://p", TraceUIURL: "http://jaeger/trace/"}); err == nil {
 		t.Error("a TraceUIURL without {trace_id}: want an error")
+	}
+	for _, h := range []string{"", "http://shop.example", "shop.example/x"} {
+		if _, err := dashboard.New(dashboard.Config{Pools: map[string]dashboard.DB{"order": failingDB{}},
+			OrderURL: "http://o", PaymentURL: "http://p", Hosts: []string{h}}); err == nil {
+			t.Errorf("Hosts %q: want an error", h)
+		}
 	}
 }
 
@@ -418,11 +424,12 @@ func TestTraceLink(t *testing.T) {
 	}
 }
 
-// demoServer serves a dashboard whose database reads all fail.
+// demoServer serves a dashboard in demo mode, with Pay, whose database
+// reads all fail.
 func demoServer(t *testing.T, orderURL, paymentURL string) *httptest.Server {
 	t.Helper()
 	d, err := dashboard.New(dashboard.Config{Pools: map[string]dashboard.DB{"order": failingDB{}},
-		OrderURL: orderURL, PaymentURL: paymentURL, CanPay: true})
+		OrderURL: orderURL, PaymentURL: paymentURL, Demo: true, CanPay: true})
 	if err != nil {
 		t.Fatal(err)
 	}

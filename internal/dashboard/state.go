@@ -30,7 +30,8 @@ const (
 type State struct {
 	At             time.Time      `json:"at"`
 	PaymentTimeout string         `json:"payment_timeout"` // PAYMENT_TIMEOUT, such as "15m0s"
-	CanPay         bool           `json:"can_pay"`         // the page may offer Pay (Config.CanPay)
+	CanOrder       bool           `json:"can_order"`       // the page may place orders (Config.Demo)
+	CanPay         bool           `json:"can_pay"`         // the page may offer Pay (Config.Demo and Config.CanPay)
 	Currency       string         `json:"currency"`        // the unit of every total: Currency
 	Counts         map[string]int `json:"counts"`          // orders per saga state; every state present
 	Orders         []Order        `json:"orders"`          // the most recently updated, newest first
@@ -110,7 +111,8 @@ func (s *Server) readState(ctx context.Context) (State, error) {
 	st := State{
 		At:             time.Now().UTC(),
 		PaymentTimeout: s.cfg.PaymentTimeout.String(),
-		CanPay:         s.cfg.CanPay,
+		CanOrder:       s.cfg.Demo,
+		CanPay:         s.cfg.Demo && s.cfg.CanPay,
 		Currency:       Currency,
 		Counts:         make(map[string]int, len(States)),
 		Orders:         []Order{},

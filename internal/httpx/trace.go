@@ -9,7 +9,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // untraced are the probes' paths: a span per health check or scrape would
@@ -20,11 +19,15 @@ var untraced = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": tr
 // the probes', named by method and chi route pattern ("POST /orders"), read
 // after the handler ran, when routing has filled it in. A request that
 // carries a W3C traceparent continues its caller's trace. The handler runs
-// in the span, so the events it writes to the outbox carry it. tp nil: no
-// spans.
+// in the span, so the events it writes to the outbox carry it.
+//
+// tp nil (tracing off): no spans, and a caller's traceparent is not taken
+// up either. Continued without a span of the shop's, it would reach the
+// outbox as the events' trace context, and the dashboard would link the
+// order to a trace id of the client's choosing that nothing recorded.
 func Trace(tp trace.TracerProvider) func(http.Handler) http.Handler {
 	if tp == nil {
-		tp = noop.NewTracerProvider()
+		return func(next http.Handler) http.Handler { return next }
 	}
 	tracer := tp.Tracer("github.com/shop-ref/shop/internal/httpx")
 	var tc propagation.TraceContext

@@ -81,6 +81,13 @@ func (r Registry) Validate() error {
 		if !validName.MatchString(e.Name) {
 			fail(e, "Name must be lower case letters and digits: it names the command, the NATS user and the <NAME>_ variables")
 		}
+		if slices.Contains(broker.SystemUsers(), e.Name) {
+			// Its NATS user would be the shop's own of that name: two
+			// permission sets for one user, and its password variable
+			// (<NAME>_NATS_PASSWORD) the system user's.
+			fail(e, "Name %q is reserved: the shop's NATS user %q has it (reserved: %s); pick another",
+				e.Name, e.Name, strings.Join(broker.SystemUsers(), ", "))
+		}
 		unique(e, "Name", e.Name)
 		if e.Schema == "" {
 			fail(e, "no Schema: name the Postgres schema it owns")
@@ -90,7 +97,14 @@ func (r Registry) Validate() error {
 			fail(e, "Stream %q: name the JetStream stream it publishes to, in capitals (ORDERS)", e.Stream)
 		}
 		unique(e, "Stream", e.Stream)
-		if !validToken.MatchString(e.Prefix) {
+		switch {
+		case strings.HasPrefix(e.Prefix, "_") || strings.HasPrefix(e.Prefix, "$"):
+			// The service's user may publish to <Prefix>.>: with _INBOX it
+			// could answer into every other user's replies, with $JS or
+			// $SYS call the server's own APIs.
+			fail(e, "Prefix %q is reserved: NATS keeps subjects beginning with _ or $ for itself (_INBOX replies, the $JS API); "+
+				"name the first token of its subjects in letters (orders)", e.Prefix)
+		case !validToken.MatchString(e.Prefix):
 			fail(e, "Prefix %q: name the first token of its subjects (orders)", e.Prefix)
 		}
 		unique(e, "Prefix", e.Prefix)

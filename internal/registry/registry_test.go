@@ -33,6 +33,14 @@ func TestValidateSaysWhatToAddAndWhere(t *testing.T) {
 			e.Checks = []registry.Check{{Name: "x", From: &registry.Query{Service: "points"}}}
 		}, []string{`reads service "points"`}},
 		"a name in capitals": {func(e *registry.Entry) { e.Name = "Draft" }, []string{"lower case"}},
+		// A service's NATS user is named after it: these are the shop's own.
+		"the audit user's name":    {func(e *registry.Entry) { e.Addr, e.Name = ":8090", "audit" }, []string{`service "audit"`, `Name "audit" is reserved`, "services/audit/registration.go"}},
+		"the stream keeper's name": {func(e *registry.Entry) { e.Addr, e.Name = ":8090", "streams" }, []string{`service "streams"`, `Name "streams" is reserved`}},
+		// Its user may publish to <Prefix>.>: into every reply inbox, or the server's APIs.
+		"the inbox prefix":     {func(e *registry.Entry) { e.Addr, e.Prefix = ":8090", "_INBOX" }, []string{`service "draft"`, `Prefix "_INBOX" is reserved`}},
+		"an underscore prefix": {func(e *registry.Entry) { e.Addr, e.Prefix = ":8090", "_draft" }, []string{`Prefix "_draft" is reserved`}},
+		"the JetStream API":    {func(e *registry.Entry) { e.Addr, e.Prefix = ":8090", "$JS" }, []string{`Prefix "$JS" is reserved`}},
+		"the system account":   {func(e *registry.Entry) { e.Addr, e.Prefix = ":8090", "$SYS" }, []string{`Prefix "$SYS" is reserved`}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -25,6 +25,13 @@
 //     that does not decode, or whose handler returns [Poison], at once. A
 //     failed batch is retried one delivery at a time, so the bad one fails
 //     alone. [RequeueDeadLetter] applies one again, with its event id.
+//   - A message the server copied into the stream from another stream (a
+//     stream's republish or sources; their Nats-Stream and
+//     Nats-Stream-Source headers) is dead-lettered at once, [ErrForged],
+//     and never applied, requeued or not: a republish ignores what its
+//     original's publisher may publish to, so the copy may carry any
+//     producer's subject and headers. A consumer reads the stream its
+//     producers publish to, never one fed by republish or sources.
 //   - No broker failure ends [Consumer.Run]; it subscribes again with
 //     backoff ([Consumer.State]).
 //   - Consumers sharing a Config.Name, in any number of processes, share

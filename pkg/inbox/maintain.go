@@ -143,6 +143,11 @@ func (c *Consumer) replayOne(ctx context.Context, after int64) (int64, error) {
 	if err = json.Unmarshal(headers, &h); err != nil {
 		err = Poison(fmt.Errorf("decode dead letter headers: %w", err))
 	} else if m, err = decode(subject, h, payload); err == nil {
+		// An operator's requeue does not make a copy from another stream
+		// an event of this one.
+		err = stored(h)
+	}
+	if err == nil {
 		actx, span := c.startSpan(ctx, m, pathRequeued, 1)
 		v, err = c.apply(actx, inner, m, true)
 		out = v.out

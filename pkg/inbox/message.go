@@ -147,6 +147,33 @@ func decode(subject string, h nats.Header, data []byte) (Message, error) {
 	return m, nil
 }
 
+// The headers the server sets on a message it copies from another stream:
+// a republish names the stream it came from, a source the stream and
+// sequence. A publisher cannot remove them (the server appends its own
+// after the publisher's), and the outbox relay never sets them.
+const (
+	hdrRepublishedFrom = "Nats-Stream"
+	hdrSourcedFrom     = "Nats-Stream-Source"
+)
+
+// stored says whether h is the header of a message that the stream took
+// from a publisher, as pkg/outbox's relay publishes every event, and not a
+// copy the server made from another stream: ErrForged, poison, if a copy.
+// Every value counts, not the first only: the publisher of the original
+// may have set one of its own ahead of the server's.
+func stored(h nats.Header) error {
+	var from []string
+	for _, name := range []string{hdrRepublishedFrom, hdrSourcedFrom} {
+		for _, v := range h.Values(name) {
+			from = append(from, fmt.Sprintf("%s: %q", name, v))
+		}
+	}
+	if len(from) == 0 {
+		return nil
+	}
+	return Poison(fmt.Errorf("%w (%s)", ErrForged, strings.Join(from, ", ")))
+}
+
 // maxText bounds the text headers the inbox stores (and indexes: an
 // aggregate id is part of a primary key, and a btree entry must fit a
 // third of a page).

@@ -133,6 +133,9 @@ func (c *Consumer) pump(ctx context.Context, it jetstream.MessagesContext, queue
 		c.stats.lastDelivery.Store(time.Now().UnixNano())
 		d := &delivery{msg: msg}
 		d.m, d.err = decode(msg.Subject(), msg.Headers(), msg.Data())
+		if d.err == nil {
+			d.err = stored(msg.Headers())
+		}
 		// One aggregate, one worker: its events are handled in order and one
 		// at a time here, while other aggregates proceed in parallel.
 		key := d.m.Subject

@@ -12,6 +12,7 @@ const cards = new Map(); // order id -> <li>
 const traceURLs = new Map(); // order id -> its trace in the trace UI (TRACE_UI_URL), when known
 const mine = new Set();  // orders placed from this page
 let canPay = false;      // the payment service's fake provider is on (state.can_pay)
+let canOrder = null;     // the dashboard runs as a demo and may place orders (state.can_order); null until known
 const columns = {};
 
 function el(tag, props = {}, ...children) {
@@ -131,6 +132,12 @@ function render(st) {
   $("#timeout").textContent = st.payment_timeout;
   renderHealth(st.health);
   canPay = st.can_pay === true;
+  if (canOrder !== (st.can_order === true)) {
+    canOrder = st.can_order === true;
+    $("#place").hidden = !canOrder;
+    if (!canOrder) say("Read-only: outside a demo this dashboard places and pays no orders " +
+      "(run shop all -demo, or set DASHBOARD_DEMO=true, for the buttons).");
+  }
   currency = st.currency || currency;
   const seen = new Set();
   const by = Object.fromEntries(STATES.map((s) => [s, []]));
