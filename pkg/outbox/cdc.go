@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,7 @@ type cdcState struct {
 	unavailable atomic.Pointer[string] // why ModeCDC cannot stream here; nil: it can
 	caughtUpAt  atomic.Int64           // unix nanoseconds: last time everything sent was confirmed
 	handedOff   atomic.Int64           // events the stream left to the table
+	markWaits   atomic.Int64           // acked events whose rows the first mark could not see yet
 	// backfillBefore is when this relay made the slot (the database's
 	// clock): events due before it are in no stream, and its poller
 	// publishes them at once, not after the HandOff. Nil: it made none.
@@ -109,6 +111,15 @@ func (r *Relay) stream(ctx context.Context) {
 		case errors.As(err, &standby):
 			r.log.Debug("outbox relay: another relay streams the slot; standing by", "slot", r.slot, "err", err)
 			wait = r.cfg.PollInterval/2 + time.Duration(r.jitter(int64(r.cfg.PollInterval/2))+1)
+		case errors.Is(err, errMarkUnseen):
+			// Not confirmed past them: the next stream publishes and marks
+			// them again. A transaction that stays invisible long after its
+			// commit was sent (a synchronous standby that does not answer)
+			// ends every stream here until it is visible.
+			failures++
+			r.log.Error("outbox relay: published events whose rows stay invisible to the relay; "+
+				"starting the stream again from its confirmed position", "slot", r.slot, "err", err)
+			wait = backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, failures, r.jitter)
 		case err != nil:
 			failures++
 			if failures == 1 {
@@ -651,6 +662,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 		return nil, err // a failpoint: "die", start again from the confirmed position
 	}
 	var ackedIDs, handed [][16]byte
+	commits := map[[16]byte]time.Time{}
 	failed := &pgx.Batch{}
 	down = verdict(results)
 	for i, res := range results {
@@ -660,6 +672,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 			it.done = true
 			acked[aggKey{it.ev.aggType, it.ev.aggID}] = it.ev.seq
 			ackedIDs = append(ackedIDs, it.ev.id)
+			commits[it.ev.id] = it.ev.since
 			if res.duplicate {
 				r.stats.duplicates.Add(1)
 			}
@@ -706,11 +719,9 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 		if err := r.cfg.failpoint(failpointAfterAckBeforeMark); err != nil {
 			return nil, err
 		}
-		tag, err := r.pool.Exec(pctx, markCDCSQL, ackedIDs)
-		if err != nil {
-			return nil, fmt.Errorf("mark %d events published: %w", len(ackedIDs), err)
+		if err := r.markStreamed(ctx, ackedIDs, commits); err != nil {
+			return nil, err
 		}
-		r.stats.published.Add(tag.RowsAffected())
 		r.stats.lastPublish.Store(time.Now().UnixNano())
 		r.brokerUp()
 		// Failure window: marked, not confirmed. A crash here streams them
@@ -728,6 +739,68 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 		return nil, err
 	}
 	return down, nil
+}
+
+// markVisibleWait bounds how long the stream waits for the row of an
+// event it published to become visible to its mark.
+const markVisibleWait = 5 * time.Second
+
+// errMarkUnseen ends a stream whose mark could not see the row of an event
+// it published within markVisibleWait.
+var errMarkUnseen = errors.New("acked events whose rows the mark cannot see")
+
+// markStreamed marks acked events published, and returns only once every
+// row is marked (or was already: a stream that starts again sends events
+// its predecessor marked).
+//
+// Failure window: Postgres sends a transaction's commit to the walsender
+// before it makes the transaction visible to other snapshots, so a relay
+// that publishes within a millisecond can run its mark while a row is
+// still invisible. The mark changed no row, the position was confirmed past
+// it, and the poller published the event a second time after the HandOff
+// (about 1 % of events, with no fault; TestCDCMarksEveryEventItPublishes).
+// A row the mark cannot see is marked again, after a short pause, until it
+// can: its commit was decoded, so it becomes visible. Past markVisibleWait
+// the stream ends without confirming it, and the next stream publishes and
+// marks it again.
+//
+// commits holds each event's commit time (the database's clock): a row
+// committed longer ago than the Retention may be gone rather than
+// invisible (a slot left unconfirmed while the table was published by
+// polling), and is not waited for.
+func (r *Relay) markStreamed(ctx context.Context, ids [][16]byte, commits map[[16]byte]time.Time) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markVisibleWait+r.cfg.PublishTimeout)
+	defer cancel()
+	began := time.Now()
+	pause := time.Millisecond
+	for {
+		var marked int64
+		var unseen [][16]byte
+		if err := r.pool.QueryRow(ctx, markCDCSQL, ids).Scan(&marked, &unseen); err != nil {
+			return fmt.Errorf("mark %d events published: %w", len(ids), err)
+		}
+		r.stats.published.Add(marked)
+		unseen = slices.DeleteFunc(unseen, func(id [16]byte) bool {
+			return time.Since(commits[id]) > r.cfg.Retention
+		})
+		if len(unseen) == 0 {
+			return nil
+		}
+		if pause == time.Millisecond { // the first try
+			r.cdc.markWaits.Add(int64(len(unseen)))
+		}
+		if time.Since(began) > markVisibleWait {
+			return fmt.Errorf("%w: %d events, the first %s, not visible after %v",
+				errMarkUnseen, len(unseen), uuid.UUID(unseen[0]), markVisibleWait)
+		}
+		ids = unseen
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("mark %d events published: %w", len(ids), ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 100*time.Millisecond)
+	}
 }
 
 // handOver makes events the stream left to the table due for the poller
@@ -758,12 +831,22 @@ SELECT p.n FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS 
 JOIN outbox o ON o.aggregate_type = p.t AND o.aggregate_id = p.i AND o.aggregate_seq = p.s
 WHERE o.published_at IS NULL`
 
-// markCDCSQL marks streamed events published. No claim fences it: only
-// one relay streams a slot, and an acked event is published whoever says
-// so. The poller's claim on the row, if any, stays for its own mark.
+// markCDCSQL marks streamed events published, and returns how many rows it
+// changed and the events whose rows its snapshot does not hold (committed,
+// not yet visible; markStreamed). The update and the check share the
+// statement's snapshot, so a row is either marked, already published, or
+// unseen. No claim fences the mark: only one relay streams a slot, and an
+// acked event is published whoever says so. The poller's claim on the row,
+// if any, stays for its own mark.
 const markCDCSQL = `
-UPDATE outbox SET published_at = now()
-WHERE event_id = ANY($1) AND published_at IS NULL`
+WITH marked AS (
+	UPDATE outbox SET published_at = now()
+	WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM marked),
+       ARRAY(SELECT id FROM unnest($1::uuid[]) AS id
+             WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = id))`
 
 // failCDCSQL records a streamed event's own failure; the poller retries it
 // after the delay (backdated by the HandOff, as handOverSQL), or it is
