@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"slices"
 	"strconv"
@@ -509,4 +511,162 @@ func TestCDCMarksEveryEventItPublishes(t *testing.T) {
 	if n := r.State().HandedOff; n != 0 {
 		t.Errorf("the stream left %d events to the table, want 0 in a fault-free run", n)
 	}
+}
+
+// The replication connection breaks under the relay (the network, a
+// server gone): pgconn reads an error, not a message, and closes the
+// connection in a goroutine of its own, writing its Terminate. The relay
+// wrote its last standby status update on the same connection then: a
+// data race (-race, once in TestPostgresRestartMidStream). Cut three
+// times mid-stream: the stream starts again each time, every event goes
+// out once and in order, and -race finds nothing.
+func TestCDCReplicationConnectionCutMidStream(t *testing.T) {
+	e := setup(t)
+	proxy := newCutter(t, e.db.URL)
+	r, err := NewRelay(proxy.pool(t, e.db.URL), e.js, Config{Mode: ModeCDC, HandOff: time.Minute,
+		PollInterval: 50 * time.Millisecond, BackoffBase: 10 * time.Millisecond, OutageBackoffMax: 200 * time.Millisecond,
+		Logger: cmpLogger(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, r)
+	streaming(t, r)
+	walsender := func() (pid int) {
+		err := e.db.Pool.QueryRow(context.Background(), `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`,
+			r.State().Slot).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	var w Writer
+	want := map[string]int{}
+	write := func(n int) {
+		for i := range n {
+			agg := fmt.Sprintf("o-%d", i%7)
+			add(t, e.db.Pool, &w, event(agg, "Step"))
+			want[agg]++
+		}
+	}
+	for range 3 {
+		write(20)
+		before := walsender()
+		if n := proxy.cut(200 * time.Millisecond); n == 0 {
+			t.Fatal("no connection to cut")
+		}
+		write(20)
+		eventually(t, 20*time.Second, "another walsender streams the slot", func() (bool, error) {
+			pid := walsender()
+			return pid != 0 && pid != before && r.State().Streaming, nil
+		})
+	}
+	eventually(t, 30*time.Second, "every event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), want)
+}
+
+// cutter is a TCP proxy to the test's Postgres whose connections the test
+// cuts all at once, as a network fault or a server gone does: the client
+// reads a reset, not a message, and for a moment nothing answers.
+type cutter struct {
+	addr, target string
+	mu           sync.Mutex
+	ln           net.Listener
+	conns        []net.Conn
+	done         bool
+}
+
+func newCutter(t testing.TB, dbURL string) *cutter {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{addr: "127.0.0.1:0", target: u.Host}
+	if err := c.listen(); err != nil {
+		t.Fatal(err)
+	}
+	c.addr = c.ln.Addr().String()
+	t.Cleanup(func() {
+		c.mu.Lock()
+		c.done = true
+		c.mu.Unlock()
+		c.cut(0)
+	})
+	return c
+}
+
+func (c *cutter) listen() error {
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.ln = ln
+	c.mu.Unlock()
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", c.target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			c.mu.Lock()
+			c.conns = append(c.conns, client, server)
+			c.mu.Unlock()
+			go func() { _, _ = io.Copy(server, client); server.Close() }()
+			go func() { _, _ = io.Copy(client, server); client.Close() }()
+		}
+	}()
+	return nil
+}
+
+// cut resets every connection through the proxy, refuses new ones for
+// down, and returns how many client connections it cut.
+func (c *cutter) cut(down time.Duration) int {
+	c.mu.Lock()
+	c.ln.Close()
+	for _, conn := range c.conns {
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // a reset, not an orderly end
+		}
+		conn.Close()
+	}
+	n := len(c.conns) / 2
+	c.conns = nil
+	done := c.done
+	c.mu.Unlock()
+	if !done {
+		time.AfterFunc(down, func() {
+			c.mu.Lock()
+			done := c.done
+			c.mu.Unlock()
+			if !done {
+				_ = c.listen() // the same port; a test whose cutter cannot listen again times out waiting
+			}
+		})
+	}
+	return n
+}
+
+// pool returns a pool like the schema's whose connections, the relay's
+// replication connection among them, go through the proxy.
+func (c *cutter) pool(t testing.TB, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = c.addr
+	pool, err := pgxpool.New(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
