@@ -106,6 +106,9 @@ func (r *Relay) stream(ctx context.Context) {
 		case errors.As(err, &unavailable):
 			if old := r.cdc.unavailable.Swap(&unavailable.reason); old == nil || *old != unavailable.reason {
 				r.log.Error("outbox relay: cannot stream the outbox by CDC; polling the table until it can", "reason", unavailable.reason)
+				// The HandOff is off now: the poller takes what waits at
+				// once, not at its next poll.
+				r.wake()
 			}
 			wait = cdcRetryInterval
 		case errors.As(err, &standby):
@@ -152,6 +155,14 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 		// event waited the HandOff. It is the database's setting: say so,
 		// and poll (TestCDCRoleThatMayNotReplicateFallsBackToPolling).
 		return &unavailableCDCError{fmt.Sprintf("the relay's role may not replicate (ALTER ROLE ... REPLICATION): %v", err)}
+	}
+	if pgErrCode(err) == "53300" {
+		// Failure window: every WAL sender taken (by other services'
+		// slots, standbys, base backups). Taken for a passing error, it
+		// was retried quietly while the relay said "standby" and every
+		// event waited the HandOff (TestCDCOutOfSendersOrSlotsPollsAtOnce).
+		return &unavailableCDCError{fmt.Sprintf("no WAL sender is free for the replication connection: max_wal_senders=%s, all in use "+
+			"(raise it and restart Postgres, or stream fewer slots from this server): %v", r.setting(ctx, "max_wal_senders"), err)}
 	}
 	if err != nil {
 		return fmt.Errorf("replication connection: %w", err)
@@ -220,6 +231,16 @@ func sendStatus(ctx context.Context, conn *pgconn.PgConn, update pglogrepl.Stand
 		return errReplicationClosed
 	}
 	return pglogrepl.SendStandbyStatusUpdate(ctx, conn, update)
+}
+
+// setting reads a server setting for a message: its value, or "?" when
+// it cannot be read.
+func (r *Relay) setting(ctx context.Context, name string) string {
+	var v string
+	if err := r.pool.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+		return "?"
+	}
+	return v
 }
 
 func pgErrCode(err error) string {
@@ -307,7 +328,8 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	case "42710": // another relay made it first
 		return &standbyError{err}
 	case "53400": // configuration_limit_exceeded
-		return &unavailableCDCError{fmt.Sprintf("no replication slot is free for %s: raise max_replication_slots (%v)", r.slot, err)}
+		return &unavailableCDCError{fmt.Sprintf("no replication slot is free for %s: max_replication_slots=%s, all taken "+
+			"(raise it and restart Postgres, or drop slots nothing streams): %v", r.slot, r.setting(ctx, "max_replication_slots"), err)}
 	case "42501":
 		return &unavailableCDCError{fmt.Sprintf("the relay's role may not replicate (ALTER ROLE ... REPLICATION): %v", err)}
 	default:
