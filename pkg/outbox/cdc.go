@@ -158,9 +158,10 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	}
 	if pgErrCode(err) == "53300" {
 		// Failure window: every WAL sender taken (by other services'
-		// slots, standbys, base backups). Taken for a passing error, it
-		// was retried quietly while the relay said "standby" and every
-		// event waited the HandOff (TestCDCOutOfSendersOrSlotsPollsAtOnce).
+		// slots, standbys, base backups). It is the server's setting, not
+		// a passing error: retried quietly, the relay would look like a
+		// standby while every event waited the HandOff. Say so, with the
+		// value, and poll at once (TestCDCOutOfSendersOrSlotsPollsAtOnce).
 		return &unavailableCDCError{fmt.Sprintf("no WAL sender is free for the replication connection: max_wal_senders=%s, all in use "+
 			"(raise it and restart Postgres, or stream fewer slots from this server): %v", r.setting(ctx, "max_wal_senders"), err)}
 	}
@@ -218,9 +219,9 @@ var errReplicationClosed = errors.New("replication connection closed")
 // sendStatus reports a position to the server, unless the connection is
 // closed. Failure window: after a receive error that is not a timeout,
 // pgconn closes the connection in a goroutine of its own (asyncClose),
-// which writes a Terminate through the connection's buffer; the relay's
-// last status update, written then, raced it (-race, in
-// TestPostgresRestartMidStream and TestCDCReplicationConnectionCutMidStream).
+// which writes a Terminate through the connection's buffer; a status
+// update written then races it (-race: TestPostgresRestartMidStream once,
+// TestCDCReplicationConnectionCutMidStream within a few runs).
 // pgconn marks the connection closed in the goroutine that received, which
 // is the stream's, before it starts closing; so a connection that IsClosed
 // does not say is not being closed, and one that is gets no write. The
@@ -801,9 +802,10 @@ var errMarkUnseen = errors.New("acked events whose rows the mark cannot see")
 // Failure window: Postgres sends a transaction's commit to the walsender
 // before it makes the transaction visible to other snapshots, so a relay
 // that publishes within a millisecond can run its mark while a row is
-// still invisible. The mark changed no row, the position was confirmed past
-// it, and the poller published the event a second time after the HandOff
-// (about 1 % of events, with no fault; TestCDCMarksEveryEventItPublishes).
+// still invisible. Such a mark changes no row; confirmed past, the event
+// is left to the poller, which publishes it a second time after the
+// HandOff (about 1 % of events with no fault at all, before this wait;
+// TestCDCMarksEveryEventItPublishes).
 // A row the mark cannot see is marked again, after a short pause, until it
 // can: its commit was decoded, so it becomes visible. Past markVisibleWait
 // the stream ends without confirming it, and the next stream publishes and

@@ -79,10 +79,10 @@ func TestCDCCrashBetweenPubAckAndConfirm(t *testing.T) {
 	e := setup(t)
 	beforeMark, afterMark := failOn("outbox.after_ack_before_mark", 1), failOn("outbox.cdc_after_mark", 1)
 	cfg := fastLease(nil)
-	// The stream alone publishes here: the crashes are the stream's, and
-	// its restarts take longer than run's short HandOff under -race on a
-	// busy machine, when the poller took the tail too, published it again
-	// and counted its marks a second time (Published 35-45, not 30).
+	// The stream alone publishes here: the crashes are the stream's. Its
+	// restarts can outlast run's short HandOff under -race on a busy
+	// machine; the poller then takes the tail too, publishes it again and
+	// counts its marks a second time (Published 35-45, not 30).
 	cfg.HandOff = time.Minute
 	cfg.Hooks.FailpointFunc = func(name string) error {
 		if err := beforeMark.hook(name); err != nil {
