@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -414,4 +415,127 @@ func TestSlotInvalidatedByMaxSlotWALKeepSize(t *testing.T) {
 		t.Errorf("after: slot %+v, want wal_status reserved", st)
 	}
 	t.Logf("relay after the loss: %d published, %d handed off to the table", second.Counters().Published, second.State().HandedOff)
+}
+
+// TestCDCOutOfSendersOrSlotsPollsAtOnce: the server has no room for the
+// relay's stream. Every WAL sender is taken (max_wal_senders=1, held by
+// another replication client), so Postgres refuses the relay's
+// replication connection (SQLSTATE 53300); or every replication slot is
+// taken (max_replication_slots=1, another slot), so it refuses to make the
+// relay's (53400). The first was retried quietly as a passing error while
+// the relay said "standby" and every event waited the HandOff. The relay
+// must say why in one ERROR naming the setting and its value, say it in
+// its State (which /readyz and the metrics show), and poll at once: with
+// an hour's HandOff only polling publishes within the test. When the
+// server has room again the relay streams, and what it streams goes out
+// too.
+func TestCDCOutOfSendersOrSlotsPollsAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, setting string
+		// take fills the server's last place; it returns what frees it.
+		take func(t *testing.T, pg *pgcluster.Cluster, pool *pgxpool.Pool) (release func())
+	}{
+		{"WAL senders", "max_wal_senders", func(t *testing.T, pg *pgcluster.Cluster, _ *pgxpool.Pool) func() {
+			cc, err := pgconn.ParseConfig(pg.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc.RuntimeParams["replication"] = "database"
+			holder, err := pgconn.ConnectConfig(context.Background(), cc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() { _ = holder.Close(context.Background()) }
+		}},
+		{"replication slots", "max_replication_slots", func(t *testing.T, _ *pgcluster.Cluster, pool *pgxpool.Pool) func() {
+			if _, err := pool.Exec(context.Background(), `SELECT pg_create_logical_replication_slot('another', 'pgoutput')`); err != nil {
+				t.Fatal(err)
+			}
+			return func() {
+				if _, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot('another')`); err != nil {
+					t.Error(err)
+				}
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testOutOfRoomPollsAtOnce(t, tc.setting, tc.take)
+		})
+	}
+}
+
+func testOutOfRoomPollsAtOnce(t *testing.T, setting string, take func(*testing.T, *pgcluster.Cluster, *pgxpool.Pool) func()) {
+	const aggregates, perPhase = 4, 20
+	pg := pgcluster.Start(t, map[string]string{setting: "1"})
+	ctx := context.Background()
+	pool := privateSchema(t, pg, "producer", 6)
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	srv.Stream(t, js, "EV", "ev.>")
+	release := sync.OnceFunc(take(t, pg, pool))
+	t.Cleanup(release)
+
+	var w outbox.Writer
+	write := func(phase string) {
+		t.Helper()
+		for i := range perPhase {
+			agg := fmt.Sprintf("a-%d", i%aggregates)
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				return w.Add(ctx, tx, outbox.Event{
+					AggregateType: "order", AggregateID: agg, Type: "Step",
+					Subject: "ev." + agg + ".Step", Payload: map[string]string{"phase": phase},
+				})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	published := func(what string) {
+		t.Helper()
+		poll.Until(t, time.Minute, what, func() bool {
+			st, err := outbox.ReadStats(ctx, pool)
+			return err == nil && st.Pending == 0 && st.Dead == 0
+		})
+	}
+
+	logs := &records{level: slog.LevelError}
+	relay, err := outbox.NewRelay(pool, js, outbox.Config{Mode: outbox.ModeCDC, HandOff: time.Hour,
+		PollInterval: 100 * time.Millisecond, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, "relay", relay.Run)
+	poll.Until(t, 30*time.Second, "the relay says why it cannot stream", func() bool { return relay.State().CDCUnavailable != "" })
+	if why := relay.State().CDCUnavailable; !strings.Contains(why, setting+"=1") {
+		t.Errorf("CDCUnavailable = %q, want it to name the setting and its value, %s=1", why, setting)
+	}
+	write("no room")
+	published("the events published by polling, at once")
+
+	release()
+	poll.Until(t, time.Minute, "the relay streams once the server has room", func() bool {
+		st := relay.State()
+		return st.Streaming && st.CDCUnavailable == ""
+	})
+	write("streaming")
+	published("the events published by the stream")
+	requireAllInStream(t, pool, js, "EV")
+	_, seqs := streamIDs(t, js, "EV")
+	for agg, s := range seqs {
+		for i := range s {
+			if s[i] != int64(i+1) {
+				t.Errorf("aggregate %s in the stream in the order %v", agg, s)
+				break
+			}
+		}
+	}
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	if n := len(logs.msgs); n != 1 || !strings.HasPrefix(logs.msgs[0], "ERROR outbox relay: cannot stream the outbox by CDC") {
+		t.Errorf("the relay logged %q at ERROR, want the one line that says why it cannot stream", logs.msgs)
+	}
+	t.Logf("relay: %d published, %d duplicate acks", relay.Counters().Published, relay.Counters().Duplicates)
 }

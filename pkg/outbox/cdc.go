@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,7 @@ type cdcState struct {
 	unavailable atomic.Pointer[string] // why ModeCDC cannot stream here; nil: it can
 	caughtUpAt  atomic.Int64           // unix nanoseconds: last time everything sent was confirmed
 	handedOff   atomic.Int64           // events the stream left to the table
+	markWaits   atomic.Int64           // acked events whose rows the first mark could not see yet
 	// backfillBefore is when this relay made the slot (the database's
 	// clock): events due before it are in no stream, and its poller
 	// publishes them at once, not after the HandOff. Nil: it made none.
@@ -104,11 +106,23 @@ func (r *Relay) stream(ctx context.Context) {
 		case errors.As(err, &unavailable):
 			if old := r.cdc.unavailable.Swap(&unavailable.reason); old == nil || *old != unavailable.reason {
 				r.log.Error("outbox relay: cannot stream the outbox by CDC; polling the table until it can", "reason", unavailable.reason)
+				// The HandOff is off now: the poller takes what waits at
+				// once, not at its next poll.
+				r.wake()
 			}
 			wait = cdcRetryInterval
 		case errors.As(err, &standby):
 			r.log.Debug("outbox relay: another relay streams the slot; standing by", "slot", r.slot, "err", err)
 			wait = r.cfg.PollInterval/2 + time.Duration(r.jitter(int64(r.cfg.PollInterval/2))+1)
+		case errors.Is(err, errMarkUnseen):
+			// Not confirmed past them: the next stream publishes and marks
+			// them again. A transaction that stays invisible long after its
+			// commit was sent (a synchronous standby that does not answer)
+			// ends every stream here until it is visible.
+			failures++
+			r.log.Error("outbox relay: published events whose rows stay invisible to the relay; "+
+				"starting the stream again from its confirmed position", "slot", r.slot, "err", err)
+			wait = backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, failures, r.jitter)
 		case err != nil:
 			failures++
 			if failures == 1 {
@@ -141,6 +155,15 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 		// event waited the HandOff. It is the database's setting: say so,
 		// and poll (TestCDCRoleThatMayNotReplicateFallsBackToPolling).
 		return &unavailableCDCError{fmt.Sprintf("the relay's role may not replicate (ALTER ROLE ... REPLICATION): %v", err)}
+	}
+	if pgErrCode(err) == "53300" {
+		// Failure window: every WAL sender taken (by other services'
+		// slots, standbys, base backups). It is the server's setting, not
+		// a passing error: retried quietly, the relay would look like a
+		// standby while every event waited the HandOff. Say so, with the
+		// value, and poll at once (TestCDCOutOfSendersOrSlotsPollsAtOnce).
+		return &unavailableCDCError{fmt.Sprintf("no WAL sender is free for the replication connection: max_wal_senders=%s, all in use "+
+			"(raise it and restart Postgres, or stream fewer slots from this server): %v", r.setting(ctx, "max_wal_senders"), err)}
 	}
 	if err != nil {
 		return fmt.Errorf("replication connection: %w", err)
@@ -182,11 +205,43 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	cancel()
 	<-pubDone
 	// The last word: what the publisher settled before it stopped.
-	_ = pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(s.confirmed.Load())})
+	_ = sendStatus(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(s.confirmed.Load())})
 	if pubErr != nil {
 		return pubErr
 	}
 	return readErr
+}
+
+// errReplicationClosed: the replication connection broke, and pgconn is
+// closing it.
+var errReplicationClosed = errors.New("replication connection closed")
+
+// sendStatus reports a position to the server, unless the connection is
+// closed. Failure window: after a receive error that is not a timeout,
+// pgconn closes the connection in a goroutine of its own (asyncClose),
+// which writes a Terminate through the connection's buffer; a status
+// update written then races it (-race: TestPostgresRestartMidStream once,
+// TestCDCReplicationConnectionCutMidStream within a few runs).
+// pgconn marks the connection closed in the goroutine that received, which
+// is the stream's, before it starts closing; so a connection that IsClosed
+// does not say is not being closed, and one that is gets no write. The
+// slot keeps the position last reported, and the next stream starts
+// there: nothing behind it is unsettled.
+func sendStatus(ctx context.Context, conn *pgconn.PgConn, update pglogrepl.StandbyStatusUpdate) error {
+	if conn.IsClosed() {
+		return errReplicationClosed
+	}
+	return pglogrepl.SendStandbyStatusUpdate(ctx, conn, update)
+}
+
+// setting reads a server setting for a message: its value, or "?" when
+// it cannot be read.
+func (r *Relay) setting(ctx context.Context, name string) string {
+	var v string
+	if err := r.pool.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+		return "?"
+	}
+	return v
 }
 
 func pgErrCode(err error) string {
@@ -274,7 +329,8 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	case "42710": // another relay made it first
 		return &standbyError{err}
 	case "53400": // configuration_limit_exceeded
-		return &unavailableCDCError{fmt.Sprintf("no replication slot is free for %s: raise max_replication_slots (%v)", r.slot, err)}
+		return &unavailableCDCError{fmt.Sprintf("no replication slot is free for %s: max_replication_slots=%s, all taken "+
+			"(raise it and restart Postgres, or drop slots nothing streams): %v", r.slot, r.setting(ctx, "max_replication_slots"), err)}
 	case "42501":
 		return &unavailableCDCError{fmt.Sprintf("the relay's role may not replicate (ALTER ROLE ... REPLICATION): %v", err)}
 	default:
@@ -309,8 +365,9 @@ type cdcTx struct {
 }
 
 // readStream reads the slot: it decodes committed transactions into txs,
-// and reports the confirmed position every statusInterval. It alone uses
-// conn.
+// and reports the confirmed position every statusInterval. It and, once it
+// has returned, streamOnce's last word are the only users of conn, in the
+// stream's goroutine; the publisher never touches it.
 func (r *Relay) readStream(ctx context.Context, conn *pgconn.PgConn, txs chan<- cdcTx, s *session) error {
 	relations := map[uint32]*pglogrepl.RelationMessage{}
 	types := pgtype.NewMap()
@@ -331,7 +388,7 @@ func (r *Relay) readStream(ctx context.Context, conn *pgconn.PgConn, txs chan<- 
 				s.confirmed.Store(uint64(pos))
 				r.cdc.caughtUpAt.Store(time.Now().UnixNano())
 			}
-			err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, ReplyRequested: true})
+			err := sendStatus(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, ReplyRequested: true})
 			if err != nil {
 				return fmt.Errorf("send slot status: %w", err)
 			}
@@ -651,6 +708,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 		return nil, err // a failpoint: "die", start again from the confirmed position
 	}
 	var ackedIDs, handed [][16]byte
+	commits := map[[16]byte]time.Time{}
 	failed := &pgx.Batch{}
 	down = verdict(results)
 	for i, res := range results {
@@ -660,6 +718,7 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 			it.done = true
 			acked[aggKey{it.ev.aggType, it.ev.aggID}] = it.ev.seq
 			ackedIDs = append(ackedIDs, it.ev.id)
+			commits[it.ev.id] = it.ev.since
 			if res.duplicate {
 				r.stats.duplicates.Add(1)
 			}
@@ -706,11 +765,9 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 		if err := r.cfg.failpoint(failpointAfterAckBeforeMark); err != nil {
 			return nil, err
 		}
-		tag, err := r.pool.Exec(pctx, markCDCSQL, ackedIDs)
-		if err != nil {
-			return nil, fmt.Errorf("mark %d events published: %w", len(ackedIDs), err)
+		if err := r.markStreamed(ctx, ackedIDs, commits); err != nil {
+			return nil, err
 		}
-		r.stats.published.Add(tag.RowsAffected())
 		r.stats.lastPublish.Store(time.Now().UnixNano())
 		r.brokerUp()
 		// Failure window: marked, not confirmed. A crash here streams them
@@ -728,6 +785,69 @@ func (r *Relay) publishRound(ctx context.Context, queue []*item, acked map[aggKe
 		return nil, err
 	}
 	return down, nil
+}
+
+// markVisibleWait bounds how long the stream waits for the row of an
+// event it published to become visible to its mark.
+const markVisibleWait = 5 * time.Second
+
+// errMarkUnseen ends a stream whose mark could not see the row of an event
+// it published within markVisibleWait.
+var errMarkUnseen = errors.New("acked events whose rows the mark cannot see")
+
+// markStreamed marks acked events published, and returns only once every
+// row is marked (or was already: a stream that starts again sends events
+// its predecessor marked).
+//
+// Failure window: Postgres sends a transaction's commit to the walsender
+// before it makes the transaction visible to other snapshots, so a relay
+// that publishes within a millisecond can run its mark while a row is
+// still invisible. Such a mark changes no row; confirmed past, the event
+// is left to the poller, which publishes it a second time after the
+// HandOff (about 1 % of events with no fault at all, before this wait;
+// TestCDCMarksEveryEventItPublishes).
+// A row the mark cannot see is marked again, after a short pause, until it
+// can: its commit was decoded, so it becomes visible. Past markVisibleWait
+// the stream ends without confirming it, and the next stream publishes and
+// marks it again.
+//
+// commits holds each event's commit time (the database's clock): a row
+// committed longer ago than the Retention may be gone rather than
+// invisible (a slot left unconfirmed while the table was published by
+// polling), and is not waited for.
+func (r *Relay) markStreamed(ctx context.Context, ids [][16]byte, commits map[[16]byte]time.Time) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markVisibleWait+r.cfg.PublishTimeout)
+	defer cancel()
+	began := time.Now()
+	pause := time.Millisecond
+	for {
+		var marked int64
+		var unseen [][16]byte
+		if err := r.pool.QueryRow(ctx, markCDCSQL, ids).Scan(&marked, &unseen); err != nil {
+			return fmt.Errorf("mark %d events published: %w", len(ids), err)
+		}
+		r.stats.published.Add(marked)
+		unseen = slices.DeleteFunc(unseen, func(id [16]byte) bool {
+			return time.Since(commits[id]) > r.cfg.Retention
+		})
+		if len(unseen) == 0 {
+			return nil
+		}
+		if pause == time.Millisecond { // the first try
+			r.cdc.markWaits.Add(int64(len(unseen)))
+		}
+		if time.Since(began) > markVisibleWait {
+			return fmt.Errorf("%w: %d events, the first %s, not visible after %v",
+				errMarkUnseen, len(unseen), uuid.UUID(unseen[0]), markVisibleWait)
+		}
+		ids = unseen
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("mark %d events published: %w", len(ids), ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 100*time.Millisecond)
+	}
 }
 
 // handOver makes events the stream left to the table due for the poller
@@ -758,12 +878,22 @@ SELECT p.n FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS 
 JOIN outbox o ON o.aggregate_type = p.t AND o.aggregate_id = p.i AND o.aggregate_seq = p.s
 WHERE o.published_at IS NULL`
 
-// markCDCSQL marks streamed events published. No claim fences it: only
-// one relay streams a slot, and an acked event is published whoever says
-// so. The poller's claim on the row, if any, stays for its own mark.
+// markCDCSQL marks streamed events published, and returns how many rows it
+// changed and the events whose rows its snapshot does not hold (committed,
+// not yet visible; markStreamed). The update and the check share the
+// statement's snapshot, so a row is either marked, already published, or
+// unseen. No claim fences the mark: only one relay streams a slot, and an
+// acked event is published whoever says so. The poller's claim on the row,
+// if any, stays for its own mark.
 const markCDCSQL = `
-UPDATE outbox SET published_at = now()
-WHERE event_id = ANY($1) AND published_at IS NULL`
+WITH marked AS (
+	UPDATE outbox SET published_at = now()
+	WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM marked),
+       ARRAY(SELECT id FROM unnest($1::uuid[]) AS id
+             WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = id))`
 
 // failCDCSQL records a streamed event's own failure; the poller retries it
 // after the delay (backdated by the HandOff, as handOverSQL), or it is

@@ -5,7 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,6 +79,11 @@ func TestCDCCrashBetweenPubAckAndConfirm(t *testing.T) {
 	e := setup(t)
 	beforeMark, afterMark := failOn("outbox.after_ack_before_mark", 1), failOn("outbox.cdc_after_mark", 1)
 	cfg := fastLease(nil)
+	// The stream alone publishes here: the crashes are the stream's. Its
+	// restarts can outlast run's short HandOff under -race on a busy
+	// machine; the poller then takes the tail too, publishes it again and
+	// counts its marks a second time (Published 35-45, not 30).
+	cfg.HandOff = time.Minute
 	cfg.Hooks.FailpointFunc = func(name string) error {
 		if err := beforeMark.hook(name); err != nil {
 			return err
@@ -401,4 +409,264 @@ func TestCDCEventsBeforeTheSlotArePublishedAtOnce(t *testing.T) {
 	if !r.State().Streaming {
 		t.Fatal("the relay does not stream")
 	}
+}
+
+// What the stream publishes, the stream marks. Postgres sends a commit to
+// the walsender before the transaction is visible to other snapshots, so
+// a relay that publishes within a millisecond can run its mark while the
+// row is still invisible: the mark changed no row, the position was
+// confirmed anyway, and the poller published the event a second time after
+// the HandOff. A fault-free run of thousands of events: each is stored in
+// the stream once, none is acked as a duplicate, and each is marked by the
+// stream (long before the HandOff could give it to the poller).
+func TestCDCMarksEveryEventItPublishes(t *testing.T) {
+	e := setup(t)
+	const handOff = 10 * time.Second
+	r := e.run(t, ModeCDC, Config{HandOff: handOff})
+	const writers, perWriter, aggregates = 4, 1000, 200
+	pool := e.db.NewPool(t, writers)
+	var w Writer
+	var wg sync.WaitGroup
+	for g := range writers {
+		wg.Go(func() {
+			for i := range perWriter {
+				// One or two events per transaction, as the services write.
+				evs := []Event{event(fmt.Sprintf("o-%d", (g*perWriter+i)%aggregates), "Step")}
+				if i%3 == 0 {
+					evs = append(evs, event(fmt.Sprintf("o-%d", (g*perWriter+i+1)%aggregates), "Step"))
+				}
+				add(t, pool, &w, evs...)
+			}
+		})
+	}
+	wg.Wait()
+	total := count(t, e.db.Pool, "true")
+	eventually(t, 2*handOff+30*time.Second, "every event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0, nil
+	})
+
+	// When the broker stored each event, against when its row was marked.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if got := streamMsgs(t, e.stream); got != uint64(total) {
+		t.Fatalf("stream holds %d messages, want %d: each event once", got, total)
+	}
+	cons, err := e.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Stop()
+	stored := map[string]time.Time{}
+	for range total {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			t.Fatal(err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored[m.Headers().Get(jetstream.MsgIDHeader)] = md.Timestamp
+	}
+	rows, err := e.db.Pool.Query(ctx, `SELECT event_id::text, published_at FROM outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marks, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+		ID        string
+		Published time.Time
+	}])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lags []time.Duration
+	overSecond, byPoller := 0, 0
+	for _, m := range marks {
+		at, ok := stored[m.ID]
+		if !ok {
+			t.Fatalf("event %s is not in the stream", m.ID)
+		}
+		lag := m.Published.Sub(at)
+		lags = append(lags, lag)
+		if lag > time.Second {
+			overSecond++
+		}
+		if lag > handOff/2 {
+			byPoller++ // only the poller marks so late: after the HandOff
+		}
+	}
+	slices.Sort(lags)
+	c := r.Counters()
+	t.Logf("%d events: stored → marked p50 %v, p99 %v, max %v; %d marked over 1s after the broker stored them, %d by the poller; "+
+		"%d duplicate acks; %d marks waited for their rows to become visible",
+		total, lags[len(lags)/2], lags[len(lags)*99/100], lags[len(lags)-1], overSecond, byPoller, c.Duplicates, r.cdc.markWaits.Load())
+	if byPoller > 0 || c.Duplicates > 0 {
+		t.Errorf("%d events marked by the poller, %d published twice (duplicate acks): want 0 and 0, every event marked by the stream that published it",
+			byPoller, c.Duplicates)
+	}
+	if n := r.State().HandedOff; n != 0 {
+		t.Errorf("the stream left %d events to the table, want 0 in a fault-free run", n)
+	}
+}
+
+// The replication connection breaks under the relay (the network, a
+// server gone): pgconn reads an error, not a message, and closes the
+// connection in a goroutine of its own, writing its Terminate. The relay
+// wrote its last standby status update on the same connection then: a
+// data race (-race, once in TestPostgresRestartMidStream). Cut three
+// times mid-stream: the stream starts again each time, every event goes
+// out once and in order, and -race finds nothing.
+func TestCDCReplicationConnectionCutMidStream(t *testing.T) {
+	e := setup(t)
+	proxy := newCutter(t, e.db.URL)
+	r, err := NewRelay(proxy.pool(t, e.db.URL), e.js, Config{Mode: ModeCDC, HandOff: time.Minute,
+		PollInterval: 50 * time.Millisecond, BackoffBase: 10 * time.Millisecond, OutageBackoffMax: 200 * time.Millisecond,
+		Logger: cmpLogger(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, r)
+	streaming(t, r)
+	walsender := func() (pid int) {
+		err := e.db.Pool.QueryRow(context.Background(), `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`,
+			r.State().Slot).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	var w Writer
+	want := map[string]int{}
+	write := func(n int) {
+		for i := range n {
+			agg := fmt.Sprintf("o-%d", i%7)
+			add(t, e.db.Pool, &w, event(agg, "Step"))
+			want[agg]++
+		}
+	}
+	for range 3 {
+		write(20)
+		before := walsender()
+		if n := proxy.cut(200 * time.Millisecond); n == 0 {
+			t.Fatal("no connection to cut")
+		}
+		write(20)
+		eventually(t, 20*time.Second, "another walsender streams the slot", func() (bool, error) {
+			pid := walsender()
+			return pid != 0 && pid != before && r.State().Streaming, nil
+		})
+	}
+	eventually(t, 30*time.Second, "every event published", func() (bool, error) {
+		return count(t, e.db.Pool, "published_at IS NULL") == 0, nil
+	})
+	inOrder(t, seqsBySubject(t, e.stream), want)
+}
+
+// cutter is a TCP proxy to the test's Postgres whose connections the test
+// cuts all at once, as a network fault or a server gone does: the client
+// reads a reset, not a message, and for a moment nothing answers.
+type cutter struct {
+	addr, target string
+	mu           sync.Mutex
+	ln           net.Listener
+	conns        []net.Conn
+	done         bool
+}
+
+func newCutter(t testing.TB, dbURL string) *cutter {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{addr: "127.0.0.1:0", target: u.Host}
+	if err := c.listen(); err != nil {
+		t.Fatal(err)
+	}
+	c.addr = c.ln.Addr().String()
+	t.Cleanup(func() {
+		c.mu.Lock()
+		c.done = true
+		c.mu.Unlock()
+		c.cut(0)
+	})
+	return c
+}
+
+func (c *cutter) listen() error {
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.ln = ln
+	c.mu.Unlock()
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", c.target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			c.mu.Lock()
+			c.conns = append(c.conns, client, server)
+			c.mu.Unlock()
+			go func() { _, _ = io.Copy(server, client); server.Close() }()
+			go func() { _, _ = io.Copy(client, server); client.Close() }()
+		}
+	}()
+	return nil
+}
+
+// cut resets every connection through the proxy, refuses new ones for
+// down, and returns how many client connections it cut.
+func (c *cutter) cut(down time.Duration) int {
+	c.mu.Lock()
+	c.ln.Close()
+	for _, conn := range c.conns {
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // a reset, not an orderly end
+		}
+		conn.Close()
+	}
+	n := len(c.conns) / 2
+	c.conns = nil
+	done := c.done
+	c.mu.Unlock()
+	if !done {
+		time.AfterFunc(down, func() {
+			c.mu.Lock()
+			done := c.done
+			c.mu.Unlock()
+			if !done {
+				_ = c.listen() // the same port; a test whose cutter cannot listen again times out waiting
+			}
+		})
+	}
+	return n
+}
+
+// pool returns a pool like the schema's whose connections, the relay's
+// replication connection among them, go through the proxy.
+func (c *cutter) pool(t testing.TB, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = c.addr
+	pool, err := pgxpool.New(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
