@@ -77,33 +77,12 @@ func (p Paid) Answer() string {
 // report for the caller to judge.
 func (c Customers) PayTheInstant(t testing.TB, n int, sku string) []Paid {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out := make([]Paid, n)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			via := "webhook"
-			if i%2 == 1 {
-				via = "simulate"
-			}
-			p, err := c.payOne(ctx, sku, via, nil)
-			out[i] = p
-			if err != nil {
-				errs <- fmt.Errorf("customer %d (%s): %w", i, via, err)
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-	return out
+	return c.pay(t, n, sku, 2*time.Minute, func(i int) (string, *time.Duration) {
+		if i%2 == 1 {
+			return "simulate", nil
+		}
+		return "webhook", nil
+	})
 }
 
 // PayAround places len(offsets)×2 orders of one unit of sku at once; each
@@ -114,21 +93,31 @@ func (c Customers) PayTheInstant(t testing.TB, n int, sku string) []Paid {
 // PayTheInstant it fails t only for what makes the report unreadable.
 func (c Customers) PayAround(t testing.TB, sku string, offsets []time.Duration) []Paid {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	return c.pay(t, 2*len(offsets), sku, 3*time.Minute, func(i int) (string, *time.Duration) {
+		offset := offsets[i/2]
+		if i%2 == 1 {
+			return "simulate", &offset
+		}
+		return "webhook", &offset
+	})
+}
+
+// pay runs n customers at once, customer i paying as plan(i) says, within
+// limit, and fails t only for what makes the report unreadable.
+func (c Customers) pay(t testing.TB, n int, sku string, limit time.Duration, plan func(i int) (via string, offset *time.Duration)) []Paid {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	out := make([]Paid, 2*len(offsets))
-	errs := make(chan error, len(out))
+	out := make([]Paid, n)
+	errs := make(chan error, n)
 	var wg sync.WaitGroup
-	for i := range out {
+	for i := range n {
 		wg.Go(func() {
-			via, offset := "webhook", offsets[i/2]
-			if i%2 == 1 {
-				via = "simulate"
-			}
-			p, err := c.payOne(ctx, sku, via, &offset)
+			via, offset := plan(i)
+			p, err := c.payOne(ctx, sku, via, offset)
 			out[i] = p
 			if err != nil {
-				errs <- fmt.Errorf("customer %d (%s at pay_by%+v): %w", i, via, offset, err)
+				errs <- fmt.Errorf("customer %d (%s, offset %v): %w", i, via, p.Offset, err)
 			}
 		})
 	}

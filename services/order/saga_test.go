@@ -121,19 +121,28 @@ func TestSagaPaymentFailed(t *testing.T) {
 	}
 }
 
+// overdue makes an order of SKU-1 (price 100) that waits for payment, and
+// waits until its safety net has asked payment about it: the order as it
+// first showed WAIT_PAY.
+func (e *env) overdue(t *testing.T) (created, waiting Order) {
+	t.Helper()
+	e.stock(t, "SKU-1", 100)
+	created = e.create(t, "SKU-1", 1)
+	e.payable(t, created.ID, false)
+	waiting = e.waitStatus(t, created.ID, WaitPay)
+	poll.Until(t, 15*time.Second, "the order asks payment about its overdue intent", func() bool {
+		return slices.Contains(e.events(t, created.ID), "OrderPaymentOverdue")
+	})
+	return created, waiting
+}
+
 // Payment owns the deadline: the order's own timer, long after pay_by,
 // only asks payment again (OrderPaymentOverdue) and the order stays
 // WAIT_PAY; it closes when payment says the intent expired.
 func TestSagaClosesOnPaymentsExpiry(t *testing.T) {
 	t.Parallel()
 	e := setup(t, Config{PaymentTimeout: 100 * time.Millisecond, PaymentOverdue: 100 * time.Millisecond})
-	e.stock(t, "SKU-1", 100)
-	o := e.create(t, "SKU-1", 1)
-	e.payable(t, o.ID, false)
-	waiting := e.waitStatus(t, o.ID, WaitPay)
-	poll.Until(t, 15*time.Second, "the order asks payment about its overdue intent", func() bool {
-		return slices.Contains(e.events(t, o.ID), "OrderPaymentOverdue")
-	})
+	o, waiting := e.overdue(t)
 	p := e.payload(t, o.ID, "OrderPaymentOverdue")
 	if p["pay_by"] != waiting.Payment.PayBy.Format(time.RFC3339Nano) || p["intent_id"] != waiting.Payment.IntentID.String() {
 		t.Fatalf("OrderPaymentOverdue %v, want the deadline and intent the order shows (%+v)", p, waiting.Payment)
@@ -163,13 +172,7 @@ func TestSagaClosesOnPaymentsExpiry(t *testing.T) {
 func TestSagaPaymentArrivingLongAfterPayByIsApplied(t *testing.T) {
 	t.Parallel()
 	e := setup(t, Config{PaymentTimeout: 100 * time.Millisecond, PaymentOverdue: 100 * time.Millisecond})
-	e.stock(t, "SKU-1", 100)
-	o := e.create(t, "SKU-1", 1)
-	e.payable(t, o.ID, false)
-	e.waitStatus(t, o.ID, WaitPay)
-	poll.Until(t, 15*time.Second, "the order asks payment about its overdue intent", func() bool {
-		return slices.Contains(e.events(t, o.ID), "OrderPaymentOverdue")
-	})
+	o, _ := e.overdue(t)
 	e.publish(t, "payment", o.ID, "PaymentSucceeded", map[string]any{"order_id": o.ID, "payment_id": "pay-slow", "provider_payment_id": "pp-slow", "amount": 100})
 	e.waitStatus(t, o.ID, Paid)
 	if evs := e.events(t, o.ID); slices.Contains(evs, "RefundRequested") || slices.Contains(evs, "OrderClosed") {
