@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ensure-postgres.sh [URL]: make the Postgres server that URL names reachable,
-# with the settings the CDC relay (RELAY_MODE=cdc) needs.
+# with the settings the CDC relay (RELAY_MODE=cdc) and the test suite need.
 #
 # URL defaults to $DATABASE_URL, else the contract's default. In order:
 #   1. the server answers: go to 5;
@@ -12,7 +12,11 @@
 #      max_wal_senders at least 64 (a slot and a walsender per service and
 #      database: the tests make many), and max_slot_wal_keep_size set (2GB),
 #      so that a slot nobody reads any more cannot keep WAL until the disk is
-#      full. When the server is this machine's Debian cluster and we may act
+#      full; and max_connections at least 200: a test package runs whole
+#      shops side by side (about 60 connections), and a demo shop under
+#      `shop loadgen` beside `make test` holds about 36 more, past
+#      Postgres's default of 100 ("too many clients", SQLSTATE 53300).
+#      When the server is this machine's Debian cluster and we may act
 #      (root, or the postgres user), any that is missing is set with ALTER
 #      SYSTEM and the cluster restarted (one line says so); otherwise the
 #      script says what to set and still succeeds: a relay in ModeCDC then
@@ -130,18 +134,19 @@ as_postgres() {
 	fi
 }
 
-# The settings ModeCDC needs, as name=value for ALTER SYSTEM. A value the
-# server has that is at least as good is left alone (more slots, a smaller
-# or larger but finite max_slot_wal_keep_size).
-cdc_settings_sql="SELECT current_setting('wal_level'), current_setting('max_replication_slots'), current_setting('max_wal_senders'), (SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size')"
+# The settings ModeCDC and the tests need, as name=value for ALTER SYSTEM. A
+# value the server has that is at least as good is left alone (more slots
+# or connections, a smaller or larger but finite max_slot_wal_keep_size).
+cdc_settings_sql="SELECT current_setting('wal_level'), current_setting('max_replication_slots'), current_setting('max_wal_senders'), (SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'), current_setting('max_connections')"
 
-missing_cdc_settings() { # reads "wal_level|slots|senders|keep_mb"
-	local wal slots senders keep
-	IFS='|' read -r wal slots senders keep <<<"$1"
+missing_cdc_settings() { # reads "wal_level|slots|senders|keep_mb|connections"
+	local wal slots senders keep conns
+	IFS='|' read -r wal slots senders keep conns <<<"$1"
 	[[ $wal == logical ]] || echo "wal_level=logical"
 	((slots >= 64)) || echo "max_replication_slots=64"
 	((senders >= 64)) || echo "max_wal_senders=64"
 	[[ $keep != -1 ]] || echo "max_slot_wal_keep_size=2GB"
+	((conns >= 200)) || echo "max_connections=200"
 }
 
 ensure_cdc_settings() {
@@ -178,7 +183,7 @@ ensure_cdc_settings() {
 	for s in "${stmts[@]}"; do
 		as_postgres "$s" >/dev/null
 	done
-	say "set $(echo $missing) for the CDC relay; restarting local Postgres cluster $ver/$name"
+	say "set $(echo $missing) (what the CDC relay and the tests need); restarting local Postgres cluster $ver/$name"
 	pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" restart
 	wait_until_answers
 }
