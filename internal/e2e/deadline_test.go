@@ -56,5 +56,8 @@ func TestPayingAroundTheDeadline(t *testing.T) {
 		PayAround(t, s, append(offsets, offsets...))
 	stopLoad()
 	shoptest.RequireAnswerIsOutcome(t, paid)
-	checkInvariants(t)
+	// The load's own orders settle after it stops: those left unpaid expire
+	// paymentTimeout+captureGrace after they showed WAIT_PAY, behind a
+	// backlog a loaded machine takes a while to drain.
+	checkInvariantsWithin(t, 3*time.Minute)
 }
