@@ -75,6 +75,12 @@ func (h *harness) env(dbURL, natsURL string) []string {
 		"NATS_URL=" + natsURL,
 		fmt.Sprintf("NATS_REPLICAS=%d", len(h.nats.nodes)),
 		"PAYMENT_TIMEOUT=" + paymentTimeout.String(),
+		// Unpaid orders close 10s after pay_by (payment's grace for payments
+		// on their way), and the order's safety net asks payment a second
+		// after pay_by, so the saga's timeout scanner fires (and its
+		// failpoint, saga.after_claim_timeout) within a short run.
+		"PAYMENT_CAPTURE_GRACE=10s",
+		"ORDER_PAYMENT_OVERDUE=1s",
 		"PAYMENT_WEBHOOK_SECRET=" + webhookSecret,
 		"PAYMENT_FAKE_PROVIDER=true", // the driver pays through /simulate
 		"OPERATOR_TOKEN=" + operatorToken,

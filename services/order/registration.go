@@ -35,6 +35,7 @@ var consumers = []registry.Consumer{
 func configure(env *registry.Env) registry.NewFunc {
 	var cfg Config
 	env.Duration(&cfg.PaymentTimeout, "PAYMENT_TIMEOUT", DefaultPaymentTimeout, "how long an order may wait for payment")
+	env.Duration(&cfg.PaymentOverdue, "ORDER_PAYMENT_OVERDUE", 0, "how long after pay_by an order payment has not settled asks payment again; default PAYMENT_TIMEOUT, a minute at least")
 	env.Duration(&cfg.ReservationTimeout, "ORDER_RESERVATION_TIMEOUT", DefaultReservationTimeout, "how long an order may wait for inventory to reserve it and payment to open its intent")
 	env.Duration(&cfg.FulfillmentTimeout, "ORDER_FULFILLMENT_TIMEOUT", DefaultFulfillmentTimeout, "how long a paid order may wait for its delivery before it is closed and refunded")
 	env.Duration(&cfg.KeyTTL, "IDEMPOTENCY_KEY_TTL", DefaultKeyTTL, "how long Idempotency-Keys are remembered")
