@@ -44,7 +44,7 @@ var Registration = registry.Entry{
 	Stream:    "LOYALTY",
 	Prefix:    prefix,
 	Addr:      ":8085",
-	PoolSize:  7, // the consumer's 2 workers (registry.ConsumerWorkers) plus two, the relay's three; README "Postgres connections"
+	PoolSize:  7, // the consumer's 2 workers (registry.ConsumerWorkers) plus two, the relay's three; docs/operating.md "Postgres connections"
 	Consumers: []registry.Consumer{ordersConsumer},
 	Configure: configure,
 	Facts: []registry.Fact{{What: "award", EventType: "PointsAwarded", EventKey: "aggregate_id",

@@ -9,7 +9,7 @@ import (
 
 // Two copies of every service, each its own process, with the reconciler,
 // fit in a default Postgres: max_connections 100, of which 3 are kept for
-// superusers (superuser_reserved_connections). README "Postgres
+// superusers (superuser_reserved_connections). docs/operating.md "Postgres
 // connections" gives the figures and how to size for more copies.
 func TestTwoCopiesOfEveryServiceFitADefaultPostgres(t *testing.T) {
 	t.Parallel()

@@ -351,7 +351,7 @@ func clockSkewWarnings(spans map[trace.SpanID]tracetest.SpanStub) []string {
 }
 
 // logTrace logs the spans of a trace as a tree, by start time (go test -v):
-// what README's "Seeing a trace" shows.
+// what docs/operating.md's "Seeing a trace" shows.
 func logTrace(t *testing.T, spans map[trace.SpanID]tracetest.SpanStub) {
 	children := map[trace.SpanID][]tracetest.SpanStub{}
 	var roots []tracetest.SpanStub
