@@ -7,7 +7,7 @@
 #   docker run --rm shop:dev -h
 #   docker compose up            (see docker-compose.yml)
 #
-# internal/app/compose_test.go checks this file against the code (Go version,
+# cmd/shop/app/compose_test.go checks this file against the code (Go version,
 # build flags, entrypoint, user, ports) and builds the binary the same way.
 
 # --- build -------------------------------------------------------------------

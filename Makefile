@@ -10,7 +10,7 @@ BENCHTIME ?= 1x
 build:
 	go build -o bin/shop ./cmd/shop
 
-# The shopbench build tag adds the whole-system suite (internal/benchsuite),
+# The shopbench build tag adds the whole-system suite (proof/benchsuite),
 # which no library or binary contains; test and lint build it too so it
 # stays correct.
 # Tests use TEST_DATABASE_URL, else DATABASE_URL, else the local default;
@@ -26,7 +26,7 @@ test: lint-api
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
-	go vet -tags tracecheck ./internal/tracecheck
+	go vet -tags tracecheck ./proof/tracecheck
 	scripts/lift-check.sh
 
 # make trace-check — a demo order's trace as Jaeger shows it: Jaeger
@@ -34,13 +34,13 @@ test: lint-api
 # first build takes about 11 minutes on two cores, later ones a second from
 # Go's cache), a shop exporting to it on free ports, an order placed and
 # paid, and its trace read from Jaeger's query API: one trace, a publish
-# span per event, host attributes, no warning (internal/tracecheck). Not
+# span per event, host attributes, no warning (proof/tracecheck). Not
 # part of `make test` for that first build; `make test` checks the same on
 # an in-memory exporter.
 trace-check:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	jaeger=$$(go -C tools/jaeger tool -n jaeger) && \
-	go test -tags tracecheck -count=1 -v -run '^TestJaegerShowsAnOrdersTraceCleanly$$' ./internal/tracecheck -jaeger="$$jaeger"
+	go test -tags tracecheck -count=1 -v -run '^TestJaegerShowsAnOrdersTraceCleanly$$' ./proof/tracecheck -jaeger="$$jaeger"
 
 # The chaos run: real shop processes (two of each service) on a three-node
 # NATS cluster (NODES=1: one node), under SIGKILLs, every failpoint,
@@ -61,14 +61,14 @@ CHAOS_TIMEOUT ?= 1h
 LANES ?= process,broker,partition,hostile
 chaos:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
-	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./internal/chaos -chaos.duration=$(DURATION) -chaos.nodes=$(NODES) -chaos.logs=$(CHAOS_LOGS) -chaos.lanes=$(LANES)
+	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./proof/chaos -chaos.duration=$(DURATION) -chaos.nodes=$(NODES) -chaos.logs=$(CHAOS_LOGS) -chaos.lanes=$(LANES)
 
 lint: lint-api
 	@unformatted=$$(gofmt -l .); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
 	go vet -tags shopbench ./...
-	go vet -tags tracecheck ./internal/tracecheck
+	go vet -tags tracecheck ./proof/tracecheck
 
 # api/openapi.yaml under redocly's recommended rules (strict: a warning
 # fails too; api/redocly.yaml) and spectral's oas ruleset (warnings fail;
@@ -84,7 +84,7 @@ api/node_modules/.installed: api/package.json api/package-lock.json
 	node=$$(scripts/ensure-node.sh) && PATH="$$node:$$PATH" npm ci --prefix api --ignore-scripts --no-audit --no-fund
 	@touch $@
 
-# make bench — the whole-system table (internal/benchsuite): every row the
+# make bench — the whole-system table (proof/benchsuite): every row the
 # median, min and max of RUNS runs, all in this one invocation; see
 # docs/performance.md. BENCH_FLAGS passes -suite.* flags (e.g.
 # -suite.saga-seconds=60). `make bench-outbox` runs the outbox package's
@@ -93,7 +93,7 @@ RUNS ?= 3
 BENCH_FLAGS ?=
 bench:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
-	go test -tags shopbench -run '^$$' -bench '^BenchmarkSystem$$' -benchtime=1x -timeout 60m ./internal/benchsuite/ -suite.runs=$(RUNS) $(BENCH_FLAGS)
+	go test -tags shopbench -run '^$$' -bench '^BenchmarkSystem$$' -benchtime=1x -timeout 60m ./proof/benchsuite/ -suite.runs=$(RUNS) $(BENCH_FLAGS)
 
 bench-outbox:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"

@@ -2,7 +2,7 @@
 # Stocks the demo catalogue once: the compose service `seed` runs this in a
 # curl image after inventory is healthy. The catalogue is the one that
 # `shop all -demo` stocks (demo.Catalogue in internal/demo/demo.go);
-# internal/app/compose_test.go checks that the two agree.
+# cmd/shop/app/compose_test.go checks that the two agree.
 #
 # "Once": a SKU the inventory already knows is left alone, so a second
 # `docker compose up` does not reset stock that orders have since used.

@@ -6,8 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/migrations"
+	"github.com/shop-ref/shop/proof/pgtest"
 )
 
 // A schema migrated before the libraries shipped their own DDL has their

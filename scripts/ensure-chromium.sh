@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ensure-chromium.sh: make headless Chromium available for the dashboard's
-# browser test (internal/dashboard). Does nothing when `chromium` is on PATH;
+# browser test (ops/dashboard). Does nothing when `chromium` is on PATH;
 # as root with apt-get, installs Debian's package; otherwise says what to do
 # and exits 1. `make test` and .ci/run call it.
 set -euo pipefail

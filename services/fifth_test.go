@@ -28,12 +28,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shop-ref/shop/internal/operator"
-	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/cmd/shop/operator"
 	"github.com/shop-ref/shop/internal/registry"
-	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/proof/poll"
+	"github.com/shop-ref/shop/proof/shoptest"
 	"github.com/shop-ref/shop/services"
 )
 

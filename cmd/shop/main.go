@@ -2,8 +2,8 @@
 // one process, and the operator commands. Run `shop -h` for the list.
 //
 // main only dispatches: each command is a function with its own flag set
-// (the services in serve.go, the operator commands in internal/operator,
-// the load generator in internal/loadgen), and its error chooses the exit
+// (the services in serve.go, the operator commands in cmd/shop/operator,
+// the load generator in ops/loadgen), and its error chooses the exit
 // status.
 package main
 
@@ -19,10 +19,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/shop-ref/shop/cmd/shop/operator"
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/config"
-	"github.com/shop-ref/shop/internal/loadgen"
-	"github.com/shop-ref/shop/internal/operator"
+	"github.com/shop-ref/shop/ops/loadgen"
 	"github.com/shop-ref/shop/services"
 )
 

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shop-ref/shop/cmd/shop/operator"
 	"github.com/shop-ref/shop/internal/cli"
-	"github.com/shop-ref/shop/internal/operator"
 	"github.com/shop-ref/shop/services"
 )
 

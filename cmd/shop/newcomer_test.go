@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/demo"
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/poll"
-	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/poll"
+	"github.com/shop-ref/shop/proof/shoptest"
 )
 
 // The addresses the README's quick start is written for: the default

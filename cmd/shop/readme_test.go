@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/shoptest"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/shoptest"
 )
 
 // readmeBlock is the first ```sh block of the README after heading.

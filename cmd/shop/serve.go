@@ -7,7 +7,7 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/shop-ref/shop/internal/app"
+	"github.com/shop-ref/shop/cmd/shop/app"
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/demo"

@@ -14,10 +14,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shop-ref/shop/internal/database"
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/poll"
-	"github.com/shop-ref/shop/internal/shoptest"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/poll"
+	"github.com/shop-ref/shop/proof/shoptest"
 	"github.com/shop-ref/shop/services"
 )
 

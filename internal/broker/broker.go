@@ -13,10 +13,10 @@
 // under a coordinated power loss). So every server the shop starts or
 // ships fsyncs before it acknowledges: [Embedded] by default, and
 // docker-compose.yml's servers through deploy/nats/*.conf
-// (`sync_interval: always`; internal/app/compose_test.go holds the files to
+// (`sync_interval: always`; cmd/shop/app/compose_test.go holds the files to
 // it). What it costs is measured by `make bench` (docs/performance.md).
 // What a broker loses anyway — a disk, a hand that deletes messages — is
-// found by internal/verify's stream audit and republished from the outbox.
+// found by ops/verify's stream audit and republished from the outbox.
 //
 // # Who may do what on NATS
 //
@@ -110,7 +110,7 @@ const DuplicateWindow = 10 * time.Minute
 // replay from it, so the limits must keep every message at least as long as
 // anything may still need it: MaxAge at least the outbox's retention (the
 // stream audit looks for every event published within it) and every
-// consumer's replay window. internal/app checks that at start-up.
+// consumer's replay window. cmd/shop/app checks that at start-up.
 type Limits struct {
 	// MaxAge drops messages older than this; 0: kept for ever.
 	MaxAge time.Duration
@@ -141,7 +141,7 @@ var DefaultLimits = Limits{MaxAge: 8 * 24 * time.Hour}
 //     `Nats-Rollup: all` cannot empty the stream even for a user who may
 //     update it. Nothing in the shop deletes or purges a stream's messages:
 //     they leave by MaxAge only.
-//   - AllowDirect: the stream audit (internal/verify) reads messages by
+//   - AllowDirect: the stream audit (ops/verify) reads messages by
 //     direct get, which needs no consumer, so the audit user creates
 //     nothing on the server.
 //   - the limits nats-server would fill in with its own defaults (MaxMsgs,

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
-	"github.com/shop-ref/shop/internal/natstest"
+	"github.com/shop-ref/shop/proof/natstest"
 )
 
 func TestEnsureStreamCreatesOnceAndUpdatesOnlyWhatDiffers(t *testing.T) {

@@ -30,7 +30,7 @@
 // Libraries under pkg/ must not import internal packages: each takes one
 // failure-injection hook, FailpointFunc among its Config's hooks
 // (outbox.Hooks, inbox.Hooks, saga.Hooks), documents the names it passes
-// there (names_test.go holds the registry to them), and internal/app sets
+// there (names_test.go holds the registry to them), and cmd/shop/app sets
 // it to Inject. With nothing configured, Inject is one atomic load.
 package failpoint
 

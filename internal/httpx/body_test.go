@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/shop-ref/shop/internal/httpx"
-	"github.com/shop-ref/shop/internal/rawhttp"
+	"github.com/shop-ref/shop/proof/rawhttp"
 )
 
 // echoJSON reads the body as the services do and answers 200 or its problem.

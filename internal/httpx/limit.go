@@ -12,7 +12,7 @@ import (
 
 // BodyLimits bounds the request bodies one server reads: how long each may
 // take to arrive and how many are read at once. Both are required; the
-// shop's values are named in internal/app (BodyTimeout, MaxReadingBodies).
+// shop's values are named in cmd/shop/app (BodyTimeout, MaxReadingBodies).
 type BodyLimits struct {
 	// Timeout is how long a body may take to arrive, counted from the end
 	// of its headers. A client that declares a Content-Length and then

@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/shop-ref/shop/internal/database"
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/pgtest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 // get serves one GET on h and decodes the JSON body into v.

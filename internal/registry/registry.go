@@ -8,7 +8,7 @@
 // migrations and one line (docs/adding-a-service.md).
 //
 // A missing or inconsistent declaration is an error at start-up that says
-// what to add and where (Registry.Validate, and the checks internal/app
+// what to add and where (Registry.Validate, and the checks cmd/shop/app
 // makes of a built service against its entry), never a silent default.
 package registry
 
@@ -230,7 +230,7 @@ func (d Deps) Inbox(c Consumer, handler inbox.HandlerFunc) inbox.Config {
 		Handler: handler,
 		Handles: c.Handles,
 		// Start-up checks it against the relays' retry horizon and the
-		// streams' duplicate window and replay window (internal/app).
+		// streams' duplicate window and replay window (cmd/shop/app).
 		Retention:      InboxRetention,
 		Logger:         d.Logger,
 		TracerProvider: d.TracerProvider,

@@ -22,7 +22,7 @@ import (
 
 // The failure windows of ModeCDC alone. The windows both modes share run
 // in both (forEachMode); the Postgres restart and the slot invalidated by
-// max_slot_wal_keep_size need a server of their own (internal/flowtest).
+// max_slot_wal_keep_size need a server of their own (proof/flowtest).
 
 // seqsBySubject reads the stream and returns each aggregate's
 // Aggregate-Seq values in stream order.

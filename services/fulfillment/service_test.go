@@ -18,14 +18,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/inbox/inboxtest"
 	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/pgtest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 const testDelay = 100 * time.Millisecond

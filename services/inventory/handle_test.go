@@ -11,8 +11,8 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/shop-ref/shop/internal/streamtest"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/proof/streamtest"
 )
 
 // history is a random stream of order events over a few scarce SKUs: each

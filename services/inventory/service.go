@@ -29,7 +29,7 @@
 // to 256 orders instead of once per order.
 //
 // The outbox relay that publishes the events is not run here: the process
-// (internal/app) runs one relay per schema.
+// (cmd/shop/app) runs one relay per schema.
 package inventory
 
 import (

@@ -9,9 +9,9 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 // withCurrency turns an OrderCreated payload into one of version 2.

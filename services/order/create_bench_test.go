@@ -16,13 +16,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/httpx"
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/pgtest"
 )
 
 // BenchmarkCreateOrder drives POST /orders through the real handler, with
-// the HTTP middlewares every service has that live outside internal/app
+// the HTTP middlewares every service has that live outside cmd/shop/app
 // (httpx.Bodies, httpx.Trace with no provider), against a migrated schema
 // and an embedded NATS server, one request at a time. Besides time and
 // allocations per request it reports database round trips per request,

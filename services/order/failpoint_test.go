@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/failpoint"
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 func TestFailpointAfterCommitBeforeResponse(t *testing.T) {

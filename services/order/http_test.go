@@ -14,11 +14,11 @@ import (
 
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/httpx"
-	"github.com/shop-ref/shop/internal/pgtest"
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 	"github.com/shop-ref/shop/pkg/saga/sagatest"
+	"github.com/shop-ref/shop/proof/pgtest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 func TestCreateOrder(t *testing.T) {

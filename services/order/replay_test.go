@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 const replayBody = `{"customer_id":"c-1","items":[{"sku":"SKU-1","quantity":2}]}`

@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/httpx"
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/proof/pgtest"
 )
 
 // noJetStream satisfies New's check. POST /orders never publishes (the

@@ -13,11 +13,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/inbox/inboxtest"
 	"github.com/shop-ref/shop/pkg/saga"
 	"github.com/shop-ref/shop/pkg/saga/sagatest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 func TestSagaHappyPath(t *testing.T) {

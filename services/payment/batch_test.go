@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/shop-ref/shop/internal/streamtest"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/proof/streamtest"
 )
 
 // The size of a batch changes nothing the handler does: it queues the

@@ -11,8 +11,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 // awaiting makes an order payment learned from ORDERS events up to

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/failpoint"
-	"github.com/shop-ref/shop/internal/poll"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 // failFirst is a FailpointFunc that fails the first hit of name only.

@@ -9,8 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 // closedAndPaid makes an order that payment learned from ORDERS events, a

@@ -10,8 +10,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 // rejectedResult is the webhook's answer to a success it cannot apply.

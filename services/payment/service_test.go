@@ -17,11 +17,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/internal/natstest"
-	"github.com/shop-ref/shop/internal/pgtest"
-	"github.com/shop-ref/shop/internal/poll"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/inbox"
+	"github.com/shop-ref/shop/proof/natstest"
+	"github.com/shop-ref/shop/proof/pgtest"
+	"github.com/shop-ref/shop/proof/poll"
 )
 
 const testSecret = "test-secret"

@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/httpx"
-	"github.com/shop-ref/shop/internal/pgtest"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/proof/pgtest"
 )
 
 // fuzzNow is the fuzz tests' clock: any fixed time well after 1970.
