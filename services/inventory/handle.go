@@ -3,6 +3,7 @@ package inventory
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
@@ -46,17 +47,28 @@ func (s *Service) handle(ctx context.Context, tx pgx.Tx, batch []inbox.Batched) 
 	}
 	w := st.newWrite()
 	for i, b := range batch {
-		switch ev := evs[i]; b.Type {
-		case TypeOrderCreated:
-			s.log.Debug("order created", "order_id", ev.OrderID, "schema_version", b.SchemaVersion, "currency", ev.Currency)
-			s.reserve(b.Ctx, st, w, ev)
-		case TypeOrderPaid:
-			s.commit(b.Ctx, st, w, ev.OrderID)
-		default:
-			s.release(b.Ctx, st, w, ev.OrderID)
+		if err := s.apply(b.Ctx, st, w, b.Type, evs[i]); err != nil {
+			return err
 		}
 	}
 	return w.send(ctx, tx, s)
+}
+
+// apply decides one event of a batch. Every type of handledTypes has its
+// own case: a type declared there without one is an error, never a quiet
+// release of the order's stock (TestEveryHandledTypeHasACase).
+func (s *Service) apply(ctx context.Context, st *batchState, w *batchWrite, typ string, ev orderEvent) error {
+	switch typ {
+	case TypeOrderCreated:
+		s.reserve(ctx, st, w, ev)
+	case TypeOrderPaid:
+		s.commit(ctx, st, w, ev.OrderID)
+	case TypeOrderClosed, TypeOrderRejected:
+		s.release(ctx, st, w, ev.OrderID)
+	default:
+		return fmt.Errorf("services/inventory/handle.go: apply has no case for %s, which handledTypes declares", typ)
+	}
+	return nil
 }
 
 // reserve holds every line of an order or none of them. An order reserved

@@ -167,8 +167,12 @@ func (s *Service) queueIntent(ctx context.Context, b *pgx.Batch, typ string, ev 
 		}
 	case "OrderPaid":
 		b.Queue(markPaidSQL, ev.OrderID, *ev.Amount)
-	default: // OrderClosed, OrderRejected
+	case "OrderClosed", "OrderRejected":
 		b.Queue(markClosedSQL, ev.OrderID)
+	default:
+		// A type handledTypes declares without a case here is a defect,
+		// never a quiet close of the intent (TestEveryHandledTypeHasACase).
+		return fmt.Errorf("services/payment/events.go: queueIntent has no case for %s, which handledTypes declares", typ)
 	}
 	return nil
 }
