@@ -324,7 +324,7 @@ func startEmbeddedNATS(cfg config.Config, passwords map[string]string, log *slog
 	ln, err := net.Listen("tcp", "127.0.0.1:4222")
 	if err != nil {
 		log.Warn("127.0.0.1:4222 is taken; the embedded nats listens on a free port instead "+
-			"(set NATS_URL to use the server on 4222)", "err", err)
+			"(set NATS_URL to use the server on 4222; shop verify run in this directory finds this one through "+DemoNATSURLFile+")", "err", err)
 		port = -1
 	} else {
 		ln.Close()

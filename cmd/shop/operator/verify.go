@@ -34,6 +34,13 @@ var ErrViolations = errors.New("invariants violated")
 // would print FAIL lines that read like broken data.
 var ErrNoShop = errors.New("no shop to verify")
 
+// findTheDemo is how an operator command finds a demo whose embedded
+// server took a free port (4222 was taken): the demo writes its address
+// under the directory it runs in, not in one place per machine, where two
+// demos (parallel tests) would overwrite each other's.
+var findTheDemo = "a demo writes its address to " + app.DemoNATSURLFile +
+	" where it runs: run this in the directory you ran `make demo` in, or set NATS_URL to the address the demo logged"
+
 // Verify is `shop verify [-wait D] [-repair] [-streams=false]`: it checks
 // the contract's invariants and prints the report. With -repair it first
 // runs the reconciler once (ops/reconcile) and prints its findings;
@@ -80,8 +87,8 @@ func (s Shop) Verify(ctx context.Context, args []string, getenv func(string) str
 			js, err = jetstream.New(nc)
 		}
 		if err != nil {
-			return fmt.Errorf("%w: cannot reach NATS at %s as the shop's audit user (%v); is the demo running? "+
-				"-streams=false checks the databases only", ErrNoShop, config.MaskURL(natsURL), err)
+			return fmt.Errorf("%w: cannot reach NATS at %s as the shop's audit user (%v); %s; "+
+				"-streams=false checks the databases only", ErrNoShop, config.MaskURL(natsURL), err, findTheDemo)
 		}
 		if err := streamsExist(ctx, js, s.Services, natsURL); err != nil {
 			return err
@@ -184,6 +191,6 @@ func streamsExist(ctx context.Context, js jetstream.JetStream, reg registry.Regi
 		}
 		names = append(names, e.Stream)
 	}
-	return fmt.Errorf("%w: NATS at %s has none of the shop's streams (%s); is it the demo's server? "+
-		"-streams=false checks the databases only", ErrNoShop, config.MaskURL(url), strings.Join(names, ", "))
+	return fmt.Errorf("%w: NATS at %s has none of the shop's streams (%s); %s; "+
+		"-streams=false checks the databases only", ErrNoShop, config.MaskURL(url), strings.Join(names, ", "), findTheDemo)
 }

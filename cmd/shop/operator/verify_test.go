@@ -212,7 +212,8 @@ func TestVerifyStreams(t *testing.T) {
 	t.Run("NATS unreachable", func(t *testing.T) {
 		down := shopCLI{t, env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": "nats://" + shoptest.FreeAddr(t)})}
 		out, _, err := down.run("verify")
-		if !errors.Is(err, ErrNoShop) || !strings.Contains(err.Error(), "cannot reach NATS at nats://127.0.0.1:") || out != "" {
+		if !errors.Is(err, ErrNoShop) || !strings.Contains(err.Error(), "cannot reach NATS at nats://127.0.0.1:") ||
+			!strings.Contains(err.Error(), "run this in the directory you ran `make demo` in") || out != "" {
 			t.Errorf("verify without NATS: err = %v\n%s", err, out)
 		}
 		out, _, err = down.run("verify", "-streams=false")
