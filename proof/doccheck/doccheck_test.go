@@ -14,7 +14,7 @@ import (
 const root = "../.."
 
 var (
-	// `pkg/outbox/batch.go:settle`, `batch.go:settle`, `outbox.go:Writer.Queue`
+	// `pkg/outbox/steps.go:settle`, `batch.go:settle`, `outbox.go:Writer.Queue`
 	fileRef = regexp.MustCompile("`((?:[a-z0-9_]+/)*[a-z0-9_]+\\.go)(?::([A-Za-z_][A-Za-z0-9_.]*))?")
 	// `TestAdd/commit leaves…`, `FuzzEnvelope`
 	testRef = regexp.MustCompile("`((?:Test|Fuzz|Benchmark)[A-Z][A-Za-z0-9_]*)")

@@ -1,5 +1,10 @@
 package outbox
 
+// The relay's three steps, in the order one batch takes them: claim due
+// rows under a lease (claim), publish them and wait for every ack
+// (publish), then mark what was acked, fenced by the lease (settle). Run
+// and relayBatch, which repeat them, are in relay.go.
+
 import (
 	"cmp"
 	"context"
