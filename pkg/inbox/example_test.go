@@ -21,8 +21,9 @@ import (
 	"github.com/shop-ref/shop/pkg/inbox/migrations"
 )
 
-// The payment service opens a payment once inventory has reserved an order.
-// The handler works in the inbox transaction: the effect commits together
+// A consumer of the INVENTORY stream opens a payment once inventory has
+// reserved an order (a simplified flow: the shop's payment service opens
+// its intent from OrderCreated, docs/events.md). The handler works in the inbox transaction: the effect commits together
 // with the record that this event was processed, so a second copy of the
 // event (a relay that died before marking it published sends it again) has
 // no effect.

@@ -36,9 +36,13 @@ type reply struct {
 }
 
 // create runs the transaction of POST /orders and returns the response to
-// send. A new order costs two round trips: BEGIN with the reads, then the
-// writes with COMMIT. A refusal or a replay costs the same: the reads, then
-// ROLLBACK.
+// send. Read createPlain (create_plain_test.go) first: the same
+// transaction as the textbook writes it, a statement at a time with
+// pgx.BeginFunc, saga.Start and outbox.Add, held to the same answers and
+// rows by TestPlainAndPipelinedCreateAgree. This form pipelines those
+// statements: a new order costs two round trips, BEGIN with the reads,
+// then the writes with COMMIT (a refusal or a replay: the reads, then
+// ROLLBACK), which POST /orders' throughput depends on (docs/performance.md).
 func (s *Service) create(ctx context.Context, key string, req createRequest) (reply, error) {
 	hash := req.hash()
 	// A connection of its own rather than a pgx.Tx: the transaction ends
@@ -140,10 +144,8 @@ func (s *Service) create(ctx context.Context, key string, req createRequest) (re
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return reply{}, fmt.Errorf("create order %s: %w", o.ID, err)
 	}
-	// Debug, not Info: a line per order was the largest share of the
-	// handler's own CPU after the database (BenchmarkCreateOrder's
-	// profile), and the order is on record anyway: its row, its
-	// OrderCreated, `shop trace`. Failures are still logged where handled.
+	// Debug: the order is on record anyway (its row, its OrderCreated,
+	// `shop trace`); failures are logged where they are handled.
 	s.log.Debug("order created", "order_id", o.ID)
 	return res, nil
 }
