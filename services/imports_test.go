@@ -66,3 +66,71 @@ func TestOnlyCmdShopWiresTheServices(t *testing.T) {
 		t.Fatalf("checked only %d files under %s", checked, root)
 	}
 }
+
+// rooms are the module's top folders, from the top down: a file may import
+// its own room and the rooms below it, never one above. The README's
+// "Layout" section draws the same list.
+var rooms = []string{"proof", "cmd", "ops", "services", "internal", "pkg"}
+
+// roomOf is the room of a module-relative path or import path ("" for one
+// outside the rooms, such as migrations).
+func roomOf(rel string) int {
+	first, _, _ := strings.Cut(rel, "/")
+	for i, r := range rooms {
+		if first == r {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestImportsGoDown: product, operations and proof live apart, and a
+// reader of a room needs nothing from the rooms above it. Test files may
+// import anything (a test of the product uses the proof's helpers).
+func TestImportsGoDown(t *testing.T) {
+	const module = "github.com/shop-ref/shop/"
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if name := d.Name(); rel != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		from := roomOf(rel)
+		if from < 0 || !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		checked++
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			target, ok := strings.CutPrefix(p, module)
+			if !ok {
+				continue
+			}
+			if to := roomOf(target); to >= 0 && to < from {
+				t.Errorf("%s (%s/) imports %s, in %s/ above it: imports go down %v", rel, rooms[from], p, rooms[to], rooms)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 100 {
+		t.Fatalf("checked only %d files under %s", checked, root)
+	}
+}
