@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/pkg/inbox"
-	"github.com/shop-ref/shop/pkg/inbox/internal/testenv"
+	"github.com/shop-ref/shop/pkg/internal/testenv"
 	"github.com/shop-ref/shop/pkg/inbox/migrations"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
-	"github.com/shop-ref/shop/pkg/outbox/internal/testenv"
+	"github.com/shop-ref/shop/pkg/internal/testenv"
 )
 
 const (

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/pkg/outbox"
-	"github.com/shop-ref/shop/pkg/outbox/internal/testenv"
+	"github.com/shop-ref/shop/pkg/internal/testenv"
 	"github.com/shop-ref/shop/pkg/outbox/migrations"
 )
 

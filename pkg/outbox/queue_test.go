@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shop-ref/shop/pkg/outbox/internal/testenv"
+	"github.com/shop-ref/shop/pkg/internal/testenv"
 )
 
 // setupQueue is a schema with the outbox and a business table, tickets; Queue

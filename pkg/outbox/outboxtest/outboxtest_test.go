@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/shop-ref/shop/pkg/outbox"
-	"github.com/shop-ref/shop/pkg/outbox/internal/testenv"
+	"github.com/shop-ref/shop/pkg/internal/testenv"
 	"github.com/shop-ref/shop/pkg/outbox/migrations"
 	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )

@@ -1,14 +1,13 @@
-// Package testenv runs this library's tests against a real Postgres and a
-// real NATS server, and nothing of the application around the library: a
-// schema per test holding only the library's own tables (applied from its
+// Package testenv runs the libraries' tests against a real Postgres and a
+// real NATS server, and nothing of the application around them: a schema
+// per test holding only a library's own tables (applied from its
 // migrations/ with goose, as an application would), and a NATS server with
 // JetStream inside the test process.
 //
-// pkg/outbox, pkg/inbox and pkg/saga each carry an identical copy of this
-// package (saga without nats.go), so that each directory can be copied
-// alone into another module and still test itself; scripts/lift-check.sh
-// checks that the copies stay identical and that each library, copied
-// alone, passes its tests.
+// pkg/outbox, pkg/inbox and pkg/saga share it. It imports nothing of the
+// shop, so a library copied alone into another module takes it along as
+// its own internal/testenv: scripts/lift-check.sh does exactly that and
+// runs the copy's tests.
 //
 // The database comes from TEST_DATABASE_URL, else DATABASE_URL, else
 // DefaultURL; the database named there is created if it is missing.
