@@ -456,6 +456,7 @@ var absentDocuments = []*regexp.Regexp{
 	regexp.MustCompile(`(?i)\bnot in the contract\b`),
 	regexp.MustCompile(`(?i)\bthe (outbox )?article\b`),
 	regexp.MustCompile(`(?i)\binterview question\b`),
+	regexp.MustCompile(`(?i)\bsource documents?\b`),
 }
 
 // TestNoWordsForAbsentDocuments checks no document cites a text the
