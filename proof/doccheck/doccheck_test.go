@@ -543,3 +543,32 @@ func subset(a, b map[string]bool) bool {
 	}
 	return true
 }
+
+// history in a row: the git log keeps what was, a row says what is.
+var historyWords = regexp.MustCompile(`(?i)\bused to\b|\bbefore (this version|the fix)\b|\bfirst run\b|\(new\b|\bnew:|\bissue \d+\b`)
+
+// TestFailureWindowsCellsAreShort holds each cell of docs/failure-windows.md
+// to a sentence and its references, and each row to the present tense.
+func TestFailureWindowsCellsAreShort(t *testing.T) {
+	const most = 400 // characters
+	for _, d := range readDocs(t) {
+		if d.path != "docs/failure-windows.md" {
+			continue
+		}
+		for i, l := range d.lines {
+			if !strings.HasPrefix(l, "|") {
+				continue
+			}
+			for n, cell := range strings.Split(strings.Trim(l, "|"), "|") {
+				if c := len([]rune(strings.TrimSpace(cell))); c > most {
+					t.Errorf("%s:%d: cell %d has %d characters (at most %d: a sentence and its references; details belong in docs/architecture.md)", d.path, i+1, n+1, c, most)
+				}
+			}
+			if m := historyWords.FindString(l); m != "" {
+				t.Errorf("%s:%d says %q: a row says what is; what was is in the git log", d.path, i+1, m)
+			}
+		}
+		return
+	}
+	t.Fatal("docs/failure-windows.md not found")
+}
