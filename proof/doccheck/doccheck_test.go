@@ -23,8 +23,9 @@ const root = "../.."
 const history = "docs/performance-history.md"
 
 var (
-	// `pkg/outbox/steps.go:settle`, `steps.go:settle`, `outbox.go:Writer.Queue`
-	fileRef = regexp.MustCompile("`((?:[a-z0-9_]+/)*[a-z0-9_]+\\.go)(?::([A-Za-z_][A-Za-z0-9_.]*))?")
+	// `pkg/outbox/steps.go:settle`, `steps.go:settle`, `outbox.go:Writer.Queue`,
+	// `pkg/*/example_test.go`
+	fileRef = regexp.MustCompile("`((?:[a-z0-9_*]+/)*[a-z0-9_]+\\.go)(?::([A-Za-z_][A-Za-z0-9_.]*))?")
 	// `TestAdd/commit leaves…`, `FuzzEnvelope`, `pkg/inbox: TestStored`
 	testRef = regexp.MustCompile("`(?:((?:[a-z0-9_]+/)*[a-z0-9_]+): )?((?:Test|Fuzz|Benchmark)[A-Z][A-Za-z0-9_]*)")
 	// a test named in a code block: `go test -run TestX ./…`
@@ -156,7 +157,7 @@ func TestFileReferencesResolve(t *testing.T) {
 			dirs := []string{filepath.Dir(d.path)}
 			for i := u[0]; i < u[1]; i++ {
 				for _, m := range fileRef.FindAllStringSubmatch(d.lines[i], -1) {
-					if strings.Contains(m[1], "/") {
+					if strings.Contains(m[1], "/") && !strings.Contains(m[1], "*") {
 						dirs = append(dirs, filepath.Dir(m[1]))
 					}
 				}
@@ -208,9 +209,21 @@ func isPlanned(doc, name string, dirs []string) bool {
 	return false
 }
 
-// findFile resolves a file the doc names: a path from the module root, or
-// a bare name in one of dirs.
+// findFile resolves a file the doc names: a path from the module root (a
+// pattern, `pkg/*/example_test.go`, resolves to its first match), or a bare
+// name in one of dirs.
 func findFile(name string, dirs []string) string {
+	if strings.Contains(name, "*") {
+		matches, _ := filepath.Glob(filepath.Join(root, name))
+		if len(matches) == 0 {
+			return ""
+		}
+		rel, err := filepath.Rel(root, matches[0])
+		if err != nil {
+			return ""
+		}
+		return filepath.ToSlash(rel)
+	}
 	if strings.Contains(name, "/") {
 		if _, err := os.Stat(filepath.Join(root, name)); err == nil {
 			return name
