@@ -585,3 +585,53 @@ func TestFailureWindowsCellsAreShort(t *testing.T) {
 	}
 	t.Fatal("docs/failure-windows.md not found")
 }
+
+// bareIdent is a span naming a declaration alone: `settle`, `Writer.Add`.
+var bareIdent = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?$`)
+
+// TestFailureWindowsWhereCellsNameDeclarations reads the "Where in the
+// code" cells of docs/failure-windows.md as lists: a bare name after
+// `file.go:function` is one more declaration of that file
+// (`pkg/outbox/cdc.go:ensureSlot`, `handOver`), so the short form is
+// checked as the long one is. Names in capitals are settings, not
+// declarations.
+func TestFailureWindowsWhereCellsNameDeclarations(t *testing.T) {
+	for _, d := range readDocs(t) {
+		if d.path != "docs/failure-windows.md" {
+			continue
+		}
+		for i, l := range d.lines {
+			cells := strings.Split(strings.Trim(l, "|"), "|")
+			if !strings.HasPrefix(l, "|") || len(cells) < 4 {
+				continue
+			}
+			var dirs []string
+			for _, m := range fileRef.FindAllStringSubmatch(cells[1], -1) {
+				if strings.Contains(m[1], "/") {
+					dirs = append(dirs, filepath.Dir(m[1]))
+				}
+			}
+			file := ""
+			for _, span := range codeSpan.FindAllString(cells[1], -1) {
+				if m := fileRef.FindStringSubmatch(span); m != nil {
+					file = findFile(m[1], dirs)
+					continue
+				}
+				name := strings.Trim(span, "`")
+				if file == "" || !bareIdent.MatchString(name) || strings.ToUpper(name) == name {
+					// an environment variable (`ORDER_MAX_BACKLOG`) is no declaration
+					continue
+				}
+				decl, err := parseFiles(filepath.Join(root, file))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !decl.has(name) {
+					t.Errorf("%s:%d names %s after %s, which declares no %s", d.path, i+1, span, file, name)
+				}
+			}
+		}
+		return
+	}
+	t.Fatal("docs/failure-windows.md not found")
+}
