@@ -41,7 +41,7 @@ import (
 
 // Check is one invariant check and what it found.
 type Check struct {
-	Invariant  int    // 1–4, as numbered in the contract
+	Invariant  int    // 1–4, as numbered in docs/architecture.md, "The contract"
 	Name       string // what was checked
 	Violations []string
 }
