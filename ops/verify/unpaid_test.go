@@ -56,7 +56,7 @@ func TestVerifyNamesAShipmentWithoutPayment(t *testing.T) {
 		v[c.Name] = c.Violations
 	}
 	for name, want := range map[string]string{
-		"payment: no shipment without a succeeded payment of its order":  "order " + forged + ": shipped (FulfillmentStarted " + shipped.String() + ") without a succeeded payment",
+		"payment: no shipment without a succeeded payment of its order":   "order " + forged + ": shipped (FulfillmentStarted " + shipped.String() + ") without a succeeded payment",
 		"payment: no stock sold without a succeeded payment of its order": "order " + forged + ": sold stock (InventoryCommitted " + sold.String() + ") without a succeeded payment",
 	} {
 		if len(v[name]) != 1 || v[name][0] != want {

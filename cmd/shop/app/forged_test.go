@@ -22,10 +22,10 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/ops/verify"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/pgtest"
 	"github.com/shop-ref/shop/proof/poll"
-	"github.com/shop-ref/shop/ops/verify"
 	"github.com/shop-ref/shop/services"
 )
 
