@@ -119,8 +119,8 @@ func TestManyRelaysAndConsumers(t *testing.T) {
 	producer := pgtest.New(t)
 	consumer := consumerSide(t)
 	srv, _ := natstest.NewSecuredFor(t, []broker.Access{evAccess})
-	_, js := srv.ConnectAs(t, evAccess.User)
-	srv.Stream(t, js, "EV", "ev.>")
+	_, keeper := srv.ConnectAs(t, broker.StreamsUser) // the only user that creates streams
+	srv.Stream(t, keeper, "EV", "ev.>")
 
 	var consumers []*inbox.Consumer
 	for i := range instances {
@@ -195,8 +195,8 @@ func TestRepublishAfterDuplicateWindowIsAbsorbed(t *testing.T) {
 	consumer := consumerSide(t)
 	srv, _ := natstest.NewSecuredFor(t, []broker.Access{evAccess})
 	_, js := srv.ConnectAs(t, evAccess.User)
-	// Created, not updated: a service's user may not update a stream.
-	stream, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
+	_, keeper := srv.ConnectAs(t, broker.StreamsUser) // the only user that creates streams
+	stream, err := keeper.CreateStream(context.Background(), jetstream.StreamConfig{
 		Name: "EV", Subjects: []string{"ev.>"}, Duplicates: 100 * time.Millisecond,
 	})
 	if err != nil {
