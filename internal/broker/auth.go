@@ -45,11 +45,12 @@ func (a Access) Reads() []string {
 const AuditUser = "audit"
 
 // StreamsUser is the NATS user of the stream keeper: the one user that may
-// update the shop's streams, to hold them to their table configuration
-// (StreamConfig). A process given its password (PasswordVar(StreamsUser),
-// STREAMS_NATS_PASSWORD: the order service's in docker-compose.yml, and
-// `shop all`'s embedded server) restores any stream whose configuration
-// drifted; every other process can only report the drift.
+// create or update the shop's streams, to hold them to their table
+// configuration (StreamConfig). A process given its password
+// (PasswordVar(StreamsUser), STREAMS_NATS_PASSWORD: the order service's in
+// docker-compose.yml, and `shop all`'s embedded server) creates the
+// missing streams and restores any whose configuration drifted; every
+// other process waits for its streams and reports their drift.
 const StreamsUser = "streams"
 
 // SystemUsers are the shop's NATS users besides one per service. A service
@@ -71,25 +72,33 @@ var denied = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.
 // updates streams, to the shop's configuration.
 const reconfigure = "$JS.API.STREAM.UPDATE.>"
 
+// create is what no service may do to any stream: create one. nats-server
+// does not check the configuration a stream is created with, so a missing
+// stream was a weapon for whoever created it first: on an empty store the
+// payment user created PAYMENT in memory, republishing payment.forge.>
+// into orders.>, and the keeper could not restore it (no update changes a
+// stream's storage). Only StreamsUser creates streams, with StreamConfig.
+const create = "$JS.API.STREAM.CREATE.>"
+
 // Permissions are a's NATS permissions. Publish: its own subjects; of the
 // JetStream API, account info and stream lookup by subject (the relay's
-// outage checks), create and info of its own stream and of the streams it
-// reads (a service may start before the others and create what it needs;
-// a create never changes a stream that exists), info of the consumers on
-// its own stream (the order service's admission reads their backlog), and
-// create, info, next and ack of its own durables. No update of any stream,
-// its own included (denied explicitly, see reconfigure): that is the stream
-// keeper's (StreamsUser). Subscribe: its own reply subjects only
-// (InboxPrefix(user).>), where pull consumers, publish acks and API
-// answers arrive: not the others', which would show it their messages.
+// outage checks), info of its own stream and of the streams it reads (it
+// waits for them, and compares their configuration with the shop's), info
+// of the consumers on its own stream (the order service's admission reads
+// their backlog), and create, info, next and ack of its own durables. No
+// create or update of any stream, its own included (denied explicitly, see
+// create and reconfigure): that is the stream keeper's (StreamsUser).
+// Subscribe: its own reply subjects only (InboxPrefix(user).>), where pull
+// consumers, publish acks and API answers arrive: not the others', which
+// would show it their messages.
 func Permissions(a Access) *server.Permissions {
 	pub := slices.Clone(a.Subjects)
 	pub = append(pub, "$JS.API.INFO", "$JS.API.STREAM.NAMES")
-	pub = append(pub, "$JS.API.STREAM.CREATE."+a.Stream, "$JS.API.STREAM.INFO."+a.Stream)
+	pub = append(pub, "$JS.API.STREAM.INFO."+a.Stream)
 	// The backlog of its own events (the order service's admission reads it).
 	pub = append(pub, "$JS.API.CONSUMER.INFO."+a.Stream+".*")
 	for _, s := range a.Reads() {
-		pub = append(pub, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.INFO."+s)
+		pub = append(pub, "$JS.API.STREAM.INFO."+s)
 	}
 	for _, d := range a.Durables {
 		sn := d.Stream + "." + d.Name
@@ -102,7 +111,7 @@ func Permissions(a Access) *server.Permissions {
 			"$JS.ACK."+sn+".>")
 	}
 	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: pub, Deny: append(slices.Clone(denied), reconfigure)},
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: append(slices.Clone(denied), reconfigure, create)},
 		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(a.User) + ".>"}},
 	}
 }
@@ -122,8 +131,7 @@ func AuditPermissions() *server.Permissions {
 			"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
 			"$JS.API.STREAM.INFO.*", "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>",
 			"$JS.API.CONSUMER.NAMES.*", "$JS.API.CONSUMER.LIST.*", "$JS.API.CONSUMER.INFO.*.*",
-		}, Deny: append(slices.Clone(denied), reconfigure,
-			"$JS.API.STREAM.CREATE.>",
+		}, Deny: append(slices.Clone(denied), reconfigure, create,
 			"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>", "$JS.API.CONSUMER.DELETE.>",
 			"$JS.API.CONSUMER.MSG.NEXT.>", "$JS.ACK.>",
 		)},
@@ -132,21 +140,23 @@ func AuditPermissions() *server.Permissions {
 }
 
 // StreamsPermissions are the stream keeper's: account info, stream names,
-// and info, create and update of each stream of services (create too, so
-// that the user can bring back a missing stream with the shop's
-// configuration, as EnsureStream does; the shop's keeper leaves that to
-// the services), and nothing else. It publishes no message, reads none,
-// touches no consumer, and may delete or purge nothing: the keeper's
-// password in the wrong hands can reconfigure a stream, but the shop's
-// configuration denies deletes, purges and so rollups (StreamConfig), which
-// JetStream never lets an update undo.
+// and info, create, update and delete of each stream of services, and
+// nothing else. Create: the keeper is the only user that makes a stream,
+// with the shop's configuration. Delete: a stream whose configuration no
+// update can restore (its storage, a mirror) and that holds no message is
+// deleted and created again by the keeper (cmd/shop/app's streamkeeper.go
+// says why that loses nothing). It publishes no message, reads none,
+// touches no consumer, and may purge nothing: the keeper's password in the
+// wrong hands can remove a stream, as it could already shorten its MaxAge
+// by an update; what a stream loses that way the outboxes still hold
+// within their retention, and the reconciler's stream audit resends it.
 func StreamsPermissions(services []Access) *server.Permissions {
 	pub := []string{"$JS.API.INFO", "$JS.API.STREAM.NAMES"}
 	for _, s := range streamNames(services) {
-		pub = append(pub, "$JS.API.STREAM.INFO."+s, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.UPDATE."+s)
+		pub = append(pub, "$JS.API.STREAM.INFO."+s, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.UPDATE."+s, "$JS.API.STREAM.DELETE."+s)
 	}
 	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: pub, Deny: slices.Clone(denied)},
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: []string{"$JS.API.STREAM.PURGE.>", "$JS.API.STREAM.MSG.DELETE.>"}},
 		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(StreamsUser) + ".>"}},
 	}
 }

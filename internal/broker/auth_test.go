@@ -41,26 +41,26 @@ func TestAuthConfMatchesTheTable(t *testing.T) {
 }
 
 const authConfHeader = `# The NATS users of the shop, included by single.conf and cluster.conf:
-# one user per service, allowed only its own subjects, to create (never
-# update) its own stream and the streams it reads, and to run its own
-# durable consumers; the read-only audit user of shop verify, shop outbox
-# and the reconciler, which creates no consumer; and the stream keeper
-# (streams), the only user that may update a stream, to restore the shop's
-# configuration. An anonymous client is refused. Each password comes from
-# the server's environment (ORDER_NATS_PASSWORD, …, STREAMS_NATS_PASSWORD;
-# docker-compose.yml).
+# one user per service, allowed only its own subjects, to look up (never
+# create or update) its own stream and the streams it reads, and to run its
+# own durable consumers; the read-only audit user of shop verify, shop
+# outbox and the reconciler, which creates no consumer; and the stream
+# keeper (streams), the only user that may create, update or delete a
+# stream, to hold the streams to the shop's configuration. An anonymous
+# client is refused. Each password comes from the server's environment
+# (ORDER_NATS_PASSWORD, …, STREAMS_NATS_PASSWORD; docker-compose.yml).
 #
 # Generated from internal/broker (broker.AuthConfig); do not edit by hand:
 # go test ./internal/broker -run TestAuthConfMatchesTheTable -update
 `
 
 // setupSecured starts a secured server with the contract's streams, created
-// by their owners.
+// by the stream keeper, the only user that may.
 func setupSecured(t *testing.T) *natstest.Server {
 	t.Helper()
 	srv, _ := natstest.NewSecured(t, services.All.Access())
+	_, js := srv.ConnectAs(t, broker.StreamsUser)
 	for _, a := range services.All.Access() {
-		_, js := srv.ConnectAs(t, a.User)
 		srv.Stream(t, js, a.Stream, a.Subjects...)
 	}
 	return srv
@@ -276,8 +276,11 @@ func TestPermissions(t *testing.T) {
 		if _, err := keeper.Publish(short(), "payment.x.PaymentSucceeded", nil); err == nil {
 			t.Error("the keeper published into PAYMENT")
 		}
-		if err := keeper.DeleteStream(short(), "PAYMENT"); err == nil {
-			t.Error("the keeper deleted PAYMENT")
+		if st, err := keeper.Stream(short(), "PAYMENT"); err != nil || st.Purge(short()) == nil {
+			t.Errorf("the keeper purged PAYMENT (or could not look it up: %v)", err)
+		}
+		if _, err := keeper.CreateStream(short(), jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err == nil {
+			t.Error("the keeper created a stream that is not the shop's")
 		}
 		if _, err := keeper.CreateOrUpdateConsumer(short(), "PAYMENT", jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy}); err == nil {
 			t.Error("the keeper created a consumer")
@@ -285,6 +288,22 @@ func TestPermissions(t *testing.T) {
 		nc := keeper.Conn()
 		if _, err := nc.Request("$JS.API.DIRECT.GET.PAYMENT", []byte(`{"seq":1}`), 300*time.Millisecond); err == nil {
 			t.Error("the keeper read a message of PAYMENT")
+		}
+	})
+	t.Run("no service can create a stream, not even a missing one", func(t *testing.T) {
+		// The attack of a payment user on an empty store: its own stream in
+		// memory, republishing what it publishes into ORDERS' subjects.
+		for _, a := range services.All.Access() {
+			_, js := srv.ConnectAs(t, a.User)
+			for _, name := range append([]string{a.Stream + "_NEW"}, a.Reads()...) {
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"forge." + a.User + ".>"},
+					Storage: jetstream.MemoryStorage, RePublish: &jetstream.RePublish{Source: ">", Destination: "orders.>"}})
+				cancel()
+				if err == nil {
+					t.Errorf("%s created stream %s", a.User, name)
+				}
+			}
 		}
 	})
 	t.Run("a service cannot read another's replies", func(t *testing.T) {

@@ -24,13 +24,14 @@
 // (a forged OrderCreated, a PaymentSucceeded nobody paid), delete or purge a
 // stream, or pull another service's messages. So every shop service
 // connects as its own NATS user, whose [Permissions] allow what that
-// service does and nothing else: publish its own events, create its own
-// stream and the streams it reads when they are missing, run its own
-// durable consumers on the streams it reads. The server refuses the rest
-// with a permissions violation, which the client logs. No service may
-// change a stream's configuration: one service's credentials were enough to
-// make a stream republish into another's or allow a rollup that empties it.
-// Only the stream keeper ([StreamsUser]) updates streams, to hold them to
+// service does and nothing else: publish its own events, look up its own
+// stream and the streams it reads, run its own durable consumers on the
+// streams it reads. The server refuses the rest with a permissions
+// violation, which the client logs. No service may create a stream or
+// change one's configuration: one service's credentials were enough to
+// make a stream republish into another's, allow a rollup that empties it,
+// or, created before the shop, keep its events in memory. Only the stream
+// keeper ([StreamsUser]) creates and updates streams, to hold them to
 // [StreamConfig] ([Drift] says what differs), and the audit user
 // ([AuditUser]) reads without creating anything. Each service's [Access]
 // comes from its registry entry (internal/registry); the embedded server
@@ -216,12 +217,10 @@ func RestoreStream(ctx context.Context, js jetstream.JetStream, st jetstream.Str
 }
 
 // CreateStreamIfMissing returns the stream called cfg.Name as it is, or
-// creates it with cfg when it does not exist. It is how every service
-// ensures its streams, the one it owns and those it reads (a consumer may
-// start before the producer): JetStream never changes an existing stream on
-// a create, so a service leaves no mark on a stream that exists, and no
-// service's NATS user may update one ([Permissions]). What differs is the
-// caller's to report ([Drift]) and the stream keeper's to restore.
+// creates it with cfg when it does not exist (which only a user that may
+// create streams can: the stream keeper, or a test's). JetStream never
+// changes an existing stream on a create; what differs is the caller's to
+// report ([Drift]) and the stream keeper's to restore.
 func CreateStreamIfMissing(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	st, err := js.Stream(ctx, cfg.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {

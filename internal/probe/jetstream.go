@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -37,6 +38,30 @@ type JetStream struct {
 	since   time.Time // of the current state
 	err     error     // why it is down
 	refused error     // why the server refuses the credentials; nil once it accepts them
+
+	streams map[string]StreamState // the service's streams, as it last looked them up (SetStream)
+}
+
+// StreamState is what a service last found of one of its streams.
+type StreamState struct {
+	// Problem says what is wrong with it; empty: it is as the shop wants.
+	Problem string
+	// Blocks: the service is not ready while it lasts. A stream whose
+	// configuration differs from the shop's blocks (it may drop events, or
+	// bring in events no service published); a missing one does not, like a
+	// broker outage: the stream keeper creates it, and the outbox holds the
+	// events until then.
+	Blocks bool
+}
+
+// SetStream records what the service found of stream, for /readyz.
+func (w *JetStream) SetStream(stream string, st StreamState) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.streams == nil {
+		w.streams = map[string]StreamState{}
+	}
+	w.streams[stream] = st
 }
 
 const jsProbeEvery = 2 * time.Second
@@ -131,12 +156,13 @@ type jetStreamState struct {
 	since     time.Time
 	err       error
 	refused   error // the server refuses the credentials (checkCredentials)
+	streams   map[string]StreamState
 }
 
 func (w *JetStream) state() jetStreamState {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return jetStreamState{known: w.checked, up: w.up, since: w.since, err: w.err, refused: w.refused}
+	return jetStreamState{known: w.checked, up: w.up, since: w.since, err: w.err, refused: w.refused, streams: maps.Clone(w.streams)}
 }
 
 // Up reports whether JetStream answered the last probe (false before the

@@ -8,7 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,7 +85,12 @@ type readiness struct {
 // away, business transactions still commit their events to the outbox and
 // the relay publishes them when it is back. A broker that refuses the
 // service's credentials does decide: that does not pass by itself, so the
-// service is not ready until an operator mends it (the error says how). Two lines report it, because
+// service is not ready until an operator mends it (the error says how). So
+// does a stream of the service whose configuration differs from the
+// shop's ("streams", set by the service: JetStream.SetStream): it may drop
+// the service's events or bring in events nobody published, and the
+// service is not ready until the stream keeper, or an operator, makes it
+// right. Two lines report the broker, because
 // they fail apart: "nats" is the connection, "jetstream" whether JetStream
 // itself answers (it may be off, without quorum or electing a leader while
 // the connection is fine), with the time of its last change.
@@ -118,6 +125,12 @@ func readyz(db Pinger, nc *nats.Conn, js *JetStream, relay *Relay) http.HandlerF
 				body.Dependencies["nats"] = dependency{Status: "down", Error: st.refused.Error()}
 				body.Status, code = "unavailable", http.StatusServiceUnavailable
 			}
+			if d, blocks := st.streamsLine(); d != nil {
+				body.Dependencies["streams"] = *d
+				if blocks {
+					body.Status, code = "unavailable", http.StatusServiceUnavailable
+				}
+			}
 		}
 		if relay != nil {
 			body.Dependencies["relay"] = relay.dependency(ctx)
@@ -138,6 +151,28 @@ func (s jetStreamState) dependency() dependency {
 	}
 	return dependency{Status: "down", Since: &s.since,
 		Error: fmt.Sprintf("unavailable since %s: %v", s.since.UTC().Format(time.RFC3339), s.err)}
+}
+
+// streamsLine is the "streams" line of /readyz, nil before the service
+// looked its streams up: "up" when each is as the shop wants, else "down"
+// with what is wrong with each, and whether that makes the service not
+// ready (StreamState.Blocks).
+func (s jetStreamState) streamsLine() (*dependency, bool) {
+	if len(s.streams) == 0 {
+		return nil, false
+	}
+	var problems []string
+	blocks := false
+	for _, name := range slices.Sorted(maps.Keys(s.streams)) {
+		if st := s.streams[name]; st.Problem != "" {
+			problems = append(problems, name+": "+st.Problem)
+			blocks = blocks || st.Blocks
+		}
+	}
+	if len(problems) == 0 {
+		return &dependency{Status: "up"}, false
+	}
+	return &dependency{Status: "down", Error: strings.Join(problems, "; ")}, blocks
 }
 
 // dependency is the relay's line of /readyz.

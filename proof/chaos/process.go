@@ -215,9 +215,9 @@ func (s *slot) startLocked(job fpJob) (<-chan error, error) {
 		failpoint.EnvVar+"="+job.spec)
 	if s.service == "order" {
 		// As docker-compose.yml: the stream keeper runs where the
-		// reconciler does, and restores what the run does to a stream's
-		// configuration (an empty cluster's streams are created anew by
-		// the services, with the shop's).
+		// reconciler does, creates the streams (an empty cluster's anew,
+		// with the shop's configuration: no service may) and restores what
+		// the run does to a stream's configuration.
 		cmd.Env = append(cmd.Env, broker.PasswordVar(broker.StreamsUser)+"="+s.h.nats.passwords[broker.StreamsUser])
 	}
 	cmd.Stdout, cmd.Stderr = f, f

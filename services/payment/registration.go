@@ -44,6 +44,25 @@ var Registration = registry.Entry{
 			SQL: `SELECT p.order_id || ': payment ' || p.payment_id || ' was answered succeeded at ' || p.created_at
 			      || ', yet the order was closed by its payment deadline'
 			      FROM payments p WHERE p.status = 'succeeded' AND p.order_id = ANY($1)`},
+		// What an attacker who can publish an OrderPaid wants: goods out
+		// without money in. Every shipment, and every unit sold, has a
+		// succeeded payment of its order. The shipments and the sales are
+		// read first (From), then the payments: a payment always commits
+		// before the OrderPaid that ships or sells, so one read in between
+		// is no false alarm. Each names the order and the event that
+		// announced the shipment or the sale (while its outbox keeps it).
+		{Invariant: 4, Name: "no shipment without a succeeded payment of its order",
+			From: &registry.Query{Service: "fulfillment", SQL: `
+			SELECT s.order_id::text || ' ' || coalesce((SELECT o.event_id::text FROM outbox o
+			       WHERE o.aggregate_id = s.order_id::text AND o.event_type = 'FulfillmentStarted' LIMIT 1), '')
+			FROM shipments s`},
+			SQL: unpaid("shipped", "FulfillmentStarted")},
+		{Invariant: 4, Name: "no stock sold without a succeeded payment of its order",
+			From: &registry.Query{Service: "inventory", SQL: `
+			SELECT r.order_id || ' ' || coalesce((SELECT o.event_id::text FROM outbox o
+			       WHERE o.aggregate_id = r.order_id AND o.event_type = 'InventoryCommitted' LIMIT 1), '')
+			FROM reservations r WHERE r.state = 'COMMITTED' GROUP BY r.order_id`},
+			SQL: unpaid("sold stock", "InventoryCommitted")},
 		// A payment the service could not apply (status 'rejected': a success
 		// of another amount than the order's total, or for an order it did
 		// not know) has its
@@ -74,6 +93,18 @@ const Prefix = "payment"
 // default). Anyone who reads this repository can sign callbacks with it, so
 // a service using it warns.
 const DefaultWebhookSecret = "dev-secret"
+
+// unpaid is the SQL of a check whose From gives "<order id> <event id>"
+// (the event id empty once the outbox has deleted it): each order that has
+// no succeeded payment, as "order <id>: <what> (<event type> <id>) without
+// a succeeded payment".
+func unpaid(what, eventType string) string {
+	return `SELECT 'order ' || split_part(x, ' ', 1) || ': ` + what + ` (` + eventType + ` ' ||
+	       coalesce(nullif(split_part(x, ' ', 2), ''), 'no longer in the outbox') || ') without a succeeded payment'
+	FROM unnest($1::text[]) AS x
+	WHERE NOT EXISTS (SELECT 1 FROM payments p WHERE p.order_id = split_part(x, ' ', 1) AND p.status = 'succeeded')
+	ORDER BY 1`
+}
 
 // payments pairs the payments of one status with their event.
 func payments(status, event string) registry.Fact {

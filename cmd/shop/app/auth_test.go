@@ -66,15 +66,16 @@ func TestNATSAccessIsWhatEachServiceDoes(t *testing.T) {
 }
 
 // A service connects as its own user to a server that requires the shop's
-// users, and does its work there without a permissions violation; its
-// password is never logged. Without a password it connects anonymously, as
+// users, and does its work there (the streams created by the keeper of its
+// process) without a permissions violation; its password is never logged. Without a password it connects anonymously, as
 // an unsecured server allows, and warns once.
 func TestServiceConnectsAsItsOwnUser(t *testing.T) {
 	t.Parallel()
 	t.Run("with its password, on a secured server", func(t *testing.T) {
 		t.Parallel()
 		ns, passwords := natstest.NewSecured(t, services.All.Access())
-		out := runInventory(t, ns.URL(), passwords["inventory"])
+		out, _ := runInventoryWith(t, map[string]string{"NATS_URL": ns.URL(), "INVENTORY_NATS_PASSWORD": passwords["inventory"],
+			"STREAMS_NATS_PASSWORD": passwords[broker.StreamsUser]}, nil)
 		_, js := ns.Connect(t)
 		poll.Until(t, time.Minute, "inventory's stream and its durable consumer", func() bool {
 			_, err := js.Consumer(context.Background(), "ORDERS", "inventory-orders")
@@ -219,6 +220,13 @@ func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
 // returns the service's base URL too.
 func runInventoryWith(t *testing.T, env map[string]string, tweak func(*config.Config)) (*syncBuffer, string) {
 	t.Helper()
+	return startInventory(t, env, tweak, true)
+}
+
+// startInventory is runInventoryWith, returning once the service is ready
+// when waitReady, else once it serves HTTP (/healthz).
+func startInventory(t *testing.T, env map[string]string, tweak func(*config.Config), waitReady bool) (*syncBuffer, string) {
+	t.Helper()
 	db := pgtest.NewDatabase(t, "shop_app_auth_")
 	addr := freeAddr(t)
 	env = maps.Clone(env)
@@ -240,21 +248,27 @@ func runInventoryWith(t *testing.T, env map[string]string, tweak func(*config.Co
 			t.Errorf("Run: %v", err)
 		}
 	})
-	wait, stopWaiting := context.WithTimeout(ctx, time.Minute)
-	defer stopWaiting()
-	if err := httpx.WaitReady(wait, nil, "http://"+addr); err != nil {
-		t.Fatal(err)
+	if waitReady {
+		wait, stopWaiting := context.WithTimeout(ctx, time.Minute)
+		defer stopWaiting()
+		if err := httpx.WaitReady(wait, nil, "http://"+addr); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		poll.Until(t, time.Minute, "/healthz", func() bool { return get200(t, "http://"+addr+"/healthz") != "" })
 	}
 	return out, "http://" + addr
 }
 
-// ensureEveryStream ensures every service's streams, as each service does
-// when it starts, for tests that run the services' parts without Run.
+// ensureEveryStream creates every stream of the shop, as the stream keeper
+// does when a process starts, for tests that run the services' parts
+// without Run (js may create streams).
 func ensureEveryStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
-	for _, a := range services.All.Access() {
-		s := &Service{Name: a.User, Stream: a.Stream, Subjects: a.Subjects, access: a, Logger: log, cfg: config.Config{Registry: services.All}}
-		if err := s.ensureStreams(ctx, js); err != nil {
-			return err
+	cfg := config.Config{Registry: services.All, NATSReplicas: 1, StreamLimits: broker.DefaultLimits}
+	newStreamKeeper(js, shopStreams(cfg), log).check(ctx)
+	for _, w := range shopStreams(cfg) {
+		if _, err := js.Stream(ctx, w.Name); err != nil {
+			return fmt.Errorf("stream %s: %w", w.Name, err)
 		}
 	}
 	return nil

@@ -77,32 +77,42 @@ func TestStartsBeforeJetStreamAnswers(t *testing.T) {
 	})
 }
 
-// A stream deleted under a running service is created again, so the
-// relay's events for it do not die of "no stream for the subject".
-func TestKeepStreamsRecreatesADeletedStream(t *testing.T) {
+// A stream deleted under a running shop is created again by the stream
+// keeper, so the relay's events for it do not die of "no stream for the
+// subject"; a service waits for its streams and creates none.
+func TestKeeperRecreatesADeletedStream(t *testing.T) {
 	t.Parallel()
-	ns := natstest.New(t)
-	_, js := ns.Connect(t)
-	// The order service: it owns ORDERS and reads PAYMENT, which it may
-	// create again but not change.
+	ns, _ := natstest.NewSecured(t, services.All.Access())
+	_, admin := ns.Connect(t)
+	_, keeperJS := ns.ConnectAs(t, broker.StreamsUser)
+	_, orderJS := ns.ConnectAs(t, "order")
 	cfg, err := LoadConfig(func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The order service: it owns ORDERS and reads PAYMENT.
 	e, _ := cfg.Registry.Get("order")
 	access := e.Access()
 	s := &Service{Name: "order", Stream: access.Stream, Subjects: access.Subjects, access: access, cfg: cfg, Logger: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := s.ensureStreams(ctx, js); err != nil {
-		t.Fatal(err)
+	short, stop := context.WithTimeout(ctx, time.Second)
+	defer stop()
+	if s.waitForStreams(short, orderJS) {
+		t.Fatal("the order service found its streams before any keeper created them")
 	}
-	go s.keepStreams(ctx, js, 50*time.Millisecond)
-	if err := js.DeleteStream(ctx, "PAYMENT"); err != nil {
+	if _, err := admin.Stream(ctx, "ORDERS"); err == nil {
+		t.Fatal("ORDERS exists: the order service created it")
+	}
+	go newStreamKeeper(keeperJS, shopStreams(cfg), slog.New(slog.DiscardHandler)).run(ctx, 50*time.Millisecond)
+	if !s.waitForStreams(ctx, orderJS) {
+		t.Fatal("the order service did not find its streams")
+	}
+	if err := admin.DeleteStream(ctx, "PAYMENT"); err != nil {
 		t.Fatal(err)
 	}
 	poll.Until(t, time.Minute, "PAYMENT to exist again", func() bool {
-		_, err := js.Stream(ctx, "PAYMENT")
+		_, err := admin.Stream(ctx, "PAYMENT")
 		return err == nil
 	})
 }

@@ -20,7 +20,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/httpx"
+	"github.com/shop-ref/shop/ops/verify"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/pgtest"
 	"github.com/shop-ref/shop/proof/poll"
@@ -28,25 +30,37 @@ import (
 )
 
 // TestForgedOrderPaidShipsNothing plays the attacker of issue 39 who holds
-// the payment service's NATS credentials and nothing else. Before the shop
-// starts, it creates PAYMENT in memory (a storage no update can change, so
-// the stream keeper cannot restore it) with a republish of payment.forge.>
-// as orders.>: nats-server accepts that of a user who may publish only to
-// payment.>. Once an order waits for payment, it publishes, as payment, an
-// OrderPaid of that order with the headers and payload the order service
-// would send, to payment.forge.<order>.OrderPaid. ORDERS stores the copy;
-// every consumer it reaches dead-letters it as forged, so nothing ships, no
-// stock is sold and the order still waits for payment.
+// the payment service's NATS credentials. Before the shop starts, it tries
+// to create PAYMENT in memory with a republish of payment.forge.> as
+// orders.>, which nats-server accepted of a user who may publish only to
+// payment.>: now refused, only the stream keeper creates streams. So the
+// republish comes from a stream of someone who may create one (FORGE, the
+// server's admin, outside the shop's streams): once an order waits for
+// payment, an OrderPaid of that order with the headers and payload the
+// order service would send is published to forge.<order>.OrderPaid.
+// ORDERS stores the copy; every consumer it reaches dead-letters it as
+// forged, so nothing ships, no stock is sold, the order still waits for
+// payment, and shop verify finds no shipment without payment.
 func TestForgedOrderPaidShipsNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	ns, passwords := natstest.NewSecured(t, services.All.Access())
 	_, asPayment := ns.ConnectAs(t, "payment")
-	if _, err := asPayment.CreateStream(ctx, jetstream.StreamConfig{
+	short, stop := context.WithTimeout(ctx, time.Second)
+	_, err := asPayment.CreateStream(short, jetstream.StreamConfig{
 		Name: "PAYMENT", Subjects: []string{"payment.>"}, Storage: jetstream.MemoryStorage,
 		RePublish: &jetstream.RePublish{Source: "payment.forge.>", Destination: "orders.>"},
+	})
+	stop()
+	if err == nil {
+		t.Fatal("the payment user created a republishing PAYMENT")
+	}
+	_, admin := ns.Connect(t)
+	if _, err := admin.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "FORGE", Subjects: []string{"forge.>"}, Storage: jetstream.MemoryStorage,
+		RePublish: &jetstream.RePublish{Source: "forge.>", Destination: "orders.>"},
 	}); err != nil {
-		t.Fatalf("the payment user creates a republishing PAYMENT: %v", err)
+		t.Fatal(err)
 	}
 
 	// Port 0 everywhere: each listener takes a free port as it binds (the
@@ -133,7 +147,7 @@ func TestForgedOrderPaidShipsNothing(t *testing.T) {
 	// The sequence the order service would give its OrderPaid.
 	seq := scalar(`SELECT max(aggregate_seq) + 1 FROM orders.outbox WHERE aggregate_type = 'order' AND aggregate_id = $1`, order.ID)
 
-	forged, eventID := nats.NewMsg("payment.forge."+order.ID+".OrderPaid"), uuid.NewString()
+	forged, eventID := nats.NewMsg("forge."+order.ID+".OrderPaid"), uuid.NewString()
 	for k, v := range map[string]string{
 		jetstream.MsgIDHeader: eventID, "Event-Type": "OrderPaid", "Aggregate-Type": "order",
 		"Aggregate-Id": order.ID, "Aggregate-Seq": strconv.FormatInt(seq, 10), "Schema-Version": "1",
@@ -143,10 +157,9 @@ func TestForgedOrderPaidShipsNothing(t *testing.T) {
 	}
 	forged.Data = fmt.Appendf(nil, `{"order_id":%q,"payment_id":%q,"amount":%d,"items":[{"sku":"SKU-F","quantity":2}]}`,
 		order.ID, uuid.NewString(), order.Total)
-	if _, err := asPayment.PublishMsg(ctx, forged); err != nil {
-		t.Fatalf("publish as payment: %v", err)
+	if _, err := admin.PublishMsg(ctx, forged); err != nil {
+		t.Fatalf("publish to FORGE: %v", err)
 	}
-	_, admin := ns.Connect(t)
 	poll.Until(t, 10*time.Second, "ORDERS holds the copy", func() bool {
 		st, err := admin.Stream(ctx, "ORDERS")
 		if err != nil {
@@ -182,6 +195,27 @@ func TestForgedOrderPaidShipsNothing(t *testing.T) {
 	}
 	if _, body := call(t, "GET", url("order")+"/orders/"+order.ID, nil, ""); json.Unmarshal(body, &order) != nil || order.Status != "WAIT_PAY" {
 		t.Errorf("the order is %q, want WAIT_PAY: %s", order.Status, body)
+	}
+	noUnpaidGoods(t, cfg)
+}
+
+// noUnpaidGoods fails t when shop verify finds a shipment, or stock sold,
+// without a succeeded payment of its order.
+func noUnpaidGoods(t *testing.T, cfg config.Config) {
+	t.Helper()
+	shop, closePools, err := OpenShop(context.Background(), cfg.Schemas(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closePools()
+	rep, err := verify.Run(context.Background(), shop, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Checks {
+		if strings.Contains(c.Name, "without a succeeded payment") && len(c.Violations) > 0 {
+			t.Errorf("shop verify: %s: %q", c.Name, c.Violations)
+		}
 	}
 }
 

@@ -227,7 +227,11 @@ func TestServiceRoles(t *testing.T) {
 
 	t.Run("the order service runs with its role", func(t *testing.T) {
 		ns := natstest.New(t)
-		nc, _ := ns.Connect(t)
+		nc, js := ns.Connect(t)
+		// The streams, as the stream keeper of another process makes them.
+		if err := ensureEveryStream(context.Background(), js, slog.New(slog.DiscardHandler)); err != nil {
+			t.Fatal(err)
+		}
 		cfg, err := LoadConfig(func(string) string { return "" })
 		if err != nil {
 			t.Fatal(err)

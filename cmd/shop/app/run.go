@@ -111,8 +111,11 @@ func run(ctx context.Context, cfg config.Config, names []string, log *slog.Logge
 		users = append(users, broker.AuditUser)
 	}
 	// The stream keeper, wherever its user's password is known: the
-	// embedded server's, or STREAMS_NATS_PASSWORD (streamkeeper.go).
-	keeps := auth[broker.StreamsUser] != ""
+	// embedded server's, or STREAMS_NATS_PASSWORD (streamkeeper.go). And
+	// where every service of the process connects anonymously (a server
+	// without users, where anyone may create a stream): else no one would
+	// create the streams, which no service does.
+	keeps := auth[broker.StreamsUser] != "" || len(anonymous(auth, names)) == len(names)
 	if keeps {
 		users = append(users, broker.StreamsUser)
 	}
@@ -148,8 +151,9 @@ func run(ctx context.Context, cfg config.Config, names []string, log *slog.Logge
 			}
 		}
 	} else {
-		log.Info("no stream keeper in this process: a stream whose configuration drifted is reported, not restored; set " +
-			broker.PasswordVar(broker.StreamsUser) + " for this process to restore it")
+		log.Info("no stream keeper in this process: its services wait for another process of the shop to create their streams, " +
+			"and a stream whose configuration drifted is reported, not restored; set " +
+			broker.PasswordVar(broker.StreamsUser) + " for this process to create and restore them")
 	}
 	stopTraces, err := exportTraces(ctx, cfg, services)
 	if err != nil {

@@ -165,16 +165,15 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { s.watch.Run(ctx); return nil })
 	g.Go(func() error {
-		// The relay starts once the streams exist: before, every event
-		// would wait out a missing stream as an outage. (The consumers wait
-		// for their streams by themselves.)
-		if err := s.ensureStreams(ctx, js); err != nil || ctx.Err() != nil {
-			return err
+		// The relay and the consumers start once every stream of the
+		// service is as the shop wants it (waitForStreams).
+		if !s.waitForStreams(ctx, js) {
+			return nil
 		}
 		// The rules hold for the configuration the shop gives the streams:
 		// a process whose settings break them stops here. A stream that
-		// differs on the server is drift, reported (and, by the stream
-		// keeper, restored), which stops nothing.
+		// differs on the server later is drift, which the stream keeper
+		// restores and /readyz reports (keepStreams).
 		configs, err := s.streamConfigs()
 		if err != nil {
 			return err
@@ -271,63 +270,86 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	return relay, dom, router, nil
 }
 
-// ensureStreams creates each stream of the service that is missing — its
-// own and those it reads (a service may start before the others) — with
-// the shop's configuration, waiting while NATS is unreachable or JetStream
-// cannot answer (no quorum yet, a leader election, switched off): the
-// service serves HTTP and commits events to its outbox meanwhile, which is
-// what the outbox is for. It logs once when it starts waiting, not once per
-// try. A stream that exists is left as it is: no service may change a
-// stream's configuration (broker.Permissions); where its own differs, it
-// logs the drift at ERROR and goes on (the stream keeper restores it). It
-// returns nil once all exist, or once ctx has ended, and an error at once
-// when JetStream refuses the configuration itself.
-func (s *Service) ensureStreams(ctx context.Context, js jetstream.JetStream) error {
+// waitForStreams waits until each stream of the service — its own and
+// those it reads — exists with the shop's configuration, checking again
+// with a growing pause (up to 5 s): the stream keeper creates a missing
+// stream and restores one that drifted (streamkeeper.go); no service may
+// create or change a stream (broker.Permissions). Until then the service
+// serves HTTP and commits events to its outbox, which is what the outbox
+// is for, but publishes and consumes nothing: an event published into a
+// stream in memory, or one that keeps a single message, would be lost; a
+// stream that republishes or mirrors brings in events no service
+// published. /readyz says which stream is wrong and how (checkStreams). It
+// logs once when it starts waiting, not once per try, and returns true once
+// every stream is right, false when ctx ends first.
+func (s *Service) waitForStreams(ctx context.Context, js jetstream.JetStream) bool {
 	wait := 250 * time.Millisecond
 	waiting := false
 	for {
-		err := s.ensureAll(ctx, js)
-		var apiErr *jetstream.APIError
+		problems := s.checkStreams(ctx, js)
 		switch {
-		case err == nil:
-			s.Logger.Info("streams ensured", "own", s.Stream)
-			return nil
+		case len(problems) == 0:
+			s.Logger.Info("streams ready", "own", s.Stream)
+			return true
 		case ctx.Err() != nil:
-			return nil // stopping before JetStream came back is no failure
-		case errors.As(err, &apiErr) && apiErr.Code != http.StatusServiceUnavailable:
-			return fmt.Errorf("%s: %w", s.Name, err)
+			return false // stopping before the streams were right is no failure
 		case !waiting:
 			waiting = true
-			s.Logger.Warn("streams not ensured yet; retrying until JetStream answers", "stream", s.Stream, "err", err)
+			s.Logger.Warn("waiting for the stream keeper: publishing and consuming start once every stream of the service "+
+				"exists with the shop's configuration", "problems", problems)
 		default:
-			s.Logger.Debug("streams still not ensured", "err", err)
+			s.Logger.Debug("streams still not right", "problems", problems)
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return false
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
 }
 
-// ensureAll ensures each stream of the service once, each call bounded so
-// that a hung request (a partition) cannot stall the retries.
-func (s *Service) ensureAll(ctx context.Context, js jetstream.JetStream) error {
+// checkStreams looks each stream of the service up once, each call bounded
+// so that a hung request (a partition) cannot stall the checks, records
+// what is wrong with each for /readyz, reports the drift of its own stream
+// (observe), and returns the problems, "STREAM: what", none when every
+// stream is right. A request that fails (JetStream unreachable, no quorum)
+// is a problem too, not recorded: the "jetstream" line of /readyz says it.
+func (s *Service) checkStreams(ctx context.Context, js jetstream.JetStream) []string {
 	configs, err := s.streamConfigs()
 	if err != nil {
-		return err
+		return []string{err.Error()}
 	}
+	var problems []string
 	for _, name := range s.streams() {
 		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		st, err := broker.CreateStreamIfMissing(callCtx, js, configs[name])
+		st, err := js.Stream(callCtx, name)
 		cancel()
-		if err != nil {
-			return err
+		var state probe.StreamState
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			state.Problem = "missing: the stream keeper creates it (a process of the shop with " +
+				broker.PasswordVar(broker.StreamsUser) + ")"
+		case err != nil:
+			problems = append(problems, name+": "+err.Error())
+			continue
+		default:
+			have := st.CachedInfo().Config
+			s.observe(configs[name], have)
+			if drift := broker.Drift(have, configs[name]); len(drift) > 0 {
+				state = probe.StreamState{Blocks: true, Problem: "configuration differs from the shop's (" +
+					strings.Join(driftStrings(drift), "; ") + "): the stream keeper restores it, or, where no update can, " +
+					"an operator recreates it (docs/operating.md, \"A stream the keeper cannot restore\")"}
+			}
 		}
-		s.observe(configs[name], st.CachedInfo().Config)
+		if s.watch != nil { // nil: a Service not made by New
+			s.watch.SetStream(name, state)
+		}
+		if state.Problem != "" {
+			problems = append(problems, name+": "+state.Problem)
+		}
 	}
-	return nil
+	return problems
 }
 
 // streams are the names of the service's streams, its own first.
@@ -358,18 +380,12 @@ func (s *Service) observe(want, have jetstream.StreamConfig) {
 	}
 }
 
-// keepStreams checks the service's streams again every every. A stream an
-// operator deleted (or a cluster that came back empty) is created again
-// within seconds: until it is, the relay's events for it wait ("no stream
-// for the subject", an outage to the relay), and its consumers wait. Its
-// own stream's configuration is compared with the shop's (observe).
-// Failures are the outages the relay and the consumers already report;
-// they are not logged again.
+// keepStreams checks the service's streams again every every, for /readyz
+// and the drift report (checkStreams): a stream deleted, or changed, while
+// the service runs. The relay and the consumers go on meanwhile (what a
+// stream loses, the reconciler's stream audit resends from the outbox once
+// the keeper has made it right); /readyz says what is wrong.
 func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every time.Duration) {
-	configs, err := s.streamConfigs()
-	if err != nil {
-		return // ensureStreams has returned the same error
-	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -378,24 +394,13 @@ func (s *Service) keepStreams(ctx context.Context, js jetstream.JetStream, every
 			return
 		case <-t.C:
 		}
-		for _, name := range s.streams() {
-			callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			st, err := js.Stream(callCtx, name)
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				if st, err = broker.CreateStreamIfMissing(callCtx, js, configs[name]); err == nil {
-					s.Logger.Warn("stream was missing; created it again (its earlier messages are gone)", "stream", name)
-				}
-			}
-			cancel()
-			if err == nil {
-				s.observe(configs[name], st.CachedInfo().Config)
-			}
-		}
+		s.checkStreams(ctx, js)
 	}
 }
 
-// streamCheckEvery is how often each service looks for its missing streams
-// and the stream keeper for drift (streamkeeper.go).
+// streamCheckEvery is how often each service looks its streams up, and the
+// stream keeper creates the missing ones and restores drift
+// (streamkeeper.go).
 const streamCheckEvery = 10 * time.Second
 
 // streamCheckInterval is how often streams are checked: streamCheckEvery,

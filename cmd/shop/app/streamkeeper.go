@@ -16,24 +16,41 @@ import (
 )
 
 // The stream keeper. A stream's configuration is part of the contract: a
-// stream that republishes into another's subjects, allows rollups, has
-// lost its duplicate window or keeps messages an hour is a weapon or a
-// loss, whoever changed it. No service's NATS user may update a stream
-// (broker.Permissions); the keeper's user (broker.StreamsUser) may, and a
-// process given its password (STREAMS_NATS_PASSWORD; `shop all` makes its
-// own) compares every field of every stream of the shop with the table's
-// (broker.StreamConfig, broker.Drift) and restores what differs, logging
-// the drift at ERROR with its fields and counting it.
+// stream that republishes into another's subjects, allows rollups, keeps
+// its messages in memory, has lost its duplicate window or keeps messages
+// an hour is a weapon or a loss, whoever made it so. No service's NATS user
+// may create or update a stream (broker.Permissions); the keeper's user
+// (broker.StreamsUser) may, and a process given its password
+// (STREAMS_NATS_PASSWORD; `shop all` makes its own; on a server without
+// users, any process whose services connect anonymously) creates every
+// missing stream of the shop with the table's configuration
+// (broker.StreamConfig), compares every field of every stream with it
+// (broker.Drift) and restores what differs, logging the drift at ERROR
+// with its fields and counting it.
+//
+// Some fields no update may change (Storage, a Mirror, Sealed, …), and
+// nats-server refuses the whole restore. Such a stream that holds no
+// message is deleted and created again: nothing is lost, as every service
+// waits for its streams to be right before it publishes or consumes
+// (Service.waitForStreams), and what a stream lacks of an outbox's events
+// (published into it while it was right, then removed by whoever remade
+// it) the reconciler's stream audit resends. One that holds messages is
+// not touched: they may be events that exist nowhere else (the outboxes
+// keep theirs 72 hours). It stays drifted, the services that use it are
+// not ready and say why, and an operator decides (docs/operating.md, "A
+// stream the keeper cannot restore").
 //
 // It checks at start-up and then every streamCheckEvery (10 s), beside the
-// services' own check for missing streams, and not in the reconciler's
-// rounds: a tampered stream does its harm while it stays tampered (a
-// RePublish copies every new event elsewhere), so the window is bounded by
-// the check's interval, a minute would be six times longer; and restoring
-// must not wait for the database, which the reconciler's lock needs. It
-// costs one stream info request per stream per check. Copies need no turns:
-// a restore is idempotent, and two keepers that find the same drift both
-// restore the same configuration (both log it).
+// services' own checks, and not in the reconciler's rounds: a tampered
+// stream does its harm while it stays tampered (a RePublish copies every
+// new event elsewhere), so the window is bounded by the check's interval,
+// a minute would be six times longer; and restoring must not wait for the
+// database, which the reconciler's lock needs. It costs one stream info
+// request per stream per check. Copies need no turns: a create or a
+// restore is idempotent, two keepers that find the same drift both restore
+// the same configuration (both log it), and one deletes a stream only when
+// its own restore was just refused (the other's recreated stream takes the
+// update).
 //
 // A process without the password reports instead: each service compares
 // its own stream at start-up and at each check, and logs a drift at ERROR
@@ -99,40 +116,89 @@ func (k *streamKeeper) run(ctx context.Context, every time.Duration) {
 	}
 }
 
-// check restores each stream once where it drifted. A stream that is
-// missing is left to the services, which create it again and say so
-// (keepStreams); a request that fails (JetStream unreachable, no quorum)
-// is the outage they already report, and the next check tries again.
+// check creates each stream that is missing and restores each once where
+// it drifted. A request that fails (JetStream unreachable, no quorum) is
+// the outage the services already report, and the next check tries again.
 func (k *streamKeeper) check(ctx context.Context) {
 	for _, want := range k.wants {
 		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		st, err := k.js.Stream(callCtx, want.Name)
-		var drift []broker.FieldDrift
-		if err == nil {
-			_, drift, err = broker.RestoreStream(callCtx, k.js, st, want)
-		}
+		k.keep(callCtx, want)
 		cancel()
-		var apiErr *jetstream.APIError
-		switch {
-		case err != nil && len(drift) > 0 && errors.As(err, &apiErr):
-			// JetStream refused to change the stream back: a field no
-			// update may revert (Sealed, Storage, a Mirror, TTLs, …).
-			k.drifted.WithLabelValues(want.Name).Set(1)
-			k.logOnce(want.Name, drift, "stream configuration differs from the shop's and the server refuses to restore it: "+
-				"an operator must recreate the stream (then shop outbox republish --lost resends its events)", "err", err)
-		case err != nil:
-			k.log.Debug("stream not checked", "stream", want.Name, "err", err)
-		case len(drift) > 0:
+	}
+}
+
+// keep holds the stream want names to want: see check.
+func (k *streamKeeper) keep(ctx context.Context, want jetstream.StreamConfig) {
+	st, err := k.js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := k.js.CreateStream(ctx, want); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			k.log.Warn("stream missing; could not create it", "stream", want.Name, "err", err)
+			return
+		}
+		// A stream made anew at start-up, or again after someone deleted
+		// it: its earlier messages are gone (the stream audit resends
+		// what the outboxes still hold).
+		k.log.Info("stream was missing; created it with the shop's configuration", "stream", want.Name)
+		return
+	}
+	var drift []broker.FieldDrift
+	if err == nil {
+		_, drift, err = broker.RestoreStream(ctx, k.js, st, want)
+	}
+	var apiErr *jetstream.APIError
+	switch {
+	case err != nil && len(drift) > 0 && errors.As(err, &apiErr):
+		// JetStream refused to change the stream back: a field no update
+		// may revert (Storage, Sealed, a Mirror, TTLs, …).
+		k.unrestorable(ctx, want, drift, err)
+	case err != nil:
+		k.log.Debug("stream not checked", "stream", want.Name, "err", err)
+	case len(drift) > 0:
+		k.repaired.WithLabelValues(want.Name).Inc()
+		k.drifted.WithLabelValues(want.Name).Set(0)
+		k.forget(want.Name)
+		k.log.Error("stream configuration had drifted from the shop's; restored it", "stream", want.Name,
+			"fields", broker.DriftFields(drift), "drift", driftStrings(drift))
+	default:
+		k.drifted.WithLabelValues(want.Name).Set(0)
+		k.forget(want.Name)
+	}
+}
+
+// unrestorable handles a stream whose drift the server refused to undo
+// (refused): deleted and created again when it holds no message, else left
+// as it is and reported (see the package's comment above).
+func (k *streamKeeper) unrestorable(ctx context.Context, want jetstream.StreamConfig, drift []broker.FieldDrift, refused error) {
+	// Looked up again right before the delete: the drift and the count are
+	// those of now, not of the check's start.
+	st, err := k.js.Stream(ctx, want.Name)
+	if err != nil {
+		return // gone, or unreachable: the next check sees
+	}
+	info := st.CachedInfo()
+	if drift = broker.Drift(info.Config, want); len(drift) == 0 {
+		return // another keeper remade it
+	}
+	if info.State.Msgs == 0 {
+		err := k.js.DeleteStream(ctx, want.Name)
+		if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+			_, err = k.js.CreateStream(ctx, want)
+		}
+		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			k.repaired.WithLabelValues(want.Name).Inc()
 			k.drifted.WithLabelValues(want.Name).Set(0)
 			k.forget(want.Name)
-			k.log.Error("stream configuration had drifted from the shop's; restored it", "stream", want.Name,
+			k.log.Error("stream configuration differed from the shop's in fields no update may change, and the stream held no message: "+
+				"deleted it and created it again with the shop's configuration", "stream", want.Name,
 				"fields", broker.DriftFields(drift), "drift", driftStrings(drift))
-		default:
-			k.drifted.WithLabelValues(want.Name).Set(0)
-			k.forget(want.Name)
+			return
 		}
+		refused = fmt.Errorf("%w; deleting the empty stream to create it again: %w", refused, err)
 	}
+	k.drifted.WithLabelValues(want.Name).Set(1)
+	k.logOnce(want.Name, drift, "stream configuration differs from the shop's, the server refuses to restore it, and the stream holds "+
+		"messages: the services that use it are not ready; an operator must recreate it "+
+		"(docs/operating.md, \"A stream the keeper cannot restore\")", "messages", info.State.Msgs, "err", refused)
 }
 
 // observe reports have, the configuration of the stream want names as

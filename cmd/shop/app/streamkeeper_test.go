@@ -22,7 +22,9 @@ import (
 // hand that may update streams tampered with — the ways found with the
 // services' own credentials, and a stream made before the shop denied
 // deletes and purges — logs each at ERROR with its fields, and counts it.
-// A drift the server refuses to revert is logged once, not at every check.
+// A drift the server refuses to revert (storage, sealed) is remade on a
+// stream that holds no message, and left alone, logged once (not at every
+// check) and shown by the drift metric, on one that holds messages.
 func TestStreamKeeperRestoresTamperedStreamsInOneCheck(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -38,6 +40,9 @@ func TestStreamKeeperRestoresTamperedStreamsInOneCheck(t *testing.T) {
 	for _, w := range wants {
 		want[w.Name] = w
 		c := w
+		if w.Name == "INVENTORY" {
+			c.Storage = jetstream.MemoryStorage // empty: deleted and created again
+		}
 		if w.Name == "PAYMENT" {
 			// As the shop created its streams before: deletes, purges and
 			// rollups allowed, no direct get, the limits left to the server.
@@ -53,6 +58,9 @@ func TestStreamKeeperRestoresTamperedStreamsInOneCheck(t *testing.T) {
 	tampered.Subjects = append(slices.Clone(tampered.Subjects), "legacy.orders.>")
 	tampered.MaxAge, tampered.Duplicates, tampered.MaxMsgs, tampered.AllowDirect = time.Hour, time.Minute, 10, false
 	if _, err := admin.UpdateStream(ctx, tampered); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Publish(ctx, "fulfillment.x.Junk", nil); err != nil {
 		t.Fatal(err)
 	}
 	sealed := want["FULFILLMENT"]
@@ -90,8 +98,11 @@ func TestStreamKeeperRestoresTamperedStreamsInOneCheck(t *testing.T) {
 			t.Errorf("%s repaired %v times by the metric, want 1", stream, n)
 		}
 	}
-	if logLine(log, "stream=INVENTORY") != "" {
-		t.Errorf("INVENTORY, as the shop wants it, was logged:\n%s", log)
+	if line := logLine(log, "level=ERROR", "deleted it and created it again", "stream=INVENTORY"); !strings.Contains(line, "fields=[Storage]") {
+		t.Errorf("the empty INVENTORY in memory: %q; want an ERROR naming Storage; log:\n%s", line, log)
+	}
+	if logLine(log, "deleted it", "stream=FULFILLMENT") != "" {
+		t.Errorf("FULFILLMENT, which holds a message, was deleted:\n%s", log)
 	}
 	if line := logLine(log, "level=ERROR", "refuses to restore", "stream=FULFILLMENT"); !strings.Contains(line, "Sealed") {
 		t.Errorf("the sealed FULFILLMENT: %q; want an ERROR naming Sealed; log:\n%s", line, log)
@@ -109,10 +120,12 @@ func TestStreamKeeperRestoresTamperedStreamsInOneCheck(t *testing.T) {
 	}
 }
 
-// A process given the keeper's password restores a stream tampered with
-// while it runs, within a check, and serves the count; one without it only
-// reports its own stream's drift: at ERROR, once per change, naming the
-// variable that would let it restore, and it keeps serving.
+// A process given the keeper's password creates the shop's streams and
+// restores a stream tampered with while it runs, within a check, and
+// serves the count; one without it creates nothing and only reports: its
+// own stream's drift at ERROR, once per change, naming the variable that
+// would let it restore, and /readyz not ready, naming the stream and the
+// field, until the stream is right again.
 func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 	t.Parallel()
 	fast := func(c *config.Config) { c.Test.StreamCheck = 100 * time.Millisecond }
@@ -124,8 +137,8 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 			"STREAMS_NATS_PASSWORD": passwords[broker.StreamsUser]}, fast)
 		_, admin := ns.Connect(t)
 		ctx := context.Background()
-		// Ready does not wait for the streams the process reads: it
-		// creates ORDERS (missing, as no order service runs) right after.
+		// The keeper creates ORDERS too, which no order service runs to
+		// use.
 		poll.Until(t, time.Minute, "ORDERS created", func() bool {
 			_, err := admin.Stream(ctx, "ORDERS")
 			return err == nil
@@ -185,7 +198,7 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 		if _, err := admin.CreateStream(ctx, tampered); err != nil {
 			t.Fatal(err)
 		}
-		out, url := runInventoryWith(t, map[string]string{"NATS_URL": ns.URL(), "INVENTORY_NATS_PASSWORD": passwords["inventory"]}, fast)
+		out, url := startInventory(t, map[string]string{"NATS_URL": ns.URL(), "INVENTORY_NATS_PASSWORD": passwords["inventory"]}, fast, false)
 		drifts := func() []string {
 			var lines []string
 			for l := range strings.Lines(out.String()) {
@@ -204,8 +217,15 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 		if c := streamConfig(t, admin, "INVENTORY"); c.RePublish == nil {
 			t.Fatal("INVENTORY changed by a process that may not update it")
 		}
-		if !strings.Contains(get200(t, url+"/readyz"), `"status":"up"`) {
-			t.Errorf("not ready: %s", get200(t, url+"/readyz"))
+		// Not ready, saying why; ORDERS, which no keeper creates, is
+		// reported missing.
+		poll.Until(t, time.Minute, "/readyz to name the drift", func() bool {
+			r := get200(t, url+"/readyz")
+			return strings.Contains(r, `"status":"unavailable"`) && strings.Contains(r, "INVENTORY: configuration differs") &&
+				strings.Contains(r, "RePublish") && strings.Contains(r, "ORDERS: missing")
+		})
+		if _, err := admin.Stream(ctx, "ORDERS"); err == nil {
+			t.Error("ORDERS exists: a process without the keeper's password created it")
 		}
 		if !strings.Contains(get200(t, url+"/metrics"), `shop_stream_config_drift{service="inventory",stream="INVENTORY"} 1`) {
 			t.Errorf("/metrics does not show the drift")
@@ -224,6 +244,10 @@ func TestAProcessKeepsOrReportsItsStreams(t *testing.T) {
 		}
 		poll.Until(t, time.Minute, "the end of the drift logged", func() bool {
 			return logLine(out.String(), "level=INFO", "is the shop's again", "stream=INVENTORY") != ""
+		})
+		// Ready again: a missing stream does not decide, like a broker outage.
+		poll.Until(t, time.Minute, "/readyz ready again", func() bool {
+			return strings.Contains(get200(t, url+"/readyz"), `"status":"ok"`)
 		})
 		if s := out.String(); strings.Contains(s, "permissions violation") || strings.Count(s, "no stream keeper in this process") != 1 {
 			t.Errorf("log:\n%s", s)

@@ -67,9 +67,9 @@ func TestVerifyAsTheAuditUser(t *testing.T) {
 	ctx := context.Background()
 	dbURL := shoptest.NewDatabaseURL(t)
 	ns, passwords := natstest.NewSecured(t, services.All.Access())
+	_, keeper := ns.ConnectAs(t, broker.StreamsUser) // the only user that creates streams
 	for _, a := range services.All.Access() {
-		_, js := ns.ConnectAs(t, a.User)
-		ns.Stream(t, js, a.Stream, a.Subjects...)
+		ns.Stream(t, keeper, a.Stream, a.Subjects...)
 	}
 	vars := env(map[string]string{"DATABASE_URL": dbURL, "NATS_URL": ns.URL(), "AUDIT_NATS_PASSWORD": passwords[broker.AuditUser]})
 	if err := run(ctx, []string{"migrate"}, vars, io.Discard, io.Discard); err != nil {
