@@ -247,3 +247,52 @@ func TestCDCFrozenStreamerIsTakenOver(t *testing.T) {
 // stream before the standby could take over (59 s measured then; about
 // 4 s since).
 const frozenTakeoverWait = 20 * time.Second
+
+// TestPollingRelayWarnsOfItsLeftoverSlot: a service switched from cdc to
+// poll leaves its slot, which no relay confirms any more and which keeps
+// WAL (and Postgres from starting with wal_level below logical). Its
+// relay, polling, warns of it with the command that drops it; once
+// dropped, the slot stays gone.
+func TestPollingRelayWarnsOfItsLeftoverSlot(t *testing.T) {
+	t.Parallel()
+	pg := pgcluster.Start(t, nil)
+	pool := privateSchema(t, pg, "producer", 6)
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	ctx := context.Background()
+
+	cdc, err := outbox.NewRelay(pool, js, outbox.Config{Mode: outbox.ModeCDC, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopCDC := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- cdc.Run(runCtx) }()
+	poll.Until(t, 30*time.Second, "the cdc relay streams", func() bool { return cdc.State().Streaming })
+	stopCDC()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	logs := &records{level: slog.LevelWarn}
+	polling, err := outbox.NewRelay(pool, js, outbox.Config{Mode: outbox.ModePoll, SlotDropHint: "shop slots drop --service producer",
+		Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, "polling relay", polling.Run)
+	poll.Until(t, 30*time.Second, "the polling relay to warn of its slot", func() bool {
+		return logs.has("WARN outbox relay: the relay polls, but its replication slot from cdc mode is still there, " +
+			"holding WAL that no relay will confirm; drop it: shop slots drop --service producer")
+	})
+	st, err := outbox.ReadSlot(ctx, pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.DropSlot(ctx, pool, st.Slot); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := outbox.ReadSlot(ctx, pool, ""); err != nil || st.Exists || st.Publication {
+		t.Errorf("after the drop: %+v (%v), want no slot and no publication", st, err)
+	}
+}
