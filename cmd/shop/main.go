@@ -55,6 +55,12 @@ Usage:
   shop outbox <command>    operator commands: status, dead, show <event-id>, requeue <event-id>,
                            replay, republish --lost, dead-letters list|requeue|discard,
                            parked list|discard; "shop outbox -h" for details
+  shop slots list|drop [--service S] [-force]
+                           the replication slots and publications of the services' outboxes
+                           (cdc mode makes them): list them, with the WAL each holds; drop
+                           them before switching a service to poll or lowering wal_level
+                           (Postgres will not start with a logical slot and wal_level=replica);
+                           a slot a relay streams is dropped only with -force
   shop trace <order-id> [--json]
                            one order's journey: each event committed, published, processed by
                            each consumer, with the time each hop took; retries, dead and parked
@@ -87,6 +93,7 @@ func commands() map[string]command {
 		"migrate":   op.Migrate,
 		"verify":    op.Verify,
 		"outbox":    op.Outbox,
+		"slots":     op.Slots,
 		"trace":     op.Trace,
 		"loadgen":   loadgen.Command{Services: reg}.Run,
 	}

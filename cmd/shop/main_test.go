@@ -30,6 +30,8 @@ func TestUsage(t *testing.T) {
 		{nil, errUsage},
 		{[]string{"shipping"}, errUsage},
 		{[]string{"outbox"}, errUsage},
+		{[]string{"slots"}, errUsage},
+		{[]string{"slots", "nuke"}, errUsage},
 		{[]string{"loadgen", "-orders", "0"}, errUsage},
 		{[]string{"trace"}, errUsage},
 		{[]string{"trace", "not-an-order-id"}, errUsage},
@@ -60,7 +62,7 @@ func TestUsage(t *testing.T) {
 // unknown command.
 func TestEveryCommandIsDispatched(t *testing.T) {
 	t.Parallel()
-	operators := []string{"all", "dashboard", "migrate", "verify", "outbox", "trace", "loadgen"}
+	operators := []string{"all", "dashboard", "migrate", "verify", "outbox", "slots", "trace", "loadgen"}
 	for _, name := range append(operators, services.All.Names()...) {
 		if !strings.Contains(usage, name) {
 			t.Errorf("the usage text does not name %s", name)

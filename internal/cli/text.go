@@ -26,3 +26,8 @@ func OneLine(s string, n int) string {
 	}
 	return s
 }
+
+// DropSlotCommand is the command line that drops service's replication
+// slot and publication (shop slots drop): what a polling relay's warning,
+// /readyz and shop verify name for a slot left behind.
+func DropSlotCommand(service string) string { return "shop slots drop --service " + service }

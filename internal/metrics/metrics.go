@@ -228,7 +228,11 @@ var (
 	descHandedOff = prometheus.NewDesc("shop_outbox_handed_off_events_total",
 		"Events this process's relay's stream left to the outbox table's poller (their aggregate's previous event not yet published, or a failure of their own).", nil, nil)
 	descSlotLag = prometheus.NewDesc("shop_outbox_slot_lag_bytes",
-		"WAL the server keeps for the service's replication slot: from its confirmed position to the current one.", nil, nil)
+		"How far the service's replication slot's confirmed position (confirmed_flush_lsn) is behind the server's current one: what its relay has yet to settle.", nil, nil)
+	descSlotWALHeld = prometheus.NewDesc("shop_outbox_slot_wal_held_bytes",
+		"WAL the server keeps for the service's replication slot: from its restart_lsn to the current position. More than the lag while a transaction stays open anywhere on the server (shop_postgres_oldest_transaction_age_seconds).", nil, nil)
+	descOldestXact = prometheus.NewDesc("shop_postgres_oldest_transaction_age_seconds",
+		"Age of the oldest transaction open on the service's Postgres server that holds a transaction id (prepared ones too); 0 when none. It holds back every logical slot's restart_lsn, so the WAL they keep. Other roles' transactions are seen only with pg_read_all_stats.", nil, nil)
 	descSlotLagAge = prometheus.NewDesc("shop_outbox_slot_lag_age_seconds",
 		"Seconds since the streaming relay last had everything it was sent confirmed to the slot; 0 when no relay streamed since the slot was made.", nil, nil)
 	descSlotSafeWAL = prometheus.NewDesc("shop_outbox_slot_safe_wal_size_bytes",
@@ -269,7 +273,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBacklog, descOldest, descDead, descPublished, descPublishFailures,
 		descMadeDead, descExpiredLeases, descLostLeases, descNATSConnected, descJetStreamUp, descRelayUnavailable,
 		descRelayOutages, descDeferred, descSincePublish, descRelayStreaming, descCDCUnavailable, descHandedOff,
-		descSlotLag, descSlotLagAge, descSlotSafeWAL, descSlotWALStatus} {
+		descSlotLag, descSlotWALHeld, descOldestXact, descSlotLagAge, descSlotSafeWAL, descSlotWALStatus} {
 		ch <- d
 	}
 	if len(c.consumers) > 0 {
@@ -305,6 +309,8 @@ func (c *scrapeCollector) collectSlot(ctx context.Context, ch chan<- prometheus.
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(descSlotLag, float64(ss.LagBytes))
+	gauge(descSlotWALHeld, float64(ss.RestartLagBytes))
+	gauge(descOldestXact, ss.OldestXactAge.Seconds())
 	gauge(descSlotLagAge, ss.LagAge.Seconds())
 	gauge(descSlotSafeWAL, float64(ss.SafeWALSize))
 	for _, st := range WALStatuses {

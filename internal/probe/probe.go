@@ -53,6 +53,10 @@ type Relay struct {
 	State func() outbox.State
 	// DB reads the slot (outbox.ReadSlot) in cdc mode or while it exists.
 	DB outbox.DB
+	// DropSlot is the command that drops the slot (shop slots drop
+	// --service order), named for a slot left by cdc mode; default: a
+	// call of outbox.DropSlot.
+	DropSlot string
 }
 
 // dependency is one line of the /readyz report.
@@ -198,7 +202,7 @@ func (r *Relay) dependency(ctx context.Context) dependency {
 	case ss.Exists || st.Mode == outbox.ModeCDC:
 		d.Slot = &SlotLine{Name: ss.Slot, Active: ss.Active, WALStatus: ss.WALStatus, LagBytes: ss.LagBytes,
 			LagAgeSeconds: ss.LagAge.Seconds(), SafeWALBytes: ss.SafeWALSize}
-		problems = append(problems, slotProblems(ss, st.Mode, r.Var)...)
+		problems = append(problems, slotProblems(ss, st.Mode, r.Var, r.DropSlot)...)
 	}
 	d.Error = strings.Join(problems, "; ")
 	return d
@@ -207,7 +211,7 @@ func (r *Relay) dependency(ctx context.Context) dependency {
 // slotProblems says what is wrong with the relay's slot: WAL the server no
 // longer keeps for it (wal_status unreserved or lost), or a slot that pins
 // WAL though the relay polls.
-func slotProblems(ss outbox.SlotStats, mode outbox.Mode, modeVar string) []string {
+func slotProblems(ss outbox.SlotStats, mode outbox.Mode, modeVar, dropSlot string) []string {
 	var problems []string
 	switch ss.WALStatus {
 	case "lost":
@@ -217,9 +221,12 @@ func slotProblems(ss outbox.SlotStats, mode outbox.Mode, modeVar string) []strin
 		problems = append(problems, fmt.Sprintf("slot %s wal_status unreserved: it holds more WAL than max_slot_wal_keep_size "+
 			"and is lost at the next checkpoint unless its relay catches up", ss.Slot))
 	}
-	if ss.Exists && mode == outbox.ModePoll {
-		problems = append(problems, fmt.Sprintf("slot %s exists but the relay polls: it pins %d bytes of WAL; "+
-			"drop it (outbox.DropSlot) or set %s=cdc", ss.Slot, ss.LagBytes, modeVar))
+	if ss.Exists && mode == outbox.ModePoll && !ss.Active {
+		if dropSlot == "" {
+			dropSlot = "outbox.DropSlot"
+		}
+		problems = append(problems, fmt.Sprintf("slot %s exists but the relay polls: it holds %d bytes of WAL that no relay confirms; "+
+			"drop it (%s) or set %s=cdc", ss.Slot, ss.RestartLagBytes, dropSlot, modeVar))
 	}
 	return problems
 }

@@ -183,7 +183,8 @@ func TestReadyReportsTheRelay(t *testing.T) {
 	// The relay's state is its own to compute (pkg/outbox's tests); here
 	// it is the input the report is made of.
 	var state outbox.State
-	h := NewRouter(db.Pool, nc, nil, &Relay{Var: "ORDER_RELAY_MODE", State: func() outbox.State { return state }, DB: db.Pool})
+	h := NewRouter(db.Pool, nc, nil, &Relay{Var: "ORDER_RELAY_MODE", State: func() outbox.State { return state }, DB: db.Pool,
+		DropSlot: "shop slots drop --service order"})
 	var body readiness
 
 	state = outbox.State{Mode: outbox.ModeCDC, Slot: slot,
@@ -219,19 +220,20 @@ func TestReadyReportsTheRelay(t *testing.T) {
 	code = get(t, h, "/readyz", &body)
 	relay = body.Dependencies["relay"]
 	if code != http.StatusOK || relay.Status != "polling" || relay.Slot == nil || relay.Slot.Name != slot ||
-		relay.Slot.WALStatus != "reserved" || relay.Slot.SafeWALBytes == 0 || !strings.Contains(relay.Error, "ORDER_RELAY_MODE=cdc") {
-		t.Errorf("GET /readyz, poll mode, slot made = %d %+v, want 200, the slot reserved, said to pin WAL", code, body)
+		relay.Slot.WALStatus != "reserved" || relay.Slot.SafeWALBytes == 0 || !strings.Contains(relay.Error, "ORDER_RELAY_MODE=cdc") ||
+		!strings.Contains(relay.Error, "shop slots drop --service order") {
+		t.Errorf("GET /readyz, poll mode, slot made = %d %+v, want 200, the slot reserved, said to pin WAL, with the command that drops it", code, body)
 	}
 
 	// wal_status lost and unreserved need a server that went past
 	// max_slot_wal_keep_size: their wording is checked on the stats.
 	for _, status := range []string{"lost", "unreserved"} {
-		got := slotProblems(outbox.SlotStats{Slot: slot, Exists: true, WALStatus: status}, outbox.ModeCDC, "ORDER_RELAY_MODE")
+		got := slotProblems(outbox.SlotStats{Slot: slot, Exists: true, WALStatus: status}, outbox.ModeCDC, "ORDER_RELAY_MODE", "")
 		if len(got) != 1 || !strings.Contains(got[0], "wal_status "+status) || !strings.Contains(got[0], slot) {
 			t.Errorf("slot %s: problems %q, want one naming the slot and wal_status %s", status, got, status)
 		}
 	}
-	if got := slotProblems(outbox.SlotStats{Slot: slot, Exists: true, WALStatus: "reserved"}, outbox.ModeCDC, "X"); len(got) != 0 {
+	if got := slotProblems(outbox.SlotStats{Slot: slot, Exists: true, WALStatus: "reserved"}, outbox.ModeCDC, "X", ""); len(got) != 0 {
 		t.Errorf("a reserved slot in cdc mode: problems %q, want none", got)
 	}
 }

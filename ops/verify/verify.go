@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/registry"
 	"github.com/shop-ref/shop/pkg/outbox"
 )
@@ -362,9 +363,30 @@ func (v *run) slots() {
 			found = append(found, fmt.Sprintf("%s: slot %s wal_status lost: the server removed WAL it had not confirmed "+
 				"(max_slot_wal_keep_size); a relay in cdc mode recreates it and backfills from the outbox table", e.Name, ss.Slot))
 		}
+		// Why nobody streams it, when the server says: the advice names
+		// the setting or privilege. A server that could serve a relay
+		// has none streaming: one left in poll mode, or all stopped.
+		blockers, err := outbox.StreamBlockers(v.ctx, pool, ss.Slot)
+		if err != nil {
+			v.err = fmt.Errorf("%s: %w", e.Name, err)
+			return
+		}
 		if ss.LagAge > slotLagTooOld {
-			found = append(found, fmt.Sprintf("%s: slot %s last caught up %s ago, %d bytes of WAL behind: no relay streams it "+
-				"(set the service's relay mode to cdc and run it, or drop the slot)", e.Name, ss.Slot, ss.LagAge.Round(time.Second), ss.LagBytes))
+			advice := fmt.Sprintf("no relay streams it: run the service with %s_RELAY_MODE=cdc, or, if it polls for good, drop the slot: %s",
+				strings.ToUpper(e.Name), cli.DropSlotCommand(e.Name))
+			if len(blockers) > 0 {
+				advice = "no relay can stream it from this server: " + strings.Join(blockers, "; ")
+			}
+			found = append(found, fmt.Sprintf("%s: slot %s last caught up %s ago, %d bytes of WAL held: %s",
+				e.Name, ss.Slot, ss.LagAge.Round(time.Second), ss.RestartLagBytes, advice))
+		} else {
+			// The one blocker that cannot wait for the slot to fall
+			// behind: a wal_level change that keeps Postgres from starting.
+			for _, b := range blockers {
+				if strings.HasPrefix(b, "wal_level is changed") {
+					found = append(found, fmt.Sprintf("%s: %s: %s", e.Name, b, cli.DropSlotCommand(e.Name)))
+				}
+			}
 		}
 		v.check(3, fmt.Sprintf("%s: replication slot %s keeps its WAL and is confirmed within %s", e.Name, ss.Slot, slotLagTooOld), found)
 	}

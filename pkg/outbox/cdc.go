@@ -53,6 +53,17 @@ const (
 	// rememberedAcks bounds the stream's memory of acked aggregates;
 	// past it the memory starts again, and the table answers instead.
 	rememberedAcks = 100_000
+	// streamTimeout is the wal_sender_timeout of the relay's own
+	// replication connection: a walsender whose relay has not reported
+	// for this long ends, freeing the slot. Failure window: a streaming
+	// process that hangs (SIGSTOP, a stuck host) keeps its walsender, and
+	// so the slot, for the server's wal_sender_timeout (60 s by default),
+	// every event of the service waiting meanwhile. The relay reports every
+	// statusInterval, so only a relay stalled this long loses its stream
+	// (TestCDCFrozenStreamerIsTakenOver). A standby usually ends a frozen
+	// streamer's walsender sooner (endStaleStream); this is for when it
+	// cannot.
+	streamTimeout = 5 * time.Second
 )
 
 // cdcState is a relay's stream, shared with State and the heartbeat.
@@ -62,6 +73,9 @@ type cdcState struct {
 	caughtUpAt  atomic.Int64           // unix nanoseconds: last time everything sent was confirmed
 	handedOff   atomic.Int64           // events the stream left to the table
 	markWaits   atomic.Int64           // acked events whose rows the first mark could not see yet
+	// cannotEndLogged: endStaleStream has said it may not end a stale
+	// walsender.
+	cannotEndLogged atomic.Bool
 	// backfillBefore is when this relay made the slot (the database's
 	// clock): events due before it are in no stream, and its poller
 	// publishes them at once, not after the HandOff. Nil: it made none.
@@ -114,6 +128,9 @@ func (r *Relay) stream(ctx context.Context) {
 		case errors.As(err, &standby):
 			r.log.Debug("outbox relay: another relay streams the slot; standing by", "slot", r.slot, "err", err)
 			wait = r.cfg.PollInterval/2 + time.Duration(r.jitter(int64(r.cfg.PollInterval/2))+1)
+			if r.endStaleStream(ctx) {
+				wait = min(wait, staleRetry) // the slot is free as soon as the walsender has exited
+			}
 		case errors.Is(err, errMarkUnseen):
 			// Not confirmed past them: the next stream publishes and marks
 			// them again. A transaction that stays invisible long after its
@@ -146,6 +163,11 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	cc := r.pool.Config().ConnConfig.Copy()
 	cc.RuntimeParams["replication"] = "database"
 	cc.RuntimeParams["DateStyle"] = "ISO"
+	// The walsender is known by the relay's name (pg_stat_activity's
+	// application_name), so that a standby can tell whether the relay
+	// streaming the slot is still alive (endStaleStream).
+	cc.RuntimeParams["application_name"] = r.cfg.Name
+	cc.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(streamTimeout.Milliseconds(), 10) + "ms"
 	conn, err := pgconn.ConnectConfig(ctx, &cc.Config)
 	if pgErrCode(err) == "42501" {
 		// Failure window: a role that may not replicate. Postgres refuses
@@ -232,6 +254,61 @@ func sendStatus(ctx context.Context, conn *pgconn.PgConn, update pglogrepl.Stand
 		return errReplicationClosed
 	}
 	return pglogrepl.SendStandbyStatusUpdate(ctx, conn, update)
+}
+
+// staleRetry is how soon a standby that ended a stale walsender tries
+// the slot again.
+const staleRetry = 100 * time.Millisecond
+
+// endStaleStreamSQL ends the walsender of the slot when the relay that
+// streams it (its application_name, endStaleStream) said it was alive and
+// has stopped saying so. A walsender whose relay is unknown (a version
+// that did not name it, another client, a relay gone from outbox_relays a
+// minute after its last word) is left to wal_sender_timeout.
+const endStaleStreamSQL = `
+SELECT a.application_name, pg_terminate_backend(s.active_pid)
+FROM pg_replication_slots s
+JOIN pg_stat_activity a ON a.pid = s.active_pid
+JOIN outbox_relays r ON left(r.name, 63) = a.application_name
+WHERE s.slot_name = $1 AND r.alive_until < now()`
+
+// endStaleStream ends the stream of a slot whose relay has stopped saying
+// it is alive, and reports whether it did. Failure window: a frozen
+// streaming process (SIGSTOP, a hung host, a stuck VM) keeps its
+// walsender, and so the slot, until the walsender's wal_sender_timeout;
+// its heartbeat in outbox_relays stops within aliveFor, which its
+// standbys watch: one of them ends the walsender and takes the slot over
+// (TestCDCFrozenStreamerIsTakenOver). A relay wrongly taken for dead (its
+// pool unable to renew its heartbeat for aliveFor) loses its stream and
+// becomes a standby: the stream starts again from the confirmed
+// position, and the copies it publishes are dropped by id.
+func (r *Relay) endStaleStream(ctx context.Context) bool {
+	rows, err := r.pool.Query(ctx, endStaleStreamSQL, r.slot)
+	if err != nil {
+		r.log.Debug("outbox relay: cannot check the relay that streams the slot", "slot", r.slot, "err", err)
+		return false
+	}
+	ended := false
+	for rows.Next() {
+		var name string
+		var ok bool
+		if err := rows.Scan(&name, &ok); err != nil {
+			break
+		}
+		if ok {
+			ended = true
+			r.log.Warn("outbox relay: the relay streaming the slot stopped saying it is alive; ended its stream to take the slot over",
+				"slot", r.slot, "streamer", name)
+		}
+	}
+	if err := rows.Err(); err != nil && !r.cdc.cannotEndLogged.Swap(true) {
+		// 42501: the relay's role may not end the walsender (another
+		// role's); wal_sender_timeout ends it, in streamTimeout when its
+		// relay set it. Said once: standbys ask every PollInterval.
+		r.log.Warn("outbox relay: the relay streaming the slot stopped saying it is alive, and its stream cannot be ended from here",
+			"slot", r.slot, "err", err)
+	}
+	return ended
 }
 
 // setting reads a server setting for a message: its value, or "?" when

@@ -50,6 +50,11 @@ type Config struct {
 	// poller at once. A requeued or republished event waits the HandOff:
 	// it is an update, which the stream never carries. Default 10s.
 	HandOff time.Duration
+	// SlotDropHint, in ModePoll, is how an operator drops the relay's slot
+	// left from ModeCDC (say "shop slots drop --service order"), named in
+	// the warning the relay logs while that slot exists. Default: a call
+	// of DropSlot.
+	SlotDropHint string
 
 	// TracerProvider, when set, makes each traced event's publish a
 	// producer span "publish <type>", a child of the writer's span, ended
@@ -124,6 +129,7 @@ func (c *Config) setDefaults() {
 	c.RetentionBatch = cmp.Or(c.RetentionBatch, 1000)
 	c.Mode = cmp.Or(c.Mode, ModePoll)
 	c.HandOff = cmp.Or(c.HandOff, 10*time.Second)
+	c.SlotDropHint = cmp.Or(c.SlotDropHint, "outbox.DropSlot(ctx, db, slot)")
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

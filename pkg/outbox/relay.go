@@ -171,6 +171,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		// The poller publishes only what the stream leaves to the table,
 		// unless the database cannot stream (then it is the relay).
 		workers = 1
+	} else {
+		g.Go(func() error { r.watchLeftoverSlot(ctx); return nil })
 	}
 	for range workers {
 		g.Go(func() error { r.work(ctx); return nil })

@@ -334,6 +334,23 @@ func (c *Cluster) Stop(ctx context.Context, mode Mode) error {
 	return nil
 }
 
+// Configure changes settings for the server's next Start (a Restart, say):
+// wal_level, which Postgres reads only when it starts. An empty value
+// removes a setting from the postmaster's command line, which wins over
+// the configuration files: the server then takes it from them (ALTER
+// SYSTEM), or its default.
+func (c *Cluster) Configure(settings map[string]string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, v := range settings {
+		if v == "" {
+			delete(c.settings, k)
+		} else {
+			c.settings[k] = v
+		}
+	}
+}
+
 // Restart stops the server with mode and starts it again; clients see
 // their connections end and new ones refused until it is back.
 func (c *Cluster) Restart(ctx context.Context, mode Mode) error {

@@ -103,8 +103,14 @@ func StartFor(t testing.TB, reg registry.Registry) *Shop {
 func StartWith(t testing.TB, reg registry.Registry, env map[string]string) *Shop {
 	t.Helper()
 	ns, passwords := natstest.NewSecured(t, reg.Access())
+	// A DATABASE_URL in env (a private cluster's, proof/pgcluster) is
+	// used as it is: no throwaway database on the test server then.
+	dbURL := env["DATABASE_URL"]
+	if dbURL == "" {
+		dbURL = pgtest.NewDatabase(t, "shop_cmd_").URL
+	}
 	vars := map[string]string{
-		"DATABASE_URL":          pgtest.NewDatabase(t, "shop_cmd_").URL,
+		"DATABASE_URL":          dbURL,
 		"NATS_URL":              ns.URL(),
 		"FULFILLMENT_DELAY":     "100ms",
 		"DASHBOARD_ADDR":        FreeAddr(t), // not the machine's :8080

@@ -46,6 +46,8 @@ var (
 		"shop_outbox_cdc_unavailable",
 		"shop_outbox_handed_off_events_total",
 		"shop_outbox_slot_lag_bytes", // the default relay mode is cdc: every service has its slot
+		"shop_outbox_slot_wal_held_bytes",
+		"shop_postgres_oldest_transaction_age_seconds",
 		"shop_outbox_slot_lag_age_seconds",
 		"shop_outbox_slot_safe_wal_size_bytes",
 		"shop_outbox_slot_wal_status",

@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shop-ref/shop/internal/broker"
+	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/internal/failpoint"
@@ -235,6 +236,7 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	// rest of relayConfig is the same in both, so start-up's window checks
 	// hold for either.
 	rc.Mode = s.cfg.Services[s.Name].RelayMode
+	rc.SlotDropHint = cli.DropSlotCommand(s.Name)
 	rc.Logger, rc.Hooks.ObservePublishFunc, rc.TracerProvider = s.Logger, m.ObservePublish, s.tracer
 	relay, err := outbox.NewRelay(pool, js, rc)
 	if err != nil {
@@ -263,7 +265,8 @@ func (s *Service) assemble(pool *pgxpool.Pool, js jetstream.JetStream) (*outbox.
 	if !s.kept { // else the keeper's metrics say it, served by one service
 		m.MustRegister(s.drift.collectors()...)
 	}
-	router := probe.NewRouter(pool, s.NATS, s.watch, &probe.Relay{Var: strings.ToUpper(s.Name) + "_RELAY_MODE", State: relay.State, DB: pool}, httpx.Trace(s.tracer), m.Instrument)
+	router := probe.NewRouter(pool, s.NATS, s.watch, &probe.Relay{Var: strings.ToUpper(s.Name) + "_RELAY_MODE", State: relay.State, DB: pool,
+		DropSlot: cli.DropSlotCommand(s.Name)}, httpx.Trace(s.tracer), m.Instrument)
 	router.Method(http.MethodGet, "/metrics", m.Handler())
 	dom.Routes(router)
 	m.InitRoutes(router)

@@ -17,11 +17,11 @@ import (
 )
 
 // run runs an operator command line, as shop does after its first word
-// (outbox, trace, verify, migrate) names the command.
+// (outbox, trace, verify, migrate, slots) names the command.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	op := Shop{Services: services.All}
 	commands := map[string]func(context.Context, []string, func(string) string, io.Writer, io.Writer) error{
-		"outbox": op.Outbox, "trace": op.Trace, "verify": op.Verify, "migrate": op.Migrate,
+		"outbox": op.Outbox, "trace": op.Trace, "verify": op.Verify, "migrate": op.Migrate, "slots": op.Slots,
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {

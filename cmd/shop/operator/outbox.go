@@ -142,6 +142,7 @@ type command struct {
 	auditPassword  string         // AUDIT_NATS_PASSWORD (republish)
 	stdout, stderr io.Writer
 	name           string // "shop outbox status", for messages
+	help           string // the command line that prints the help; default "shop outbox -h"
 	json           bool
 	databaseURL    string
 	pools          map[string]*pgxpool.Pool
@@ -169,7 +170,11 @@ func (c *command) close() {
 // that makes shop exit 2.
 func (c *command) usageErr(format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
-	fmt.Fprintf(c.stderr, "%s: %s\n(shop outbox -h for help)\n", c.name, msg)
+	help := c.help
+	if help == "" {
+		help = "shop outbox -h"
+	}
+	fmt.Fprintf(c.stderr, "%s: %s\n(%s for help)\n", c.name, msg, help)
 	return fmt.Errorf("%s: %s: %w", c.name, msg, cli.ErrUsage)
 }
 
