@@ -15,10 +15,11 @@ import (
 	"github.com/shop-ref/shop/services/payment"
 )
 
-// All is every service of the shop, in start-up order.
-var All = registry.Registry{
+// All is every service of the shop, in start-up order, and Examples (none
+// but in a build with the fifthservice tag).
+var All = append(registry.Registry{
 	inventory.Registration,
 	order.Registration,
 	payment.Registration,
 	fulfillment.Registration,
-}
+}, Examples...)
