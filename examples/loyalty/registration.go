@@ -32,8 +32,8 @@ var Registration = registry.Entry{
 	// package migrations embeds by itself. The example lives outside
 	// services/ and brings its own.
 	Migrations: tables,
-	Consumers: []registry.Consumer{ordersConsumer, paymentConsumer},
-	Configure: configure,
+	Consumers:  []registry.Consumer{ordersConsumer, paymentConsumer},
+	Configure:  configure,
 	Facts: []registry.Fact{{What: "award", EventType: "PointsAwarded", EventKey: "payload->>'award_id'",
 		SQL: `SELECT award_id::text AS key, 1 AS n FROM awards WHERE awarded_at > $1`}},
 	Checks: []registry.Check{{Invariant: 4, Name: "each customer's points are the sum of their awards", SQL: `
