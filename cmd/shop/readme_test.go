@@ -13,6 +13,7 @@ import (
 
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/shoptest"
+	"github.com/shop-ref/shop/services"
 )
 
 // readmeBlock is the first ```sh block of the README after heading.
@@ -48,9 +49,10 @@ func TestReadmeTryItByHand(t *testing.T) {
 	vars := map[string]string{"DATABASE_URL": shoptest.NewDatabaseURL(t), "NATS_URL": natstest.New(t).URL(),
 		"DASHBOARD_ADDR": "127.0.0.1:0", "FULFILLMENT_DELAY": "500ms"}
 	var replace []string
-	for i, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
-		vars[name+"_ADDR"] = shoptest.FreeAddr(t)
-		replace = append(replace, "localhost:808"+string(rune('1'+i)), vars[name+"_ADDR"])
+	for _, e := range services.All {
+		v := strings.ToUpper(e.Name) + "_ADDR"
+		vars[v] = shoptest.FreeAddr(t)
+		replace = append(replace, "localhost"+e.Addr, vars[v])
 	}
 	startDemo(t, vars, &syncBuffer{}, io.Discard)
 	ctx := t.Context()
