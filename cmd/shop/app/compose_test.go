@@ -495,7 +495,7 @@ func checkComposeDashboard(t *testing.T, s *composeService, cfg config.Config, b
 	}
 	// Every service's URL, for the health strip; the order and payment
 	// services' before the page starts, for it places and pays orders.
-	for _, name := range cfg.Registry.Names() {
+	for _, name := range services.Deployed().Names() {
 		got := cfg.Services[name].URL
 		u, err := url.Parse(got)
 		if err != nil || u.Hostname() != name || u.Port() != portOf(t, defaultAddr(t, name)) {
@@ -943,8 +943,8 @@ func defaultAddr(t *testing.T, name string) string {
 }
 
 // LoadConfig is config.LoadFor of the shop's own services, for the tests of
-// this package. Only cmd/shop wires services.Deployed() into the code that runs
+// this package. Only cmd/shop wires services.All into the code that runs
 // (services/imports_test.go holds that rule); tests may use it.
 func LoadConfig(getenv func(string) string) (config.Config, error) {
-	return config.LoadFor(services.Deployed(), getenv)
+	return config.LoadFor(services.All, getenv)
 }
