@@ -55,14 +55,16 @@ func TestEventsDocumentEveryStreamAndConsumer(t *testing.T) {
 	}
 }
 
-// The prose that counts the services ("the four services") counts
-// services.Deployed(): a fork's fifth service makes it say so.
+// The README's prose that counts the services ("the four services")
+// counts services.Deployed(): a fork's fifth service makes it say so. (The
+// README is a file the guide has a fork edit anyway; the other documents'
+// counts describe the shop as shipped.)
 func TestDocsCountTheServices(t *testing.T) {
 	t.Parallel()
 	words := []string{"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"}
 	want := len(services.Deployed())
 	count := regexp.MustCompile(`(?i)\b(?:the|of) (two|three|four|five|six|seven|eight|nine|ten) services\b`)
-	for _, file := range []string{"../README.md", "../docs/architecture.md", "../docs/adding-a-service.md"} {
+	for _, file := range []string{"../README.md"} {
 		b, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
