@@ -8,6 +8,6 @@ import (
 )
 
 // Examples adds the guide's fifth service (examples/loyalty) to All, so
-// that `make test` runs the suite a second time with five services
+// that `make test` runs the service list's packages again with five services
 // (`go test -tags fifthservice`): a test that assumed four fails there.
 var Examples = registry.Registry{loyalty.Registration}

@@ -6,8 +6,8 @@
 //
 // It is not one of the shop's services: services.All lists it only in a
 // build with the fifthservice tag (services/example_on.go), which `make
-// test` runs the suite with, so that every test that assumed four services
-// fails there. A fork copies it to services/loyalty/.
+// test` runs the tests that know the service list with, so that one that
+// assumed four services fails there. A fork copies it to services/loyalty/.
 package loyalty
 
 import (
