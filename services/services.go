@@ -15,10 +15,25 @@ import (
 	"github.com/shop-ref/shop/services/payment"
 )
 
-// All is every service of the shop, in start-up order.
-var All = registry.Registry{
+// All is every service of the shop, in start-up order, and Examples (none
+// but in a build with the fifthservice tag).
+var All = append(registry.Registry{
 	inventory.Registration,
 	order.Registration,
 	payment.Registration,
 	fulfillment.Registration,
+}, Examples...)
+
+// Deployed is All without its Examples: the services the files a fork
+// edits by hand describe (docker-compose.yml, deploy/nats/auth.conf,
+// api/openapi.yaml, docs/events.md), which the tests of those files hold
+// them to.
+func Deployed() registry.Registry {
+	var out registry.Registry
+	for _, e := range All {
+		if _, err := Examples.Get(e.Name); err != nil {
+			out = append(out, e)
+		}
+	}
+	return out
 }

@@ -52,15 +52,15 @@ func TestEveryServicePackageIsInAll(t *testing.T) {
 		if !ok || len(spec.Names) != 1 || spec.Names[0].Name != "All" || len(spec.Values) != 1 {
 			return true
 		}
-		if lit, ok := spec.Values[0].(*ast.CompositeLit); ok {
-			for _, elt := range lit.Elts {
-				if sel, ok := elt.(*ast.SelectorExpr); ok && sel.Sel.Name == "Registration" {
-					if x, ok := sel.X.(*ast.Ident); ok {
-						listed[x.Name] = true
-					}
+		// All is a list, or a list with the Examples appended.
+		ast.Inspect(spec.Values[0], func(n ast.Node) bool {
+			if sel, ok := n.(*ast.SelectorExpr); ok && sel.Sel.Name == "Registration" {
+				if x, ok := sel.X.(*ast.Ident); ok {
+					listed[x.Name] = true
 				}
 			}
-		}
+			return true
+		})
 		return false
 	})
 	if len(listed) == 0 {
@@ -90,8 +90,13 @@ func TestEveryServicePackageIsInAll(t *testing.T) {
 				"add the line `%s.Registration,` to All in services/services.go, and its import %q", d.Name(), pkg, path)
 		}
 	}
-	if found != len(services.All) {
-		t.Errorf("found %d packages under services/ with a Registration, services.All has %d entries", found, len(services.All))
+	if want := len(services.All) - len(services.Examples); found != want {
+		t.Errorf("found %d packages under services/ with a Registration, services.All has %d entries besides its examples", found, want)
+	}
+	// The binary says the same at start-up, from the registration.go
+	// files it embeds.
+	if err := services.Unlisted(); err != nil {
+		t.Error(err)
 	}
 }
 

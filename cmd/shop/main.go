@@ -158,5 +158,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "shop: unknown command %q\n\n%s", name, usage)
 		return cli.ErrUsage
 	}
+	// A service package the registry leaves out would run nowhere, without
+	// a word: every command refuses to start instead, naming the line.
+	if err := services.Unlisted(); err != nil {
+		return err
+	}
 	return cmd(ctx, args, getenv, stdout, stderr)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/poll"
 	"github.com/shop-ref/shop/proof/shoptest"
+	"github.com/shop-ref/shop/services"
 )
 
 // The addresses the README's quick start is written for: the default
@@ -41,8 +42,8 @@ func TestNewcomer(t *testing.T) {
 	}
 
 	vars := map[string]string{"DATABASE_URL": shoptest.NewDatabaseURL(t), "NATS_URL": natstest.New(t).URL(), "DASHBOARD_ADDR": "127.0.0.1:0"}
-	for _, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
-		vars[name+"_ADDR"] = "127.0.0.1:0"
+	for _, name := range services.All.Names() {
+		vars[strings.ToUpper(name)+"_ADDR"] = "127.0.0.1:0"
 	}
 	var out, logs syncBuffer
 	startDemo(t, vars, &out, &logs)

@@ -27,9 +27,11 @@ func TestAll(t *testing.T) {
 	ns := natstest.New(t)
 	vars := map[string]string{"DATABASE_URL": dbURL, "NATS_URL": ns.URL(), "DASHBOARD_ADDR": shoptest.FreeAddr(t)}
 	addrs := map[string]string{}
-	for _, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
+	// Every service of the registry on a free port: one left at its
+	// default would collide with another shop of the suite.
+	for _, name := range services.All.Names() {
 		addrs[name] = shoptest.FreeAddr(t)
-		vars[name+"_ADDR"] = addrs[name]
+		vars[strings.ToUpper(name)+"_ADDR"] = addrs[name]
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -54,7 +56,8 @@ func TestAll(t *testing.T) {
 	}
 
 	_, js := ns.Connect(t)
-	for _, stream := range []string{"ORDERS", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
+	for _, e := range services.All {
+		stream := e.Stream
 		poll.Until(t, 10*time.Second, "stream "+stream, func() bool {
 			_, err := js.Stream(ctx, stream)
 			return err == nil
@@ -158,8 +161,8 @@ func TestAllDemo(t *testing.T) {
 	// process can take it between a test's choice and the bind.
 	demoVars := func(t *testing.T) map[string]string {
 		vars := map[string]string{"DATABASE_URL": shoptest.NewDatabaseURL(t), "NATS_URL": natstest.New(t).URL(), "DASHBOARD_ADDR": "127.0.0.1:0"}
-		for _, name := range []string{"ORDER", "INVENTORY", "PAYMENT", "FULFILLMENT"} {
-			vars[name+"_ADDR"] = "127.0.0.1:0"
+		for _, name := range services.All.Names() {
+			vars[strings.ToUpper(name)+"_ADDR"] = "127.0.0.1:0"
 		}
 		return vars
 	}

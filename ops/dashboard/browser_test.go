@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -233,15 +234,16 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#chart-latency canvas`)),
 		chromedp.WaitVisible(chromedp.CSS(`#chart-backlog canvas`)),
 		chromedp.WaitVisible(chromedp.CSS(`#chart-lag canvas`)),
-		chromedp.Poll[chromedp.Void](`(() => {
+		// A column of times, then a series per service of the registry.
+		chromedp.Poll[chromedp.Void](strings.ReplaceAll(`(() => {
 			const d = window.chartData || {};
 			const some = (col, f) => Array.isArray(col) && col.some(f);
 			return some((d["chart-completed"] || [])[1], (v) => v > 0)
 				&& some((d["chart-latency"] || [])[1], (v) => v > 0)
 				&& some((d["chart-latency"] || [])[2], (v) => v > 0)
-				&& (d["chart-backlog"] || []).length === 5 && some(d["chart-backlog"][1], (v) => v !== null)
-				&& (d["chart-lag"] || []).length === 5 && some(d["chart-lag"][1], (v) => v !== null);
-		})()`, chromedp.WithPollingInterval(200*time.Millisecond)),
+				&& (d["chart-backlog"] || []).length === COLUMNS && some(d["chart-backlog"][1], (v) => v !== null)
+				&& (d["chart-lag"] || []).length === COLUMNS && some(d["chart-lag"][1], (v) => v !== null);
+		})()`, "COLUMNS", strconv.Itoa(len(services.All)+1)), chromedp.WithPollingInterval(200*time.Millisecond)),
 	)
 	if path := os.Getenv("DASHBOARD_SCREENSHOT"); path != "" {
 		// The README's picture: charts with something to show, and an

@@ -46,7 +46,7 @@ var operatorCommands = []string{"all", "dashboard", "migrate", "verify", "outbox
 // shopCommands are the subcommands of cmd/shop: the operator commands and
 // one per service of the registry. TestComposeBinary checks each against
 // the built binary itself.
-var shopCommands = append(slices.Clone(operatorCommands), services.All.Names()...)
+var shopCommands = append(slices.Clone(operatorCommands), services.Deployed().Names()...)
 
 // oneShot are the compose services that run to completion; every other one
 // is long-running and must have a health check.
@@ -154,16 +154,16 @@ func portOf(t *testing.T, addr string) string {
 }
 
 func TestComposeEnvVars(t *testing.T) {
-	vars := config.EnvVars(services.All)
+	vars := config.EnvVars(services.Deployed())
 	// The contract's configuration table.
 	want := []string{"DATABASE_URL", "NATS_URL", "PAYMENT_TIMEOUT", "PAYMENT_WEBHOOK_SECRET", "FULFILLMENT_DELAY"}
-	for _, name := range services.All.Names() {
+	for _, name := range services.Deployed().Names() {
 		p := strings.ToUpper(name)
 		want = append(want, p+"_ADDR", p+"_DATABASE_URL")
 	}
 	for _, v := range want {
 		if !slices.Contains(vars, v) {
-			t.Errorf("config.EnvVars(services.All) = %v lacks %s", vars, v)
+			t.Errorf("config.EnvVars(services.Deployed()) = %v lacks %s", vars, v)
 		}
 	}
 	// Nothing but those: every variable config.EnvVars names changes the
@@ -219,9 +219,9 @@ func TestComposeServices(t *testing.T) {
 		}
 	}
 	// Every service of the registry has its container.
-	for _, e := range services.All {
+	for _, e := range services.Deployed() {
 		if byName[e.Name] == nil {
-			t.Errorf("docker-compose.yml has no service %s, which services.All has: copy another service's block under "+
+			t.Errorf("docker-compose.yml has no service %s, which services.Deployed() has: copy another service's block under "+
 				"services: as %s, with command: [%q], %s_ADDR: %q, ports [\"%s:%s\"], its /readyz healthcheck and %s; "+
 				"add %s to every NATS server's environment and %s_URL to the dashboard's (docs/adding-a-service.md, 6)",
 				e.Name, e.Name, e.Name, strings.ToUpper(e.Name), e.Addr, portOf(t, e.Addr), portOf(t, e.Addr),
@@ -232,7 +232,7 @@ func TestComposeServices(t *testing.T) {
 		t.FailNow()
 	}
 
-	envVars := config.EnvVars(services.All)
+	envVars := config.EnvVars(services.Deployed())
 	pg, nats := byName["postgres"], byName["nats"]
 	for _, s := range composed {
 		// Long-running services report their health; one-shots do not run long.
@@ -315,7 +315,7 @@ func TestComposeServices(t *testing.T) {
 			checkComposeDashboard(t, s, cfg, byName)
 			continue
 		}
-		if !slices.Contains(services.All.Names(), name) {
+		if !slices.Contains(services.Deployed().Names(), name) {
 			t.Errorf("service %s runs `shop %s`; compose runs the services one by one", s.name, name)
 			continue
 		}
@@ -397,7 +397,7 @@ func TestComposeServices(t *testing.T) {
 	if len(nats.profs) > 0 || len(pg.profs) > 0 {
 		t.Error("postgres and nats must run without a profile")
 	}
-	for _, n := range services.All.Names() {
+	for _, n := range services.Deployed().Names() {
 		if len(byName[n].profs) > 0 {
 			t.Errorf("service %s runs only in profiles %v", n, byName[n].profs)
 		}
@@ -452,7 +452,13 @@ func checkComposePostgresSettings(t *testing.T, pg *composeService) {
 // mode"), empty (the shop's default) when the host sets neither.
 func TestComposeRelayMode(t *testing.T) {
 	_, byName, _ := loadCompose(t, nil)
-	for _, name := range services.All.Names() {
+	for _, name := range services.Deployed().Names() {
+		if byName[name] == nil {
+			// A failure naming the service, never a nil dereference that
+			// takes the package's other tests down with it.
+			t.Errorf("docker-compose.yml has no service %s (TestComposeServices says what to add)", name)
+			continue
+		}
 		own := strings.ToUpper(name) + "_RELAY_MODE"
 		for _, k := range []string{"RELAY_MODE", own} {
 			if v, ok := byName[name].env[k]; !ok || v != "" {
@@ -461,7 +467,10 @@ func TestComposeRelayMode(t *testing.T) {
 		}
 	}
 	_, byName, _ = loadCompose(t, map[string]string{"RELAY_MODE": "cdc", "PAYMENT_RELAY_MODE": "poll"})
-	for _, name := range services.All.Names() {
+	for _, name := range services.Deployed().Names() {
+		if byName[name] == nil {
+			continue // reported above
+		}
 		if got := byName[name].env["RELAY_MODE"]; got != "cdc" {
 			t.Errorf("service %s: RELAY_MODE=%q with the host's cdc", name, got)
 		}
@@ -486,7 +495,7 @@ func checkComposeDashboard(t *testing.T, s *composeService, cfg config.Config, b
 	}
 	// Every service's URL, for the health strip; the order and payment
 	// services' before the page starts, for it places and pays orders.
-	for _, name := range cfg.Registry.Names() {
+	for _, name := range services.Deployed().Names() {
 		got := cfg.Services[name].URL
 		u, err := url.Parse(got)
 		if err != nil || u.Hostname() != name || u.Port() != portOf(t, defaultAddr(t, name)) {
@@ -762,7 +771,7 @@ func TestComposeDockerfile(t *testing.T) {
 		return slices.ContainsFunc(ranges, func(r [2]int) bool { return r[0] <= port && port <= r[1] })
 	}
 	ports := map[string]string{"the dashboard": config.DefaultDashboardAddr}
-	for _, e := range services.All {
+	for _, e := range services.Deployed() {
 		ports["service "+e.Name] = e.Addr
 	}
 	for who, addr := range ports {
@@ -842,7 +851,7 @@ func TestComposeBinary(t *testing.T) {
 func TestComposeNATSUsers(t *testing.T) {
 	_, byName, _ := loadCompose(t, nil)
 	users := []string{broker.AuditUser, broker.StreamsUser}
-	for _, a := range services.All.Access() {
+	for _, a := range services.Deployed().Access() {
 		users = append(users, a.User)
 	}
 	defaults := map[string]string{}
@@ -862,7 +871,7 @@ func TestComposeNATSUsers(t *testing.T) {
 			defaults[u] = v
 		}
 	}
-	for _, name := range services.All.Names() {
+	for _, name := range services.Deployed().Names() {
 		s := byName[name]
 		if s == nil {
 			t.Errorf("docker-compose.yml has no service %s (TestComposeServices says what to add)", name)
@@ -883,7 +892,7 @@ func TestComposeNATSUsers(t *testing.T) {
 		}
 	}
 
-	want, err := broker.Users(services.All.Access(), defaults)
+	want, err := broker.Users(services.Deployed().Access(), defaults)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -926,7 +935,7 @@ func setNATSPasswords(t *testing.T, s *composeService) {
 // defaultAddr is the default HTTP address of the service called name.
 func defaultAddr(t *testing.T, name string) string {
 	t.Helper()
-	e, err := services.All.Get(name)
+	e, err := services.Deployed().Get(name)
 	if err != nil {
 		t.Fatal(err)
 	}

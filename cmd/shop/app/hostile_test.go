@@ -94,12 +94,16 @@ func TestHostileInputIsRefused(t *testing.T) {
 		},
 		"GET /payments/{order_id}":  {},
 		"GET /shipments/{order_id}": {},
+		// The guide's example (examples/loyalty, in a build with the
+		// fifthservice tag).
+		"GET /points/{customer}": {},
 	}
 	// A valid value of each path parameter.
 	validParam := map[string]func() string{
 		"id":       uuid.NewString,
 		"order_id": uuid.NewString,
 		"sku":      func() string { return "SKU-1" },
+		"customer": func() string { return "c-1" },
 	}
 	// Path values as they are written in the URL.
 	hostilePaths := map[string]func(valid string) string{

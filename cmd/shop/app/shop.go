@@ -58,3 +58,18 @@ func ConnectionBudget(reg registry.Registry, copies int) int {
 	}
 	return n
 }
+
+// DefaultUsableConnections is what a default Postgres lets the shop open:
+// max_connections 100 less the 3 superuser_reserved_connections.
+const DefaultUsableConnections = 100 - 3
+
+// CopiesThatFit is how many copies of every service of reg, each its own
+// process, fit in usable connections (ConnectionBudget): 0 when not even
+// one does.
+func CopiesThatFit(reg registry.Registry, usable int) int {
+	n := 0
+	for ConnectionBudget(reg, n+1) <= usable {
+		n++
+	}
+	return n
+}

@@ -1,0 +1,12 @@
+//go:build !fifthservice
+
+package services
+
+import "github.com/shop-ref/shop/internal/registry"
+
+// Examples are the services in All that are not the shop's: the guide's
+// fifth service, in a build with the fifthservice tag (example_on.go).
+// Tests of the files a fork edits by hand for its own service
+// (docker-compose.yml, deploy/nats/auth.conf, api/openapi.yaml,
+// docs/events.md) skip them; every other test runs them.
+var Examples registry.Registry
