@@ -70,7 +70,7 @@ func TestOnlyCmdShopWiresTheServices(t *testing.T) {
 // rooms are the module's top folders, from the top down: a file may import
 // its own room and the rooms below it, never one above. The README's
 // "Layout" section draws the same list.
-var rooms = []string{"proof", "cmd", "ops", "services", "internal", "pkg"}
+var rooms = []string{"proof", "cmd", "ops", "services", "examples", "internal", "pkg"}
 
 // roomOf is the room of a module-relative path or import path ("" for one
 // outside the rooms, such as migrations).
