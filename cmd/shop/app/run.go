@@ -151,7 +151,7 @@ func run(ctx context.Context, cfg config.Config, names []string, log *slog.Logge
 		log.Info("no stream keeper in this process: a stream whose configuration drifted is reported, not restored; set " +
 			broker.PasswordVar(broker.StreamsUser) + " for this process to restore it")
 	}
-	stopTraces, err := exportTraces(ctx, cfg, services)
+	stopTraces, err := exportTraces(ctx, cfg, services, log)
 	if err != nil {
 		return err
 	}
