@@ -1,7 +1,8 @@
 # make demo  — Postgres up, build, run every service in one process
 # make test  — Postgres up, the API linters, every test with the race detector
 # make chaos — the chaos run for DURATION (default 5m), see README "Chaos run"
-.PHONY: build test lint lint-api bench bench-outbox demo clean chaos trace-check
+# make compose-check — docker-compose.yml run for real, see README "Docker Compose"
+.PHONY: build test lint lint-api bench bench-outbox demo clean chaos trace-check compose-check
 
 # Benchmarks size their own work (a backlog of N events per run), so one
 # iteration each is a measurement; raise it for steadier figures.
@@ -41,6 +42,17 @@ trace-check:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	jaeger=$$(go -C tools/jaeger tool -n jaeger) && \
 	go test -tags tracecheck -count=1 -v -run '^TestJaegerShowsAnOrdersTraceCleanly$$' ./proof/tracecheck -jaeger="$$jaeger"
+
+# make compose-check — the Docker Compose demo as a user runs it, for real
+# (scripts/compose-check.sh, as root): the Docker engine and Compose v2
+# installed and started if missing, the upstream images built locally when
+# absent (deploy/images), `docker compose up --build -d`, the README's
+# paste blocks until COMPLETED, `shop verify`, a crash of the order service
+# and of NATS, the teardown. Warm (images built, Go caches full) about
+# three minutes; the first run on a machine builds Compose, the images and
+# Jaeger first (see the script's timings). CI runs it after `make test`.
+compose-check:
+	scripts/compose-check.sh
 
 # The chaos run: real shop processes (two of each service) on a three-node
 # NATS cluster (NODES=1: one node), under SIGKILLs, every failpoint,
