@@ -48,9 +48,9 @@ trace-check:
 # installed and started if missing, the upstream images built locally when
 # absent (deploy/images), `docker compose up --build -d`, the README's
 # paste blocks until COMPLETED, `shop verify`, a crash of the order service
-# and of NATS, the teardown. Warm (images built, Go caches full) about
-# three minutes; the first run on a machine builds Compose, the images and
-# Jaeger first (see the script's timings). CI runs it after `make test`.
+# and of NATS, the teardown. Its first run on a machine builds Compose,
+# the images and Jaeger first (tens of minutes on two cores); later runs
+# build only what changed in the shop. CI runs it after `make test`.
 compose-check:
 	scripts/compose-check.sh
 

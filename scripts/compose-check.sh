@@ -33,7 +33,9 @@ cd "$(dirname "$0")/.."
 
 COMPOSE_VERSION=v2.40.3
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-export COMPOSE_PROGRESS=${COMPOSE_PROGRESS:-plain}
+# Compose builds through the engine's BuildKit; without the buildx plugin
+# (not on this machine) it would only warn that it cannot use Bake.
+export COMPOSE_PROGRESS=${COMPOSE_PROGRESS:-plain} COMPOSE_BAKE=false
 command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
 
 start=$(date +%s)
@@ -322,7 +324,8 @@ completed=$(date +%s)
 say "first order COMPLETED $((completed - up))s after up"
 
 say "shop verify, inside the compose network"
-docker compose run --rm --no-deps -e NATS_URL=nats://nats:4222 migrate verify -wait 30s 2>&1 | sed 's/^/  | /' ||
+docker compose run --rm --no-deps -e NATS_URL=nats://nats:4222 \
+	-e AUDIT_NATS_PASSWORD="${AUDIT_NATS_PASSWORD:-audit-demo-password}" migrate verify -wait 30s 2>&1 | sed 's/^/  | /' ||
 	die "shop verify failed"
 
 crash order
