@@ -184,8 +184,14 @@ build_golang() {
 	cp deploy/images/golang/Dockerfile "$ctx/"
 	cp -a "$goroot" "$ctx/go"
 	for c in /usr/local/share/ca-certificates/*.crt; do [ -f "$c" ] && cp "$c" "$ctx/certs/"; done
-	build "$tag" "$ctx" --build-arg "GOLANG_VERSION=${version#go}"
+	build "$tag" "$ctx" --build-arg "GOLANG_VERSION=${version#go}" --label "shop.compose-check.certs=$(certs_sum)"
 	rm -rf "$ctx"
+}
+
+# certs_sum: the machine's extra CA certificates, summed: a golang image
+# made with others (the machine's egress CA may be new) is made again.
+certs_sum() {
+	cat /usr/local/share/ca-certificates/*.crt 2>/dev/null | sha256sum | cut -d' ' -f1
 }
 
 # nats:<version>-alpine: nats-server built from its own module at the
@@ -233,7 +239,9 @@ ensure_images() {
 		[ "$(image_of $n)" = "$nats" ] || die "service $n runs $(image_of $n), nats runs $nats"
 	done
 	have "$debian" || build_debian "$debian"
-	have "$golang" || build_golang "$golang"
+	if ! have "$golang" || [ "$(docker image inspect -f '{{index .Config.Labels "shop.compose-check.certs"}}' "$golang")" != "$(certs_sum)" ]; then
+		build_golang "$golang"
+	fi
 	have "$postgres" || build "$postgres" deploy/images/postgres
 	have "$nats" || build_nats "$nats"
 	have "$curl" || build "$curl" deploy/images/curl
