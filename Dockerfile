@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # The one image of the shop: the static `shop` binary on a minimal Debian, run
 # as a non-root user. Every service, `shop migrate` and `shop all` run from it:
 #
@@ -9,6 +7,11 @@
 #
 # cmd/shop/app/compose_test.go checks this file against the code (Go version,
 # build flags, entrypoint, user, ports) and builds the binary the same way.
+#
+# No `# syntax=` line: it would make BuildKit fetch a frontend image from
+# Docker Hub at every build, and the frontend built into BuildKit (Docker
+# 20.10 and later) already has all this file uses, RUN --mount=type=cache
+# included; so the build needs no registry but Debian's and Go's.
 
 # --- build -------------------------------------------------------------------
 # The Go version matches the go directive of go.mod.

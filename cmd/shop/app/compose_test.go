@@ -1,7 +1,8 @@
 package app
 
-// There is no Docker engine where these tests run, so they check the
-// deployment files against the code instead: docker-compose.yml (loaded
+// `make compose-check` runs the deployment files for real (with a Docker
+// engine, in CI); these tests check them against the code, in seconds and
+// without one: docker-compose.yml (loaded
 // with compose-go, the parser of Compose v2, as `docker compose` loads it),
 // the Dockerfile, deploy/nats/cluster.conf (with nats-server's
 // own parser) and deploy/seed.sh. The shop binary is built the way the
@@ -57,7 +58,7 @@ var oneShot = []string{"migrate", "seed"}
 // file's short forms ("8081:8081", "nats:/data", "./x:/y:ro").
 type composeService struct {
 	name                                       string
-	build, image, restart                      string
+	build, image, restart, pullPolicy          string
 	command, entrypoint, ports, volumes, profs []string
 	env                                        map[string]string
 	envKeys                                    []string // sorted
@@ -100,7 +101,7 @@ func loadCompose(t *testing.T, environ map[string]string) (services []*composeSe
 	byName = map[string]*composeService{}
 	for _, name := range slices.Sorted(maps.Keys(project.Services)) {
 		sc := project.Services[name]
-		s := &composeService{name: name, image: sc.Image, restart: sc.Restart, profs: sc.Profiles,
+		s := &composeService{name: name, image: sc.Image, restart: sc.Restart, pullPolicy: sc.PullPolicy, profs: sc.Profiles,
 			command: sc.Command, entrypoint: sc.Entrypoint, env: map[string]string{}, dependsOn: map[string]composeDep{}}
 		if sc.Build != nil {
 			s.build = sc.Build.Context
@@ -139,9 +140,37 @@ func loadCompose(t *testing.T, environ map[string]string) (services []*composeSe
 	return services, byName, volumes
 }
 
+// shopImage is the image built from this repository's Dockerfile.
+const shopImage = "shop:dev"
+
 // isShop reports whether the service runs the image built from this
 // repository: a shop process.
-func (s *composeService) isShop() bool { return s.build == "." }
+func (s *composeService) isShop() bool { return s.image == shopImage }
+
+// TestComposeBuildsOnce holds the file to one build of the shop's image:
+// migrate builds it, and every other shop service runs it, never pulling
+// it (it is on no registry) and never building it again — six services
+// each with `build: .` build it six times, each build leaving the one
+// before it dangling.
+func TestComposeBuildsOnce(t *testing.T) {
+	composed, _, _ := loadCompose(t, nil)
+	var builders []string
+	for _, s := range composed {
+		if s.build != "" {
+			builders = append(builders, s.name)
+			if s.build != "." || s.image != shopImage {
+				t.Errorf("service %s builds %q as %q, want . as %s", s.name, s.build, s.image, shopImage)
+			}
+			continue
+		}
+		if s.isShop() && s.pullPolicy != "never" {
+			t.Errorf("service %s runs %s with pull_policy %q, want never: the image is migrate's build", s.name, shopImage, s.pullPolicy)
+		}
+	}
+	if !slices.Equal(builders, []string{"migrate"}) {
+		t.Errorf("services %v build an image; want migrate alone", builders)
+	}
+}
 
 // portOf returns the port of a listen address such as ":8081".
 func portOf(t *testing.T, addr string) string {
@@ -361,9 +390,7 @@ func TestComposeServices(t *testing.T) {
 	if j := byName["jaeger"]; j == nil {
 		t.Error("docker-compose.yml has no service jaeger")
 	} else {
-		if !strings.HasPrefix(j.image, "jaegertracing/all-in-one:") || j.env["COLLECTOR_OTLP_ENABLED"] != "true" {
-			t.Errorf("jaeger: image %q, COLLECTOR_OTLP_ENABLED %q; want all-in-one with OTLP enabled", j.image, j.env["COLLECTOR_OTLP_ENABLED"])
-		}
+		checkComposeJaeger(t, j)
 		if !slices.Contains(j.ports, "16686:16686") || !slices.Contains(j.ports, "4318:4318") {
 			t.Errorf("jaeger: ports %q, want the UI 16686 and OTLP/HTTP 4318", j.ports)
 		}
@@ -380,9 +407,20 @@ func TestComposeServices(t *testing.T) {
 		t.Errorf("postgres: image %q, POSTGRES_PASSWORD %q", pg.image, pg.env["POSTGRES_PASSWORD"])
 	}
 	checkComposePostgresSettings(t, pg)
+	// One nats-server version line: compose runs the release that go.mod
+	// requires, which the tests and the chaos run use.
+	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsVersion := regexp.MustCompile(`(?m)^\s*github\.com/nats-io/nats-server/v2 v(\S+)$`).FindSubmatch(gomod)
+	if natsVersion == nil {
+		t.Fatal("go.mod does not require github.com/nats-io/nats-server/v2")
+	}
 	for _, n := range []*composeService{nats, byName["nats-1"], byName["nats-2"], byName["nats-3"]} {
-		if !strings.HasSuffix(n.image, "-alpine") {
-			t.Errorf("service %s: image %q; the health check needs the alpine image's wget", n.name, n.image)
+		// The alpine image: the health check needs its wget.
+		if want := "nats:" + string(natsVersion[1]) + "-alpine"; n.image != want {
+			t.Errorf("service %s: image %q, want %s (go.mod's nats-server, the alpine image for wget)", n.name, n.image, want)
 		}
 		if len(n.healthcheck) < 2 || n.healthcheck[1] != "wget" || !strings.HasSuffix(n.healthcheck[len(n.healthcheck)-1], ":8222/healthz") {
 			t.Errorf("service %s: healthcheck %q, want wget of the monitoring port's /healthz", n.name, n.healthcheck)
@@ -401,6 +439,35 @@ func TestComposeServices(t *testing.T) {
 		if len(byName[n].profs) > 0 {
 			t.Errorf("service %s runs only in profiles %v", n, byName[n].profs)
 		}
+	}
+}
+
+// jaegerReleases maps the module version of tools/jaeger (what `make
+// trace-check` proves a trace against) to the Jaeger release, the tag of
+// its image: Jaeger v2's module keeps the v1 line.
+var jaegerReleases = map[string]string{"v1.75.0": "2.12.0"}
+
+// checkComposeJaeger holds the jaeger service to the release tools/jaeger
+// builds, with its health check on Jaeger v2's port.
+func checkComposeJaeger(t *testing.T, j *composeService) {
+	t.Helper()
+	gomod, err := os.ReadFile(filepath.Join(repoRoot, "tools/jaeger/go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*github\.com/jaegertracing/jaeger (v\S+)`).FindSubmatch(gomod)
+	if m == nil {
+		t.Fatal("tools/jaeger/go.mod does not require github.com/jaegertracing/jaeger")
+	}
+	release, ok := jaegerReleases[string(m[1])]
+	if !ok {
+		t.Fatalf("tools/jaeger builds jaeger %s: add its release (CHANGELOG.md: vX / v2.Y) to jaegerReleases", m[1])
+	}
+	if want := "jaegertracing/jaeger:" + release; j.image != want {
+		t.Errorf("jaeger: image %q, want %s, the release tools/jaeger builds (%s)", j.image, want, m[1])
+	}
+	if len(j.healthcheck) < 2 || !strings.HasSuffix(j.healthcheck[len(j.healthcheck)-1], ":13133/status") {
+		t.Errorf("jaeger: healthcheck %q, want Jaeger v2's :13133/status", j.healthcheck)
 	}
 }
 

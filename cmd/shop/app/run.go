@@ -155,7 +155,7 @@ func run(ctx context.Context, cfg config.Config, names []string, log *slog.Logge
 			"and a stream whose configuration drifted is reported, not restored; set " +
 			broker.PasswordVar(broker.StreamsUser) + " for this process to create and restore them")
 	}
-	stopTraces, err := exportTraces(ctx, cfg, services)
+	stopTraces, err := exportTraces(ctx, cfg, services, log)
 	if err != nil {
 		return err
 	}

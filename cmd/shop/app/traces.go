@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -18,8 +19,8 @@ const traceShutdownTimeout = 5 * time.Second
 // exportTraces gives each of services that has no tracer provider yet one
 // that exports to cfg.TracesEndpoint, when it is set. The returned func
 // shuts them down, flushing their spans; call it once the services have
-// stopped.
-func exportTraces(ctx context.Context, cfg config.Config, services []*Service) (func(), error) {
+// stopped. A failed export (a collector that is away) is logged to log.
+func exportTraces(ctx context.Context, cfg config.Config, services []*Service, log *slog.Logger) (func(), error) {
 	var providers []*sdktrace.TracerProvider
 	shutdown := func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), traceShutdownTimeout)
@@ -31,6 +32,7 @@ func exportTraces(ctx context.Context, cfg config.Config, services []*Service) (
 	if cfg.TracesEndpoint == "" {
 		return shutdown, nil
 	}
+	tracing.LogErrors(log)
 	resourceOf, err := tracing.Resources(ctx)
 	if err != nil {
 		return nil, err
