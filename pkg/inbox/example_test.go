@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shop-ref/shop/pkg/inbox"
-	"github.com/shop-ref/shop/pkg/internal/testenv"
 	"github.com/shop-ref/shop/pkg/inbox/migrations"
+	"github.com/shop-ref/shop/pkg/internal/testenv"
 )
 
 // A consumer of the INVENTORY stream opens a payment once inventory has

@@ -21,8 +21,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/pkg/internal/testenv"
 	"github.com/shop-ref/shop/pkg/inbox/migrations"
+	"github.com/shop-ref/shop/pkg/internal/testenv"
 )
 
 const (

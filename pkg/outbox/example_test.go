@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/internal/testenv"
+	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/outbox/migrations"
 )
 

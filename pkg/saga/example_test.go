@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/shop-ref/shop/pkg/saga"
 	"github.com/shop-ref/shop/pkg/internal/testenv"
+	"github.com/shop-ref/shop/pkg/saga"
 	"github.com/shop-ref/shop/pkg/saga/migrations"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/inbox/inboxtest"
-	"github.com/shop-ref/shop/pkg/internal/testenv"
 	"github.com/shop-ref/shop/pkg/inbox/migrations"
+	"github.com/shop-ref/shop/pkg/internal/testenv"
 )
 
 // A real consumer processes two events of o-1; the kit sees them processed

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/internal/testenv"
+	"github.com/shop-ref/shop/pkg/outbox"
 	"github.com/shop-ref/shop/pkg/outbox/migrations"
 	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
 )
