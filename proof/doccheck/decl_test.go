@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"testing"
 )
 
 // decls is what some Go files declare: top-level names, and Type.Member
@@ -179,4 +180,39 @@ func modulePackages() (packages, error) {
 		pkgs.byName[f.Name.Name] = append(pkgs.byName[f.Name.Name], dir)
 	}
 	return pkgs, nil
+}
+
+// The declaration reader is what every name rule of this package trusts:
+// a reader that found nothing would make each rule fail on every doc, one
+// that found everything would make each rule pass vacuously.
+func TestDeclsReadWhatAFileDeclares(t *testing.T) {
+	src := `package p
+type Base struct{ ID int }
+type Relay struct {
+	Base
+	name string
+}
+func (r *Relay) settle() {}
+type Store interface{ Load() }
+const limit = 1
+func New() *Relay { return nil }
+`
+	path := filepath.Join(t.TempDir(), "p.go")
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := parseFiles(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"New", "limit", "Relay", "Relay.name", "Relay.settle", "settle", "Relay.Base", "Relay.ID", "Store.Load"} {
+		if !d.has(name) {
+			t.Errorf("has(%q) = false, want true", name)
+		}
+	}
+	for _, name := range []string{"Missing", "Relay.missing", "Store.Save", "Base.name", "load"} {
+		if d.has(name) {
+			t.Errorf("has(%q) = true, want false", name)
+		}
+	}
 }
