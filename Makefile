@@ -1,6 +1,6 @@
 # make demo  — Postgres up, build, run every service in one process
 # make test  — Postgres up, the API linters, every test with the race detector,
-#              then the service list's packages again with a fifth service
+#              then the suite again with a fifth service in the list
 # make chaos — the chaos run for DURATION (default 5m), see README "Chaos run"
 # make compose-check — docker-compose.yml run for real, see README "Docker Compose"
 .PHONY: build test lint lint-api bench bench-outbox demo clean chaos trace-check compose-check
@@ -24,22 +24,19 @@ build:
 # alone into a module of its own and runs its tests there (about a minute,
 # up to three on a cold build cache): the libraries must never import the
 # shop.
-# The second go test is the fork promise: the packages whose tests know the
-# service list run again with the guide's fifth service (examples/loyalty)
-# in services.All (the fifthservice tag), without -race for time: a test
-# that assumes four services, their ports or their count fails there.
-# Measured on a shared two-core machine under a load of 20: about 7.5
-# minutes of package time (the whole shops of cmd/shop and cmd/shop/app
-# are two thirds of it), more with compiling (the wider set below took 15
-# minutes wall). ops/verify, reconcile, journey and loadgen, which take
-# the registry as a parameter and passed with five services, would add
-# about 3 more and are left out.
-FIFTH_PKGS = ./services ./examples/... ./cmd/shop/... ./internal/broker ./internal/config ./internal/registry ./ops/dashboard
+# The second go test is the fork promise: the whole suite again with the
+# guide's fifth service (examples/loyalty) in services.All (the
+# fifthservice tag), without -race for time: a test that assumes four
+# services, their ports or their count fails there. "The whole suite" is
+# every package whose test binary the tag changes, which
+# scripts/fifth-packages.sh computes (go list -test -deps: the tests that
+# reach package services); every other package builds the same binary
+# either way.
 test: lint-api
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	@scripts/ensure-chromium.sh
 	go test -race -count=1 -p 1 -tags shopbench -timeout 20m ./...
-	go test -count=1 -p 1 -tags fifthservice -timeout 15m $(FIFTH_PKGS)
+	go test -count=1 -p 1 -tags fifthservice,shopbench -timeout 25m $$(scripts/fifth-packages.sh)
 	go vet -tags tracecheck ./proof/tracecheck
 	scripts/lift-check.sh
 

@@ -276,8 +276,14 @@ wait_healthy() {
 
 # The README's paste blocks (place, pay at WAIT_PAY, watch), as they stand
 # there, run against the published ports; the order must end COMPLETED.
-readme_block=$(awk '/With the default ports they are:$/ {f = 1; next} f && /^```sh/ {b = 1; next} b && /^```/ {exit} b {print}' README.md)
-[ -n "$readme_block" ] || die "README.md has no paste block after 'With the default ports they are:'"
+# The block is the quick start's sh block that sends an Idempotency-Key, the
+# one cmd/shop's TestNewcomer pastes too.
+readme_block=$(awk '
+	/^## / {qs = ($0 == "## Quick start"); next}
+	qs && /^```sh$/ {b = 1; blk = ""; next}
+	b && /^```$/ {b = 0; if (blk ~ /Idempotency-Key/) {printf "%s", blk; exit}; next}
+	b {blk = blk $0 "\n"}' README.md)
+[ -n "$readme_block" ] || die "README.md's Quick start has no sh block that sends an Idempotency-Key"
 place_and_complete() {
 	local out
 	out=$(bash -c "$readme_block" 2>&1) || die "the README's blocks failed: $out"

@@ -11,3 +11,8 @@ import (
 // that `make test` runs the service list's packages again with five services
 // (`go test -tags fifthservice`): a test that assumed four fails there.
 var Examples = registry.Registry{loyalty.Registration}
+
+// BuildTags are the go build tags that give a binary this registry: a test
+// that builds cmd/shop to run it as processes passes them, or its processes
+// would run another list of services than the test checks.
+const BuildTags = "fifthservice"

@@ -43,11 +43,8 @@ func readmeBlock(t *testing.T, heading string) string {
 // whole shops it would pass Postgres's 100 connections.
 func TestReadmeTryItByHand(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "shop")
-	build := []string{"build", "-o", bin}
-	if len(services.Examples) > 0 {
-		build = append(build, "-tags", "fifthservice") // the binary has the registry this test has
-	}
-	if out, err := exec.Command("go", append(build, ".")...).CombinedOutput(); err != nil {
+	// The binary has the registry this test has.
+	if out, err := exec.Command("go", "build", "-tags", services.BuildTags, "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	vars := map[string]string{"DATABASE_URL": shoptest.NewDatabaseURL(t), "NATS_URL": natstest.New(t).URL(),

@@ -48,7 +48,8 @@ var (
 	buildErr  error
 )
 
-// shopBinary builds cmd/shop once per test binary, into a temp dir.
+// shopBinary builds cmd/shop once per test binary, into a temp dir, with
+// the services.All this test binary has.
 func shopBinary(tb testing.TB) string {
 	tb.Helper()
 	buildOnce.Do(func() {
@@ -58,7 +59,7 @@ func shopBinary(tb testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "shop")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/shop-ref/shop/cmd/shop").CombinedOutput()
+		out, err := exec.Command("go", "build", "-tags", services.BuildTags, "-o", binPath, "github.com/shop-ref/shop/cmd/shop").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}

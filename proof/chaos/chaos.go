@@ -26,6 +26,9 @@ type Config struct {
 	// Services are the shop's services as the binary under test runs them:
 	// services.All, which only cmd/shop wires (the test passes it).
 	Services registry.Registry
+	// BuildTags build cmd/shop with that list of services
+	// (services.BuildTags): processes of another build would run another.
+	BuildTags string
 	Duration time.Duration // how long the chaos lasts (at least RetentionWait)
 	Rate     float64       // orders started per second while it lasts
 	Copies   int           // processes per service (at least 2)

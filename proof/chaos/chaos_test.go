@@ -42,5 +42,5 @@ func TestChaos(t *testing.T) {
 		}
 		ls = append(ls, l)
 	}
-	Run(t, Config{Services: services.All, Duration: d, Rate: *rate, Copies: 2, Nodes: *nodes, Out: os.Stdout, LogDir: *logDir, Lanes: ls})
+	Run(t, Config{Services: services.All, BuildTags: services.BuildTags, Duration: d, Rate: *rate, Copies: 2, Nodes: *nodes, Out: os.Stdout, LogDir: *logDir, Lanes: ls})
 }

@@ -52,7 +52,7 @@ func (h *harness) build() {
 	if err := os.MkdirAll(h.logDir, 0o755); err != nil {
 		h.t.Fatal(err)
 	}
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator),
+	cmd := exec.Command("go", "build", "-tags", h.cfg.BuildTags, "-o", dir+string(filepath.Separator),
 		"github.com/shop-ref/shop/cmd/shop", "github.com/nats-io/nats-server/v2")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		h.t.Fatalf("go build: %v\n%s", err, out)
