@@ -29,12 +29,12 @@ type Config struct {
 	// BuildTags build cmd/shop with that list of services
 	// (services.BuildTags): processes of another build would run another.
 	BuildTags string
-	Duration time.Duration // how long the chaos lasts (at least RetentionWait)
-	Rate     float64       // orders started per second while it lasts
-	Copies   int           // processes per service (at least 2)
-	Nodes    int           // NATS nodes: 3 (a cluster, streams R3; the default) or 1
-	Out      io.Writer     // the table and progress lines
-	LogDir   string        // where the processes' logs go; empty: the test's temporary directory
+	Duration  time.Duration // how long the chaos lasts (at least RetentionWait)
+	Rate      float64       // orders started per second while it lasts
+	Copies    int           // processes per service (at least 2)
+	Nodes     int           // NATS nodes: 3 (a cluster, streams R3; the default) or 1
+	Out       io.Writer     // the table and progress lines
+	LogDir    string        // where the processes' logs go; empty: the test's temporary directory
 	// Lanes are the fault lanes that run (Lane*); empty: all of them. One
 	// lane alone measures its faults' stalls without another lane's
 	// faults overlapping them.
