@@ -28,6 +28,12 @@
 # It prints the time from `up` to healthy and to the first COMPLETED order
 # and each image's size. On failure the containers' logs are printed and
 # everything is torn down all the same.
+#
+# `compose-check.sh -prepare` does steps 1 and 2 only, and leaves the
+# dockerd it started running for the full check that follows, which stops
+# it (its pid is in $dockerd_pidfile). .ci/run prepares so in the background
+# while the tests run: on a fresh machine, building Compose, Jaeger and the
+# images is most of the check's half hour.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,7 +48,15 @@ start=$(date +%s)
 say() { printf 'compose-check [%4ss] %s\n' "$(($(date +%s) - start))" "$*"; }
 die() { say "FAIL: $*" >&2; exit 1; }
 
+prepare_only=
+case ${1:-} in
+-prepare) prepare_only=1 ;;
+"") ;;
+*) die "usage: compose-check.sh [-prepare]" ;;
+esac
+
 work=$(mktemp -d /tmp/compose-check.XXXXXX)
+dockerd_pidfile=/run/compose-check-dockerd.pid
 dockerd_pid=
 project_up=
 cleanup() {
@@ -56,8 +70,12 @@ cleanup() {
 		fi
 		docker compose --profile cluster down -v --remove-orphans >/dev/null 2>&1
 	fi
+	if [ -n "$prepare_only" ] && [ "$rc" = 0 ]; then
+		dockerd_pid= # left to the full check, which stops it
+	fi
 	if [ -n "$dockerd_pid" ]; then
-		say "stopping the dockerd this script started (pid $dockerd_pid)"
+		say "stopping the dockerd compose-check started (pid $dockerd_pid)"
+		rm -f "$dockerd_pidfile"
 		kill "$dockerd_pid" 2>/dev/null
 		for _ in $(seq 30); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 1; done
 	fi
@@ -75,12 +93,18 @@ ensure_engine() {
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io debootstrap iptables >/dev/null
 	fi
 	if docker info >/dev/null 2>&1; then
+		# A dockerd that `compose-check.sh -prepare` started is this run's
+		# to stop.
+		if [ -z "$prepare_only" ] && [ -f "$dockerd_pidfile" ] && kill -0 "$(cat "$dockerd_pidfile")" 2>/dev/null; then
+			dockerd_pid=$(cat "$dockerd_pidfile")
+		fi
 		return
 	fi
 	[ "$(id -u)" = 0 ] || die "no Docker engine answers, and not root to start dockerd"
 	say "starting dockerd (log: /var/log/compose-check-dockerd.log)"
 	dockerd >/var/log/compose-check-dockerd.log 2>&1 &
 	dockerd_pid=$!
+	echo "$dockerd_pid" >"$dockerd_pidfile"
 	for _ in $(seq 60); do
 		docker info >/dev/null 2>&1 && return
 		kill -0 "$dockerd_pid" 2>/dev/null || die "dockerd exited: $(tail -5 /var/log/compose-check-dockerd.log)"
@@ -248,9 +272,9 @@ ensure_images() {
 	have "$jaeger" || build_jaeger "$jaeger"
 	images=("$debian" "$golang" "$postgres" "$nats" "$curl" "$jaeger")
 }
-
 # --- 3. the demo, as a user runs it -----------------------------------------
-# The services that run for good; migrate and seed run once.
+# The services that run for good; migrate and seed run once. The cluster
+# profile adds its three NATS nodes.
 long_running=(postgres nats jaeger order inventory payment fulfillment dashboard)
 
 # wait_healthy SECONDS: every long-running container healthy, migrate and
@@ -275,24 +299,44 @@ wait_healthy() {
 }
 
 # The README's paste blocks (place, pay at WAIT_PAY, watch), as they stand
-# there, run against the published ports; the order must end COMPLETED.
-# The block is the quick start's sh block that sends an Idempotency-Key, the
-# one cmd/shop's TestNewcomer pastes too.
+# in its Quick start (the sh block that sends an Idempotency-Key, the one
+# cmd/shop's TestNewcomer pastes too), run against the published ports.
 readme_block=$(awk '
 	/^## / {qs = ($0 == "## Quick start"); next}
 	qs && /^```sh$/ {b = 1; blk = ""; next}
 	b && /^```$/ {b = 0; if (blk ~ /Idempotency-Key/) {printf "%s", blk; exit}; next}
 	b {blk = blk $0 "\n"}' README.md)
 [ -n "$readme_block" ] || die "README.md's Quick start has no sh block that sends an Idempotency-Key"
-place_and_complete() {
-	local out
-	out=$(bash -c "$readme_block" 2>&1) || die "the README's blocks failed: $out"
-	printf '%s\n' "$out" | sed 's/^/  | /'
-	[ "$(printf '%s\n' "$out" | tail -n 1)" = COMPLETED ] || die "the order did not end COMPLETED"
-}
 
-# crash SERVICE: SIGKILL its process from outside, as a crash would, and
-# wait for its restart policy to bring it back healthy.
+# order_start NAME: the blocks in the background, their output in
+# $work/NAME.out; order_placed NAME: wait until they have placed the order;
+# order_wait NAME: the order they placed must end COMPLETED, and its id is
+# left in $order.
+declare -A order_pid
+order_start() {
+	bash -c "$readme_block" >"$work/$1.out" 2>&1 &
+	order_pid[$1]=$!
+}
+order_placed() {
+	for _ in $(seq 60); do
+		grep -q '^order .' "$work/$1.out" && return
+		sleep 0.5
+	done
+	die "the README's first block ($1) placed no order in 30s: $(cat "$work/$1.out")"
+}
+order_wait() {
+	local out
+	wait "${order_pid[$1]}" || die "the README's blocks ($1) failed: $(cat "$work/$1.out")"
+	out=$(cat "$work/$1.out")
+	printf '%s\n' "$out" | sed "s/^/  $1 | /"
+	[ "$(printf '%s\n' "$out" | tail -n 1)" = COMPLETED ] || die "order $1 did not end COMPLETED"
+	order=$(printf '%s\n' "$out" | sed -n 's/^order \(.*\)$/\1/p' | head -n 1)
+}
+place_and_complete() { order_start "$1" && order_wait "$1"; }
+
+# crash SERVICE: SIGKILL its process from outside, as a crash would (`docker
+# kill` is a wanted stop, which a restart policy honours), and wait for its
+# restart policy to bring it back healthy.
 crash() {
 	local id pid restarts
 	id=$(docker compose ps -q "$1")
@@ -311,9 +355,86 @@ crash() {
 	die "$1 did not come back healthy within 120s of its SIGKILL"
 }
 
+# crash_under_orders SERVICE...: two orders placed through the README's
+# blocks while each SERVICE in turn is killed; both must complete.
+crash_under_orders() {
+	local s
+	for s in "$@"; do
+		order_start "before-$s"
+		order_placed "before-$s"
+		crash "$s"
+		order_start "after-$s"
+		order_wait "before-$s"
+		order_wait "after-$s"
+	done
+}
+
+# verify_shop [ENV...]: `shop verify` inside the compose network.
+verify_shop() {
+	say "shop verify, inside the compose network"
+	docker compose run --rm --no-deps -e NATS_URL="${NATS_URL:-nats://nats:4222}" \
+		-e AUDIT_NATS_PASSWORD="${AUDIT_NATS_PASSWORD:-audit-demo-password}" migrate verify -wait 30s 2>&1 | sed 's/^/  | /' ||
+		die "shop verify failed"
+}
+
+# dashboard_shows ORDER: the dashboard's page, rendered by headless
+# Chromium as a visitor's browser renders it (proof/pageshot), shows the
+# order's card, COMPLETED; its screenshot is kept in $out_dir.
+dashboard_shows() {
+	local url="http://127.0.0.1:${SHOP_DASHBOARD_PORT:-8080}/"
+	go build -o "$work/pageshot" ./proof/pageshot
+	"$work/pageshot" -url "$url" -out "$out_dir/dashboard.png" \
+		-wait "li.card[data-order-id=\"$1\"][data-status=\"COMPLETED\"]" ||
+		die "the dashboard at $url does not show order $1 COMPLETED"
+	say "the dashboard shows order $1 COMPLETED (screenshot: $out_dir/dashboard.png)"
+}
+
+# jaeger_has_trace ORDER: the order's trace, found by its shop.order_id tag
+# as a user searches Jaeger's UI, read from Jaeger's query API inside the
+# compose network; every service of the saga has spans in it.
+jaeger_has_trace() {
+	local q body s
+	q="service=shop-order&lookback=1h&limit=5&tags=%7B%22shop.order_id%22%3A%22$1%22%7D"
+	for _ in $(seq 30); do
+		body=$(docker compose run --rm --no-deps -T --entrypoint curl seed -fsS "http://jaeger:16686/api/traces?$q" 2>/dev/null || true)
+		local missing=
+		for s in order inventory payment fulfillment; do
+			printf '%s' "$body" | grep -q "\"serviceName\":\"shop-$s\"" || missing="$missing $s"
+		done
+		if [ -z "$missing" ]; then
+			say "Jaeger has order $1's trace, with spans of order, inventory, payment and fulfillment"
+			return
+		fi
+		sleep 1
+	done
+	die "Jaeger's query API has no trace of order $1 with spans of every service (missing:$missing)"
+}
+
+# down_leaves_nothing: the documented teardown leaves no container, volume
+# or network of the project.
+down_leaves_nothing() {
+	local left
+	say "docker compose --profile cluster down -v"
+	docker compose --profile cluster down -v 2>&1 | sed 's/^/  | /'
+	project_up=
+	left=$(docker ps -a -q --filter "label=com.docker.compose.project=$project")
+	[ -z "$left" ] || die "containers left after down -v: $left"
+	left=$(docker volume ls -q --filter "label=com.docker.compose.project=$project")
+	[ -z "$left" ] || die "volumes left after down -v: $left"
+	left=$(docker network ls -q --filter "label=com.docker.compose.project=$project")
+	[ -z "$left" ] || die "networks left after down -v: $left"
+}
+
 ensure_engine
+scripts/ensure-chromium.sh # the dashboard's screenshot
 ensure_compose
 ensure_images
+if [ -n "$prepare_only" ]; then
+	say "prepared: the engine, Compose $COMPOSE_VERSION and the images ${images[*]}"
+	exit 0
+fi
+out_dir=${COMPOSE_CHECK_OUT:-/tmp/compose-check-out}
+mkdir -p "$out_dir"
 
 project=$(docker compose config --format json | sed -n 's/^  "name": "\(.*\)",$/\1/p' | head -n 1)
 [ -n "$project" ] || die "docker compose config names no project"
@@ -323,6 +444,7 @@ fi
 old_shop=$(docker image inspect -f '{{.Id}}' shop:dev 2>/dev/null || true)
 dangling_before=$(docker images -q --no-trunc -f dangling=true | sort)
 
+# The demo as the README starts it: one NATS server.
 say "docker compose up --build -d (project $project)"
 up=$(date +%s)
 project_up=1
@@ -333,29 +455,15 @@ healthy=$(date +%s)
 say "every container healthy, $((healthy - up))s after up (the build took $((built - up))s)"
 
 say "the README's paste blocks: place, pay, watch"
-place_and_complete
+place_and_complete first
 completed=$(date +%s)
 say "first order COMPLETED $((completed - up))s after up"
-
-say "shop verify, inside the compose network"
-docker compose run --rm --no-deps -e NATS_URL=nats://nats:4222 \
-	-e AUDIT_NATS_PASSWORD="${AUDIT_NATS_PASSWORD:-audit-demo-password}" migrate verify -wait 30s 2>&1 | sed 's/^/  | /' ||
-	die "shop verify failed"
-
-crash order
-crash nats
-say "a new order after the crashes"
-place_and_complete
-
-say "docker compose --profile cluster down -v"
-docker compose --profile cluster down -v 2>&1 | sed 's/^/  | /'
-project_up=
-left=$(docker ps -a -q --filter "label=com.docker.compose.project=$project")
-[ -z "$left" ] || die "containers left after down -v: $left"
-left=$(docker volume ls -q --filter "label=com.docker.compose.project=$project")
-[ -z "$left" ] || die "volumes left after down -v: $left"
-left=$(docker network ls -q --filter "label=com.docker.compose.project=$project")
-[ -z "$left" ] || die "networks left after down -v: $left"
+dashboard_shows "$order"
+jaeger_has_trace "$order"
+verify_shop
+crash_under_orders order nats
+verify_shop
+down_leaves_nothing
 
 # One build of shop:dev, not one per service: the only new dangling image
 # may be the shop:dev that this build replaced, which is removed.
@@ -364,6 +472,24 @@ new_dangling=$(comm -13 <(printf '%s\n' "$dangling_before") <(docker images -q -
 if [ -n "$old_shop" ] && [ "$old_shop" != "$(docker image inspect -f '{{.Id}}' shop:dev)" ]; then
 	docker image rm "$old_shop" >/dev/null 2>&1 || true
 fi
+
+# The cluster profile as docker-compose.yml's header starts it: the
+# services on three NATS nodes, every stream R3; each node in turn crashes
+# under two orders.
+say "the cluster profile: three NATS nodes, NATS_REPLICAS=3"
+export NATS_URL=nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222 NATS_REPLICAS=3
+cluster_up=$(date +%s)
+project_up=1
+docker compose --profile cluster up -d 2>&1 | sed 's/^/  | /'
+long_running+=(nats-1 nats-2 nats-3)
+wait_healthy 300
+say "every container healthy, $(($(date +%s) - cluster_up))s after up"
+place_and_complete cluster
+say "first order COMPLETED $(($(date +%s) - cluster_up))s after up"
+crash_under_orders nats-1 nats-2 nats-3
+verify_shop
+down_leaves_nothing
+unset NATS_URL NATS_REPLICAS
 
 say "image sizes:"
 for tag in "${images[@]}" shop:dev; do

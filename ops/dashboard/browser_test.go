@@ -292,7 +292,7 @@ func findChromium(t *testing.T) string {
 		}
 	}
 	t.Fatal("the dashboard's browser test needs Chromium, and none is on PATH. " +
-		"Install it with: apt-get update && apt-get install -y chromium (.ci/run does this)")
+		"Install it with: apt-get update && apt-get install -y chromium, or run scripts/ensure-chromium.sh (make test does)")
 	return ""
 }
 
