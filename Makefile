@@ -57,13 +57,13 @@ trace-check:
 # (scripts/compose-check.sh, as root): the Docker engine and Compose v2
 # installed and started if missing, the upstream images built locally when
 # absent (deploy/images), `docker compose up --build -d`, the README's
-# paste blocks until COMPLETED, `shop verify`, a crash of the order service
-# and of NATS, the teardown. Warm (images built) about 70 s, of which 30-40
-# s from `up` to the first COMPLETED order. The first run on a machine
-# builds Compose, Jaeger, the images and the shop's image first: measured
-# here on two cores shared with other work, 40, 70, 30 and 21 minutes
-# (CPU time far less); later runs rebuild only what changed in the shop.
-# Not in CI yet: the cost of that first run on a quiet machine is unmeasured.
+# paste blocks until COMPLETED, the dashboard in a browser and the trace in
+# Jaeger, `shop verify`, crashes of the order service and of NATS under
+# orders, the same on the cluster profile, the teardown (docs/operating.md,
+# "Docker Compose"). About 4 minutes with the images built; the first run
+# on a fresh machine builds Compose, Jaeger and the images first, about 34
+# minutes on two cores, which .ci/run overlaps with the tests
+# (compose-check.sh -prepare).
 compose-check:
 	scripts/compose-check.sh
 
