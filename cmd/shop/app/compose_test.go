@@ -1,22 +1,23 @@
 package app
 
 // `make compose-check` runs the deployment files for real (with a Docker
-// engine, in CI); these tests check them against the code, in seconds and
-// without one: docker-compose.yml (loaded
-// with compose-go, the parser of Compose v2, as `docker compose` loads it),
-// the Dockerfile, deploy/nats/cluster.conf (with nats-server's
-// own parser) and deploy/seed.sh. The shop binary is built the way the
-// Dockerfile builds it and asked about each command the file runs.
+// engine, in CI): one build of the image, every command the file runs, the
+// seed, the restarts and the teardown are proven there. These tests check
+// what that run cannot see, or only slowly, against the code, in seconds
+// and without an engine: docker-compose.yml (loaded with compose-go, the
+// parser of Compose v2, as `docker compose` loads it) against the registry
+// and the configuration (every service, variable, port and NATS user; the
+// ports' variables; the relay mode), the Dockerfile, deploy/nats/*.conf
+// (with nats-server's own parser: users, routes, fsync) and deploy/seed.sh
+// against the demo's catalogue.
 
 import (
 	"context"
-	"debug/elf"
 	"fmt"
 	"maps"
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -45,8 +46,8 @@ const repoRoot = "../../.."
 var operatorCommands = []string{"all", "dashboard", "migrate", "verify", "outbox", "loadgen"}
 
 // shopCommands are the subcommands of cmd/shop: the operator commands and
-// one per service of the registry. TestComposeBinary checks each against
-// the built binary itself.
+// one per service of the registry (`make compose-check` runs each the file
+// names).
 var shopCommands = append(slices.Clone(operatorCommands), services.Deployed().Names()...)
 
 // oneShot are the compose services that run to completion; every other one
@@ -58,7 +59,7 @@ var oneShot = []string{"migrate", "seed"}
 // file's short forms ("8081:8081", "nats:/data", "./x:/y:ro").
 type composeService struct {
 	name                                       string
-	build, image, restart, pullPolicy          string
+	image, restart                             string
 	command, entrypoint, ports, volumes, profs []string
 	env                                        map[string]string
 	envKeys                                    []string // sorted
@@ -101,11 +102,8 @@ func loadCompose(t *testing.T, environ map[string]string) (services []*composeSe
 	byName = map[string]*composeService{}
 	for _, name := range slices.Sorted(maps.Keys(project.Services)) {
 		sc := project.Services[name]
-		s := &composeService{name: name, image: sc.Image, restart: sc.Restart, pullPolicy: sc.PullPolicy, profs: sc.Profiles,
+		s := &composeService{name: name, image: sc.Image, restart: sc.Restart, profs: sc.Profiles,
 			command: sc.Command, entrypoint: sc.Entrypoint, env: map[string]string{}, dependsOn: map[string]composeDep{}}
-		if sc.Build != nil {
-			s.build = sc.Build.Context
-		}
 		for _, p := range sc.Ports {
 			s.ports = append(s.ports, p.Published+":"+strconv.Itoa(int(p.Target)))
 		}
@@ -146,31 +144,6 @@ const shopImage = "shop:dev"
 // isShop reports whether the service runs the image built from this
 // repository: a shop process.
 func (s *composeService) isShop() bool { return s.image == shopImage }
-
-// TestComposeBuildsOnce holds the file to one build of the shop's image:
-// migrate builds it, and every other shop service runs it, never pulling
-// it (it is on no registry) and never building it again — six services
-// each with `build: .` build it six times, each build leaving the one
-// before it dangling.
-func TestComposeBuildsOnce(t *testing.T) {
-	composed, _, _ := loadCompose(t, nil)
-	var builders []string
-	for _, s := range composed {
-		if s.build != "" {
-			builders = append(builders, s.name)
-			if s.build != "." || s.image != shopImage {
-				t.Errorf("service %s builds %q as %q, want . as %s", s.name, s.build, s.image, shopImage)
-			}
-			continue
-		}
-		if s.isShop() && s.pullPolicy != "never" {
-			t.Errorf("service %s runs %s with pull_policy %q, want never: the image is migrate's build", s.name, shopImage, s.pullPolicy)
-		}
-	}
-	if !slices.Equal(builders, []string{"migrate"}) {
-		t.Errorf("services %v build an image; want migrate alone", builders)
-	}
-}
 
 // portOf returns the port of a listen address such as ":8081".
 func portOf(t *testing.T, addr string) string {
@@ -846,64 +819,6 @@ func TestComposeDockerfile(t *testing.T) {
 			t.Errorf("Dockerfile does not EXPOSE %d, %s's default port (it exposes %v): pick an Addr in the range, or widen EXPOSE",
 				p, who, ranges)
 		}
-	}
-}
-
-// TestComposeBinary builds shop as the Dockerfile does (static, no cgo) and
-// asks it about each command docker-compose.yml runs: it must know the command
-// and accept the service's environment.
-func TestComposeBinary(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "shop")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/shop")
-	build.Dir = repoRoot
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("CGO_ENABLED=0 go build ./cmd/shop: %v\n%s", err, out)
-	}
-	// Static: no dynamic loader, no shared libraries, so it runs on any base.
-	f, err := elf.Open(bin)
-	if err != nil {
-		t.Fatalf("%s: %v", bin, err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			t.Error("the binary wants a dynamic loader (PT_INTERP): not static")
-		}
-	}
-	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
-		t.Errorf("the binary links %v: not static", libs)
-	}
-
-	composed, _, _ := loadCompose(t, nil)
-	for _, s := range composed {
-		if !s.isShop() || len(s.command) == 0 {
-			continue
-		}
-		cmd := exec.Command(bin, append(slices.Clone(s.command), "-h")...)
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-		for k, v := range s.env {
-			cmd.Env = append(cmd.Env, k+"="+v)
-		}
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Errorf("service %s: shop %s -h: %v\n%s", s.name, strings.Join(s.command, " "), err, out)
-			continue
-		}
-		if want := "Usage: shop " + s.command[0]; !strings.Contains(string(out), want) {
-			t.Errorf("service %s: shop %s -h printed no %q:\n%s", s.name, s.command[0], want, out)
-		}
-	}
-	// The test's list of commands is the binary's: each one is known.
-	for _, c := range shopCommands {
-		out, _ := exec.Command(bin, c, "-h").CombinedOutput()
-		if strings.Contains(string(out), "unknown command") {
-			t.Errorf("shop does not know %q, which shopCommands lists", c)
-		}
-	}
-	out, _ := exec.Command(bin, "no-such-command").CombinedOutput()
-	if !strings.Contains(string(out), "unknown command") {
-		t.Errorf("shop no-such-command did not say it is unknown (the check above would be blind):\n%s", out)
 	}
 }
 
