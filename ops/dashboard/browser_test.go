@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -25,6 +24,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
+	"github.com/shop-ref/shop/proof/browser"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/shop-ref/shop/cmd/shop/app"
@@ -57,20 +57,7 @@ func TestBrowser(t *testing.T) {
 	restock(t, sh, "SKU-1")
 	t.Logf("shop up and SKU-1 on sale after %v", time.Since(begin).Round(time.Millisecond))
 
-	alloc, cancel := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromium),
-		chromedp.Headless,
-		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox refuses to start
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1400, 900),
-	)
+	alloc, cancel := browser.Allocator(context.Background(), chromium, t.TempDir(), 1400, 900)
 	defer cancel()
 	ctx, cancel := chromedp.NewContext(alloc)
 	defer cancel()
@@ -286,14 +273,11 @@ func TestBrowser(t *testing.T) {
 // than skipping it, so that a CI without it cannot pass silently.
 func findChromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
+	path, err := browser.Find()
+	if err != nil {
+		t.Fatalf("the dashboard's browser test needs Chromium: %v", err)
 	}
-	t.Fatal("the dashboard's browser test needs Chromium, and none is on PATH. " +
-		"Install it with: apt-get update && apt-get install -y chromium, or run scripts/ensure-chromium.sh (make test does)")
-	return ""
+	return path
 }
 
 type shopURLs struct{ dashboard, order, inventory string }

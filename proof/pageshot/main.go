@@ -18,10 +18,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/shop-ref/shop/proof/browser"
 )
 
 func main() {
@@ -43,9 +43,9 @@ func run(args []string) error {
 	if *url == "" {
 		return errors.New("-url is required")
 	}
-	chromium, err := exec.LookPath("chromium")
+	chromium, err := browser.Find()
 	if err != nil {
-		return errors.New("no chromium on PATH: run scripts/ensure-chromium.sh")
+		return err
 	}
 	dir, err := os.MkdirTemp("", "pageshot-")
 	if err != nil {
@@ -53,39 +53,23 @@ func run(args []string) error {
 	}
 	defer os.RemoveAll(dir)
 
-	// The flags of ops/dashboard's TestBrowser: as root Chromium's sandbox
-	// refuses to start, and without the networking flags it tries hosts
-	// this machine cannot reach.
-	alloc, cancel := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromium),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(dir),
-		chromedp.WindowSize(1400, 1000),
-	)
+	alloc, cancel := browser.Allocator(context.Background(), chromium, dir, 1400, 1000)
 	defer cancel()
-	browser, cancel := chromedp.NewContext(alloc)
+	tab, cancel := chromedp.NewContext(alloc)
 	defer cancel()
 	// The first call starts the browser, and must have no deadline: its
 	// context's end stops the browser.
-	if err := chromedp.Do(browser); err != nil {
+	if err := chromedp.Do(tab); err != nil {
 		return fmt.Errorf("start chromium: %w", err)
 	}
 
-	ctx, cancel := context.WithTimeout(browser, *timeout)
+	ctx, cancel := context.WithTimeout(tab, *timeout)
 	defer cancel()
 	waitErr := chromedp.Do(ctx, chromedp.Navigate(*url), chromedp.WaitVisible(chromedp.CSS(*wait)))
 
 	// The screenshot is taken either way, on a context of its own: the
 	// page as it was when the element did not come is the evidence.
-	shotCtx, cancel := context.WithTimeout(browser, 30*time.Second)
+	shotCtx, cancel := context.WithTimeout(tab, 30*time.Second)
 	defer cancel()
 	png, err := chromedp.Run(shotCtx, chromedp.FullScreenshot(100))
 	if err != nil {
