@@ -8,22 +8,28 @@
 #     only when this script started it. Docker Compose v2 (COMPOSE_VERSION)
 #     built from its Go module — `go install` refuses it for its exclude
 #     directives — and installed as the CLI plugin.
-#  2. the upstream images that docker-compose.yml and the Dockerfile name,
-#     built locally under their own tags when they are missing (Docker Hub
-#     is out of reach here; an image that exists is left alone, so the
-#     second run builds none): debian:12-slim by debootstrap, the others
-#     from deploy/images/ (its README says how each follows the official
-#     image).
-#  3. the demo: `docker compose up --build -d`, every container healthy, the
-#     README's three paste blocks (place with an Idempotency-Key, pay at
-#     WAIT_PAY, watch) until COMPLETED through the published ports,
-#     `shop verify` inside the compose network, a SIGKILL of the order
-#     service's and of the NATS server's process (a crash, not `docker
-#     kill`, which the restart policy treats as a wanted stop): each comes
-#     back by its restart policy and a new order completes; then the
-#     documented teardown, `docker compose --profile cluster down -v`, must
-#     leave no container, volume or network of the project, and the build
-#     no dangling image but the shop:dev it replaced.
+#  2. the upstream images that docker-compose.yml and the Dockerfile name:
+#     pulled where their registry answers, else built locally under their
+#     own tags (Docker Hub is out of reach here; an image that exists is
+#     left alone, so the second run builds none): debian:12-slim by
+#     debootstrap, the others from deploy/images/ (its README says how each
+#     follows the official image).
+#  3. the demo, as the README starts it: `docker compose up --build -d`,
+#     every container healthy, the README's paste blocks (place with an
+#     Idempotency-Key, pay at WAIT_PAY, watch) until COMPLETED through the
+#     published ports; the dashboard in headless Chromium showing the order
+#     COMPLETED (proof/pageshot; the screenshot is kept); the order's trace
+#     in Jaeger's query API; `shop verify` inside the compose network; a
+#     SIGKILL of the order service's and of the NATS server's process, each
+#     under two orders (a crash, not `docker kill`, which a restart policy
+#     treats as a wanted stop): each comes back by its restart policy and
+#     every order completes; the documented teardown,
+#     `docker compose --profile cluster down -v`, leaves no container,
+#     volume or network of the project, and the build no dangling image but
+#     the shop:dev it replaced.
+#  4. the cluster profile (three NATS nodes, NATS_REPLICAS=3): every node
+#     SIGKILLed in turn under two orders, all complete, `shop verify`, the
+#     teardown.
 #
 # It prints the time from `up` to healthy and to the first COMPLETED order
 # and each image's size. On failure the containers' logs are printed and
@@ -138,6 +144,17 @@ ensure_compose() {
 
 # --- 2. the upstream images -------------------------------------------------
 have() { docker image inspect "$1" >/dev/null 2>&1; }
+
+# pull TAG: the real image, where its registry can be reached (here Docker
+# Hub cannot: the lookup fails at once, and the image is built instead).
+pull() {
+	if timeout 600 docker pull -q "$1" >/dev/null 2>&1; then
+		say "pulled $1"
+		return 0
+	fi
+	say "$1 cannot be pulled: building it under that tag"
+	return 1
+}
 
 # image_of SERVICE: the image docker-compose.yml names for a service.
 image_of() {
@@ -262,14 +279,21 @@ ensure_images() {
 	for n in nats-1 nats-2 nats-3; do
 		[ "$(image_of $n)" = "$nats" ] || die "service $n runs $(image_of $n), nats runs $nats"
 	done
-	have "$debian" || build_debian "$debian"
-	if ! have "$golang" || [ "$(docker image inspect -f '{{index .Config.Labels "shop.compose-check.certs"}}' "$golang")" != "$(certs_sum)" ]; then
-		build_golang "$golang"
+	have "$debian" || pull "$debian" || build_debian "$debian"
+	# The official golang image cannot reach the module proxy from a
+	# machine whose egress needs extra CA certificates: there ours, with
+	# them, is used (and made again when they change).
+	if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+		if ! have "$golang" || [ "$(docker image inspect -f '{{index .Config.Labels "shop.compose-check.certs"}}' "$golang")" != "$(certs_sum)" ]; then
+			build_golang "$golang"
+		fi
+	else
+		have "$golang" || pull "$golang" || build_golang "$golang"
 	fi
-	have "$postgres" || build "$postgres" deploy/images/postgres
-	have "$nats" || build_nats "$nats"
-	have "$curl" || build "$curl" deploy/images/curl
-	have "$jaeger" || build_jaeger "$jaeger"
+	have "$postgres" || pull "$postgres" || build "$postgres" deploy/images/postgres
+	have "$nats" || pull "$nats" || build_nats "$nats"
+	have "$curl" || pull "$curl" || build "$curl" deploy/images/curl
+	have "$jaeger" || pull "$jaeger" || build_jaeger "$jaeger"
 	images=("$debian" "$golang" "$postgres" "$nats" "$curl" "$jaeger")
 }
 # --- 3. the demo, as a user runs it -----------------------------------------
