@@ -35,9 +35,10 @@
 # and each image's size. On failure the containers' logs are printed and
 # everything is torn down all the same.
 #
-# `compose-check.sh -prepare` does steps 1 and 2 only, and leaves the
-# dockerd it started running for the full check that follows, which stops
-# it (its pid is in $dockerd_pidfile). .ci/run prepares so in the background
+# `compose-check.sh -prepare` does steps 1 and 2 only, and builds the
+# shop's image (`docker compose build`), and leaves the dockerd it started
+# running for the full check that follows, which stops it (its pid is in
+# $dockerd_pidfile). .ci/run prepares so in the background
 # while the tests run: on a fresh machine, building Compose, Jaeger and the
 # images is most of the check's half hour.
 set -euo pipefail
@@ -454,7 +455,11 @@ scripts/ensure-chromium.sh # the dashboard's screenshot
 ensure_compose
 ensure_images
 if [ -n "$prepare_only" ]; then
-	say "prepared: the engine, Compose $COMPOSE_VERSION and the images ${images[*]}"
+	# The shop's image too, as `up --build` builds it (the compose file's
+	# own build): the check's `up --build` then finds its layers built.
+	say "docker compose build"
+	docker compose build 2>&1 | sed 's/^/  | /'
+	say "prepared: the engine, Compose $COMPOSE_VERSION, the images ${images[*]} and shop:dev"
 	exit 0
 fi
 out_dir=${COMPOSE_CHECK_OUT:-/tmp/compose-check-out}
