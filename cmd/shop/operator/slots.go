@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shop-ref/shop/internal/cli"
 	"github.com/shop-ref/shop/pkg/outbox"
@@ -111,13 +112,9 @@ func (c *command) slotsList(ctx context.Context, args []string) error {
 	report := slotsReport{Services: []serviceSlot{}, Other: []otherSlot{}}
 	ours := map[string]bool{}
 	for _, name := range names {
-		p, err := c.pool(ctx, name)
+		_, ss, err := c.readSlot(ctx, name)
 		if err != nil {
 			return err
-		}
-		ss, err := outbox.ReadSlot(ctx, p, "")
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
 		}
 		ours[ss.Slot] = true
 		report.Services = append(report.Services, serviceSlot{Service: name, Slot: ss.Slot, Exists: ss.Exists,
@@ -191,6 +188,20 @@ func (c *command) slotsList(ctx context.Context, args []string) error {
 	return tw.Flush()
 }
 
+// readSlot reads the state of the slot a service's relay streams in cdc
+// mode, with the pool of that service's database.
+func (c *command) readSlot(ctx context.Context, service string) (*pgxpool.Pool, outbox.SlotStats, error) {
+	p, err := c.pool(ctx, service)
+	if err != nil {
+		return nil, outbox.SlotStats{}, err
+	}
+	ss, err := outbox.ReadSlot(ctx, p, "")
+	if err != nil {
+		return nil, outbox.SlotStats{}, fmt.Errorf("%s: %w", service, err)
+	}
+	return p, ss, nil
+}
+
 func cmpOr(s, fallback string) string {
 	if s == "" {
 		return fallback
@@ -226,13 +237,9 @@ func (c *command) slotsDrop(ctx context.Context, args []string) error {
 	out := make([]droppedSlot, 0, len(names))
 	refused := 0
 	for _, name := range names {
-		p, err := c.pool(ctx, name)
+		p, ss, err := c.readSlot(ctx, name)
 		if err != nil {
 			return err
-		}
-		ss, err := outbox.ReadSlot(ctx, p, "")
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
 		}
 		d := droppedSlot{Service: name, Slot: ss.Slot}
 		if ss.Exists || ss.Publication {
