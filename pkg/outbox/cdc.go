@@ -87,6 +87,25 @@ type standbyError struct{ err error }
 
 func (e *standbyError) Error() string { return "slot in use: " + e.err.Error() }
 
+// brokenSlotError: the slot can never stream the outbox again. Failure
+// window: its publication was dropped (by shop slots drop racing the
+// relay that makes the slot again, or by hand), or made after the slot.
+// pgoutput reads the publication as of each change it decodes, so the
+// first change of the database after that point fails the stream with
+// "publication does not exist", and so does every stream started again
+// from the slot's confirmed position, even once the publication is back:
+// the slot stays unconfirmed, holding WAL, while every event waits the
+// HandOff. An idle database has such a change within aliveEvery too: the
+// relay's own heartbeat. The relay drops the slot, makes the publication
+// and then the slot, and publishes what the old slot had not confirmed
+// from the table (TestCDCSlotMadeBeforeItsPublication,
+// TestCDCPublicationDroppedMidStream, TestCDCPublicationDroppedWhileIdle).
+type brokenSlotError struct{ err error }
+
+func (e *brokenSlotError) Error() string {
+	return "the slot cannot stream the outbox: " + e.err.Error()
+}
+
 // unavailableCDCError: the database cannot serve ModeCDC as configured.
 type unavailableCDCError struct{ reason string }
 
@@ -104,7 +123,15 @@ func (r *Relay) handOff() time.Duration {
 // streams it, and polling while the database cannot serve ModeCDC.
 func (r *Relay) stream(ctx context.Context) {
 	failures := 0
+	remake := false
 	for ctx.Err() == nil {
+		if remake {
+			if err := r.dropBrokenSlot(ctx); err != nil {
+				r.log.Warn("outbox relay: cannot drop the slot to make it again; retrying", "slot", r.slot, "err", err)
+			} else {
+				remake = false
+			}
+		}
 		began := time.Now()
 		err := r.streamOnce(ctx)
 		if ctx.Err() != nil {
@@ -115,8 +142,15 @@ func (r *Relay) stream(ctx context.Context) {
 		}
 		var standby *standbyError
 		var unavailable *unavailableCDCError
+		var broken *brokenSlotError
 		wait := r.cfg.PollInterval
 		switch {
+		case errors.As(err, &broken):
+			failures++
+			remake = true
+			r.log.Error("outbox relay: the slot cannot stream the outbox; making its publication and then the slot again, "+
+				"and publishing what the slot had not confirmed from the outbox table", "slot", r.slot, "err", err)
+			wait = backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, failures, r.jitter)
 		case errors.As(err, &unavailable):
 			if old := r.cdc.unavailable.Swap(&unavailable.reason); old == nil || *old != unavailable.reason {
 				r.log.Error("outbox relay: cannot stream the outbox by CDC; polling the table until it can", "reason", unavailable.reason)
@@ -194,6 +228,11 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	if err := r.ensureSlot(ctx, conn); err != nil {
 		return err
 	}
+	// The publication may have gone since prepareSlot made sure of it: a
+	// slot made then would decode without it.
+	if err := r.checkPublication(ctx); err != nil {
+		return err
+	}
 	err = pglogrepl.StartReplication(ctx, conn, r.slot, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.slot + "'"},
@@ -231,7 +270,61 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	if pubErr != nil {
 		return pubErr
 	}
+	if pgErrCode(readErr) == "42704" { // undefined_object: publication "…" does not exist
+		return &brokenSlotError{readErr}
+	}
 	return readErr
+}
+
+// checkPublication returns a brokenSlotError when the slot's publication
+// does not exist.
+func (r *Relay) checkPublication(ctx context.Context) error {
+	var exists bool
+	if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, r.slot).Scan(&exists); err != nil {
+		return fmt.Errorf("read publication %s: %w", r.slot, err)
+	}
+	if !exists {
+		return &brokenSlotError{fmt.Errorf("publication %s does not exist", r.slot)}
+	}
+	return nil
+}
+
+// dropBrokenSlot drops the relay's slot after a brokenSlotError, so that
+// the next stream makes the publication first and the slot after it. The
+// stream that failed may hold the slot for a moment yet; a slot that stays
+// streamed is another relay's, which checks the publication itself.
+func (r *Relay) dropBrokenSlot(ctx context.Context) error {
+	for try := 0; ; try++ {
+		var active bool
+		err := r.pool.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, r.slot).Scan(&active)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read slot %s: %w", r.slot, err)
+		}
+		if !active {
+			_, err := r.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.slot)
+			switch pgErrCode(err) {
+			case "", "42704": // dropped, by us or by another relay
+				if err == nil {
+					r.log.Warn("outbox relay: dropped the slot that could not stream the outbox", "slot", r.slot)
+				}
+				return nil
+			case "55006": // taken in between
+			default:
+				return fmt.Errorf("drop slot %s: %w", r.slot, err)
+			}
+		}
+		if try == 40 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // errReplicationClosed: the replication connection broke, and pgconn is
