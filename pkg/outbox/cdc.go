@@ -98,7 +98,7 @@ func (e *standbyError) Error() string { return "slot in use: " + e.err.Error() }
 // HandOff. An idle database has such a change within aliveEvery too: the
 // relay's own heartbeat. The relay drops the slot, makes the publication
 // and then the slot, and publishes what the old slot had not confirmed
-// from the table (TestCDCSlotMadeBeforeItsPublication,
+// from the table (TestCDCSlotOlderThanItsPublication,
 // TestCDCPublicationDroppedMidStream, TestCDCPublicationDroppedWhileIdle).
 type brokenSlotError struct{ err error }
 
