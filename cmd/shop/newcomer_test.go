@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shop-ref/shop/internal/demo"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/poll"
 	"github.com/shop-ref/shop/proof/shoptest"
@@ -45,7 +46,7 @@ func TestNewcomer(t *testing.T) {
 	for _, name := range services.All.Names() {
 		vars[strings.ToUpper(name)+"_ADDR"] = "127.0.0.1:0"
 	}
-	var out, logs syncBuffer
+	var out, logs logbuf.Buffer
 	startDemo(t, vars, &out, &logs)
 	// The start-up log tells what runs: it said payment_fake_provider=false,
 	// then warned that the fake provider was on.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/shoptest"
 	"github.com/shop-ref/shop/services"
@@ -62,7 +63,7 @@ func TestReadmeTryItByHand(t *testing.T) {
 			replace = append(replace, "localhost"+e.Addr, vars[v])
 		}
 	}
-	startDemo(t, vars, &syncBuffer{}, io.Discard)
+	startDemo(t, vars, &logbuf.Buffer{}, io.Discard)
 	ctx := t.Context()
 	block := strings.NewReplacer(append(replace, "bin/shop", bin)...).Replace(readme)
 	// One command a line: a line ending in \ goes on.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/poll"
 	"github.com/shop-ref/shop/proof/shoptest"
@@ -137,24 +138,6 @@ func TestAll(t *testing.T) {
 	})
 }
 
-// syncBuffer is an io.Writer the test reads while the shop writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestAllDemo(t *testing.T) {
 	t.Parallel()
 	// Port 0: each listener takes a free port as it binds, so no other
@@ -178,7 +161,7 @@ func TestAllDemo(t *testing.T) {
 		vars["DASHBOARD_ADDR"] = taken.Addr().String()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		var out syncBuffer
+		var out logbuf.Buffer
 		done := make(chan error, 1)
 		go func() { done <- run(ctx, []string{"all", "-demo"}, env(vars), &out, io.Discard) }()
 		poll.Until(t, time.Minute, "the demo banner", func() bool {
@@ -238,7 +221,7 @@ func TestAllDemo(t *testing.T) {
 		go func() { _ = other.Serve(ln) }()
 		defer other.Close()
 
-		var out syncBuffer
+		var out logbuf.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		err = run(ctx, []string{"all", "-demo"}, env(vars), &out, io.Discard)

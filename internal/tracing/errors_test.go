@@ -1,37 +1,18 @@
 package tracing
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/sdk/resource"
+
+	"github.com/shop-ref/shop/proof/logbuf"
 )
-
-// syncBuffer is a log destination the exporter's goroutine and the test
-// may use at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // A process exporting to a collector that is not there: the failed exports
 // reach the structured log, as JSON records at WARN with the error, not as
@@ -47,7 +28,7 @@ func TestExportErrorsReachTheStructuredLog(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "200") // ms, retries included
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")     // ms between exports
 
-	var out syncBuffer
+	var out logbuf.Buffer
 	LogErrors(slog.New(slog.NewJSONHandler(&out, nil)))
 	tp, err := NewProvider(context.Background(), resource.Empty())
 	if err != nil {
@@ -79,7 +60,7 @@ func TestExportErrorsReachTheStructuredLog(t *testing.T) {
 // A collector away for long: the first error is logged at once, then one
 // line per interval saying how many it stands for.
 func TestErrorLoggerLogsOncePerInterval(t *testing.T) {
-	var out syncBuffer
+	var out logbuf.Buffer
 	now := time.Date(2026, 12, 5, 20, 0, 0, 0, time.UTC)
 	h := NewErrorLogger(slog.New(slog.NewJSONHandler(&out, nil)), time.Minute, func() time.Time { return now })
 	fail := errors.New("traces export: connection refused")

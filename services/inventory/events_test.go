@@ -1,7 +1,6 @@
 package inventory
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"github.com/shop-ref/shop/pkg/inbox"
 	"github.com/shop-ref/shop/pkg/inbox/inboxtest"
 	"github.com/shop-ref/shop/pkg/outbox/outboxtest"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/poll"
 )
 
@@ -563,7 +563,7 @@ func TestConcurrentCommitsAndReleasesDoNotDeadlock(t *testing.T) {
 // none is dead-lettered.
 func TestBatchesOnSharedSKUsDoNotDeadlock(t *testing.T) {
 	t.Parallel()
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	f := setupWith(t, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	skus := []string{"A", "B", "C", "D", "E", "F"}
 	for _, sku := range skus {
@@ -620,24 +620,6 @@ func TestBatchesOnSharedSKUsDoNotDeadlock(t *testing.T) {
 	if text := logs.String(); strings.Contains(text, "deadlock") || strings.Contains(text, "40P01") {
 		t.Errorf("a batch deadlocked:\n%s", grepLines(text, "deadlock"))
 	}
-}
-
-// lockedBuffer is a bytes.Buffer the consumer's workers may log to at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // grepLines returns the lines of text that contain s.

@@ -24,6 +24,7 @@ import (
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/pgtest"
 	"github.com/shop-ref/shop/proof/poll"
@@ -148,7 +149,7 @@ func TestRefusedCredentialsAreLoud(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg, []string{"inventory"}, slog.New(slog.NewTextHandler(out, nil))) }()
@@ -209,7 +210,7 @@ func TestRefusedCredentialsAreLoud(t *testing.T) {
 
 // runInventory runs the inventory service against natsURL until the test
 // ends and returns its log once it is ready.
-func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
+func runInventory(t *testing.T, natsURL, password string) *logbuf.Buffer {
 	t.Helper()
 	out, _ := runInventoryWith(t, map[string]string{"NATS_URL": natsURL, "INVENTORY_NATS_PASSWORD": password}, nil)
 	return out
@@ -218,14 +219,14 @@ func runInventory(t *testing.T, natsURL, password string) *syncBuffer {
 // runInventoryWith is runInventory with env (beside its database and
 // address) and the configuration changed by tweak, when not nil; it
 // returns the service's base URL too.
-func runInventoryWith(t *testing.T, env map[string]string, tweak func(*config.Config)) (*syncBuffer, string) {
+func runInventoryWith(t *testing.T, env map[string]string, tweak func(*config.Config)) (*logbuf.Buffer, string) {
 	t.Helper()
 	return startInventory(t, env, tweak, true)
 }
 
 // startInventory is runInventoryWith, returning once the service is ready
 // when waitReady, else once it serves HTTP (/healthz).
-func startInventory(t *testing.T, env map[string]string, tweak func(*config.Config), waitReady bool) (*syncBuffer, string) {
+func startInventory(t *testing.T, env map[string]string, tweak func(*config.Config), waitReady bool) (*logbuf.Buffer, string) {
 	t.Helper()
 	db := pgtest.NewDatabase(t, "shop_app_auth_")
 	addr := freeAddr(t)
@@ -238,7 +239,7 @@ func startInventory(t *testing.T, env map[string]string, tweak func(*config.Conf
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg, []string{"inventory"}, slog.New(slog.NewTextHandler(out, nil))) }()

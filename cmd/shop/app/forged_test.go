@@ -23,6 +23,7 @@ import (
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/ops/verify"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/pgtest"
 	"github.com/shop-ref/shop/proof/poll"
@@ -80,7 +81,7 @@ func TestForgedOrderPaidShipsNothing(t *testing.T) {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	go func() { done <- Run(runCtx, cfg, services.All.Names(), slog.New(slog.NewTextHandler(out, nil))) }()
 	t.Cleanup(func() {
 		cancel()

@@ -1,35 +1,16 @@
 package app
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/pgtest"
 	"github.com/shop-ref/shop/services/inventory"
 )
-
-// syncBuffer is a log destination safe for the services' goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // An inventory process without OPERATOR_TOKEN says that its restock is
 // open, as the payment process says the demo's webhook secret is public;
@@ -39,7 +20,7 @@ func TestInventoryWarnsWithoutAnOperatorToken(t *testing.T) {
 	db := pgtest.New(t, inventory.Registration.Sets()...)
 	_, js := natstest.New(t).Connect(t)
 	for _, token := range []string{"", "op-s3cret"} {
-		var out syncBuffer
+		var out logbuf.Buffer
 		cfg, err := LoadConfig(func(k string) string { return map[string]string{"OPERATOR_TOKEN": token}[k] })
 		if err != nil {
 			t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/pgtest"
 	"github.com/shop-ref/shop/services"
@@ -243,7 +244,7 @@ func TestServiceRoles(t *testing.T) {
 		// table, so its relay cannot stream; it must poll, publish all the
 		// same, and say why in its log and on /readyz.
 		cfg.Services["order"].RelayMode = outbox.ModeCDC
-		var logged syncBuffer
+		var logged logbuf.Buffer
 		log := slog.New(slog.NewTextHandler(io.MultiWriter(&logged, t.Output()), &slog.HandlerOptions{Level: slog.LevelWarn}))
 		svc, err := New("order", cfg, nc, log)
 		if err != nil {

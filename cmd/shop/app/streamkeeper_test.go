@@ -13,6 +13,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/config"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/poll"
 	"github.com/shop-ref/shop/services"
@@ -69,7 +70,7 @@ func TestStreamKeeperRestoresTamperedStreamsInOneCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	k := newStreamKeeper(js, wants, slog.New(slog.NewTextHandler(out, nil)))
 	k.check(ctx)
 

@@ -23,6 +23,7 @@ import (
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/httpx"
 	"github.com/shop-ref/shop/ops/verify"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/pgtest"
 	"github.com/shop-ref/shop/proof/poll"
 	"github.com/shop-ref/shop/services"
@@ -178,7 +179,7 @@ func TestHostileStreamsBeforeStart(t *testing.T) {
 	cfg.Test.StreamCheck = 200 * time.Millisecond
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	go func() { done <- Run(runCtx, cfg, shop.Names(), slog.New(slog.NewTextHandler(out, nil))) }()
 	t.Cleanup(func() {
 		cancel()
