@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/shop-ref/shop/internal/database"
 	"github.com/shop-ref/shop/pkg/outbox"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/pgcluster"
 	"github.com/shop-ref/shop/proof/poll"
@@ -72,7 +72,7 @@ func TestRelayProcess(t *testing.T) {
 
 // startRelayProcess starts a relay process; it is killed when the test
 // ends, frozen or not. Its log goes to the returned builder.
-func startRelayProcess(t *testing.T, p relayProcess) (*exec.Cmd, *syncBuilder) {
+func startRelayProcess(t *testing.T, p relayProcess) (*exec.Cmd, *logbuf.Buffer) {
 	t.Helper()
 	spec, err := json.Marshal(p)
 	if err != nil {
@@ -80,7 +80,7 @@ func startRelayProcess(t *testing.T, p relayProcess) (*exec.Cmd, *syncBuilder) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRelayProcess$", "-test.count=1", "-test.timeout=0")
 	cmd.Env = append(os.Environ(), relayProcessEnv+"="+string(spec))
-	logs := &syncBuilder{}
+	logs := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	// Pdeathsig: a test binary killed without its cleanups takes its
 	// relay processes with it.
@@ -97,23 +97,6 @@ func startRelayProcess(t *testing.T, p relayProcess) (*exec.Cmd, *syncBuilder) {
 		}
 	})
 	return cmd, logs
-}
-
-type syncBuilder struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuilder) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuilder) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestCDCFrozenStreamerIsTakenOver: the process that streams the slot is
