@@ -148,7 +148,9 @@ func (r *Relay) stream(ctx context.Context) {
 		case errors.As(err, &broken):
 			failures++
 			remake = true
-			r.log.Error("outbox relay: the slot cannot stream the outbox; making its publication and then the slot again, "+
+			// A WARN: the relay mends it itself, and shop slots drop
+			// racing a relay in cdc mode can lead here.
+			r.log.Warn("outbox relay: the slot cannot stream the outbox; making its publication and then the slot again, "+
 				"and publishing what the slot had not confirmed from the outbox table", "slot", r.slot, "err", err)
 			wait = backoff(r.cfg.BackoffBase, r.cfg.OutageBackoffMax, failures, r.jitter)
 		case errors.As(err, &unavailable):

@@ -168,22 +168,6 @@ func DropIdleSlot(ctx context.Context, db DB, slot string) error {
 }
 
 func dropSlot(ctx context.Context, db DB, slot string, force bool) error {
-	dropPublication := func() error {
-		if _, err := db.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{slot}.Sanitize()); err != nil {
-			return fmt.Errorf("drop outbox publication %s: %w", slot, err)
-		}
-		return nil
-	}
-	if force {
-		// The publication first. The relay whose stream this ends makes
-		// the slot again at once; dropped after the slot, the publication
-		// could go between that new slot and its stream, which then fails
-		// at the next change (brokenSlotError). Dropped before, the relay
-		// makes it again before its new slot.
-		if err := dropPublication(); err != nil {
-			return err
-		}
-	}
 	// The walsender holding the slot must go first, or the drop fails;
 	// a relay may reconnect in between, so try a few times.
 	for try := 0; ; try++ {
@@ -214,10 +198,8 @@ func dropSlot(ctx context.Context, db DB, slot string, force bool) error {
 		}
 		break
 	}
-	if !force {
-		if err := dropPublication(); err != nil {
-			return err
-		}
+	if _, err := db.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{slot}.Sanitize()); err != nil {
+		return fmt.Errorf("drop outbox publication %s: %w", slot, err)
 	}
 	if _, err := db.Exec(ctx, `DELETE FROM outbox_slots WHERE slot = $1`, slot); err != nil {
 		var pgErr *pgconn.PgError
