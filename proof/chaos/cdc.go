@@ -5,6 +5,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -85,8 +86,8 @@ func (h *harness) slotName(service string) string {
 }
 
 // streamers maps each slot that is streamed now to the application name
-// of the connection streaming it ("shop-order-1": the harness names each
-// process's connections so).
+// of the connection streaming it: the name of the relay that streams it
+// (outbox.Config.Name), which the relay gives its replication connection.
 func (h *harness) streamers(ctx context.Context) (map[string]string, error) {
 	rows, err := h.admin.Query(ctx, `
 		SELECT s.slot_name, coalesce(a.application_name, '') FROM pg_replication_slots s
@@ -143,8 +144,11 @@ func (h *harness) killRelay(ctx context.Context) {
 		apps = append(apps, app)
 	}
 	for _, i := range mrand.Perm(len(apps)) {
-		name := strings.TrimPrefix(apps[i], "shop-")
-		j := slices.IndexFunc(h.slots, func(s *slot) bool { return s.name == name })
+		pid, ok := relayPID(apps[i])
+		if !ok {
+			continue
+		}
+		j := slices.IndexFunc(h.slots, func(s *slot) bool { return s.pid() == pid })
 		if j < 0 {
 			continue
 		}
@@ -208,4 +212,15 @@ func (h *harness) readSlots(ctx context.Context) ([]outbox.SlotStats, error) {
 		out = append(out, st)
 	}
 	return out, nil
+}
+
+// relayPID is the process id in a relay's default name, host-pid-random
+// (outbox.Config.Name): the shop's relays take the default.
+func relayPID(name string) (int, bool) {
+	parts := strings.Split(name, "-")
+	if len(parts) < 3 {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(parts[len(parts)-2])
+	return pid, err == nil
 }

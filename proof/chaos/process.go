@@ -365,6 +365,16 @@ func (s *slot) kill() bool {
 	return s.signalLocked(syscall.SIGKILL)
 }
 
+// pid is the running process's id, or 0.
+func (s *slot) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.running {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // terminate stops the running process (SIGTERM, then SIGKILL after 15s).
 func (s *slot) terminate() {
 	s.mu.Lock()
