@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"slices"
@@ -200,12 +201,13 @@ func dropMidStream(t *testing.T, drop func(ctx context.Context, e *env, slot str
 }
 
 // The publication dropped while the outbox is idle: the relay finds it
-// missing without waiting for a change to fail the stream, and makes it
-// and the slot again (shop slots list shows the slot streamed, with its
-// publication).
+// missing without an event to fail on (its heartbeat is a change), makes
+// it and the slot again (shop slots list shows the slot streamed, with
+// its publication), and says so in one WARN, as docs/operating.md tells.
 func TestCDCPublicationDroppedWhileIdle(t *testing.T) {
 	e := setup(t)
-	r := e.run(t, ModeCDC, Config{HandOff: time.Hour})
+	warns := &warnings{}
+	r := e.run(t, ModeCDC, Config{HandOff: time.Hour, Logger: slog.New(warns)})
 	ctx := context.Background()
 	slot := r.State().Slot
 	if _, err := e.db.Pool.Exec(ctx, `DROP PUBLICATION `+pgx.Identifier{slot}.Sanitize()); err != nil {
@@ -220,6 +222,45 @@ func TestCDCPublicationDroppedWhileIdle(t *testing.T) {
 	eventually(t, 20*time.Second, "an event streamed", func() (bool, error) {
 		return count(t, e.db.Pool, "published_at IS NULL") == 0, nil
 	})
+	if got := warns.with("outbox relay: the slot cannot stream the outbox"); got == 0 {
+		t.Errorf("no WARN says the slot cannot stream the outbox; the WARNs: %q", warns.all())
+	}
+}
+
+// warnings is a slog.Handler that keeps the messages of WARN records.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *warnings) WithGroup(string) slog.Handler            { return w }
+
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn {
+		w.mu.Lock()
+		w.msgs = append(w.msgs, r.Message)
+		w.mu.Unlock()
+	}
+	return nil
+}
+
+func (w *warnings) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.msgs)
+}
+
+// with counts the WARNs whose message starts with prefix.
+func (w *warnings) with(prefix string) int {
+	n := 0
+	for _, m := range w.all() {
+		if strings.HasPrefix(m, prefix) {
+			n++
+		}
+	}
+	return n
 }
 
 // The publication dropped and made again while no relay streams, an
