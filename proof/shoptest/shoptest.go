@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/shop-ref/shop/internal/broker"
 	"github.com/shop-ref/shop/internal/config"
 	"github.com/shop-ref/shop/internal/registry"
+	"github.com/shop-ref/shop/proof/logbuf"
 	"github.com/shop-ref/shop/proof/natstest"
 	"github.com/shop-ref/shop/proof/pgtest"
 	"github.com/shop-ref/shop/proof/poll"
@@ -113,13 +115,18 @@ func StartWith(t testing.TB, reg registry.Registry, env map[string]string) *Shop
 		"DATABASE_URL":          dbURL,
 		"NATS_URL":              ns.URL(),
 		"FULFILLMENT_DELAY":     "100ms",
-		"DASHBOARD_ADDR":        FreeAddr(t), // not the machine's :8080
-		"PAYMENT_FAKE_PROVIDER": "true",      // loadgen pays through /simulate
+		"PAYMENT_FAKE_PROVIDER": "true", // loadgen pays through /simulate
 	}
+	// Port 0 everywhere, not the machine's :8080 and the like: each
+	// listener takes a free port as it binds, and the test reads it from
+	// the service's "http listening" line. An address chosen beforehand
+	// (FreeAddr) can be taken meanwhile by any outgoing connection's
+	// ephemeral port: "bind: address already in use", once in CI.
+	vars["DASHBOARD_ADDR"] = "127.0.0.1:0"
 	vars[broker.PasswordVar(broker.AuditUser)] = passwords[broker.AuditUser]
 	vars[broker.PasswordVar(broker.StreamsUser)] = passwords[broker.StreamsUser]
 	for _, name := range reg.Names() {
-		vars[strings.ToUpper(name)+"_ADDR"] = FreeAddr(t)
+		vars[strings.ToUpper(name)+"_ADDR"] = "127.0.0.1:0"
 		vars[broker.PasswordVar(name)] = passwords[name]
 	}
 	// RELAY_MODE=cdc go test ... runs every whole shop of the tests with
@@ -134,14 +141,15 @@ func StartWith(t testing.TB, reg registry.Registry, env map[string]string) *Shop
 		t.Fatal(err)
 	}
 	// SHOPTEST_LOG=file keeps the shop's log, to see why a test failed.
-	var logTo io.Writer = io.Discard
+	listening := &listenLines{}
+	var logTo io.Writer = listening
 	if path := os.Getenv("SHOPTEST_LOG"); path != "" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { f.Close() })
-		logTo = f
+		logTo = io.MultiWriter(listening, f)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -159,16 +167,31 @@ func StartWith(t testing.TB, reg registry.Registry, env map[string]string) *Shop
 			t.Error("the shop did not stop within 30s")
 		}
 	})
+	stopped := func() {
+		select {
+		case err := <-done:
+			t.Fatalf("the shop stopped before it was ready: %v", err)
+		default:
+		}
+	}
+	var bound map[string]string
+	poll.Until(t, 30*time.Second, "every service listening", func() bool {
+		stopped()
+		bound = listening.addrs()
+		for _, name := range reg.Names() {
+			if bound[name] == "" {
+				return false
+			}
+		}
+		return true
+	})
 	urls := map[string]string{}
 	for _, name := range reg.Names() {
-		addr := vars[strings.ToUpper(name)+"_ADDR"]
+		addr := bound[name]
+		vars[strings.ToUpper(name)+"_ADDR"] = addr
 		urls[name] = "http://" + addr
 		poll.Until(t, 30*time.Second, name+" ready", func() bool {
-			select {
-			case err := <-done:
-				t.Fatalf("the shop stopped before it was ready: %v", err)
-			default:
-			}
+			stopped()
 			res, err := http.Get("http://" + addr + "/readyz")
 			if err != nil {
 				return false
@@ -297,4 +320,26 @@ func (s *Shop) doJSON(t testing.TB, req *http.Request, v any) int {
 		_ = json.NewDecoder(res.Body).Decode(v)
 	}
 	return res.StatusCode
+}
+
+// listenLines is a log destination that keeps the services' "http
+// listening" records (slog's text handler writes a record at a time).
+type listenLines struct{ logbuf.Buffer }
+
+func (l *listenLines) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(`msg="http listening"`)) {
+		return l.Buffer.Write(p)
+	}
+	return len(p), nil
+}
+
+var listenRecord = regexp.MustCompile(`msg="http listening" service=(\S+) addr=(\S+)`)
+
+// addrs is the address each service said it listens on, by name.
+func (l *listenLines) addrs() map[string]string {
+	out := map[string]string{}
+	for _, m := range listenRecord.FindAllStringSubmatch(l.String(), -1) {
+		out[m[1]] = m[2]
+	}
+	return out
 }
