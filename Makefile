@@ -3,7 +3,7 @@
 #              then the suite again with a fifth service in the list
 # make chaos — the chaos run for DURATION (default 5m), see README "Chaos run"
 # make compose-check — docker-compose.yml run for real, see README "Docker Compose"
-.PHONY: build test lint lint-api bench bench-outbox demo clean chaos trace-check compose-check
+.PHONY: build test lint lint-go lint-api bench bench-outbox demo clean chaos trace-check compose-check
 
 # Benchmarks size their own work (a backlog of N events per run), so one
 # iteration each is a measurement; raise it for steadier figures.
@@ -88,7 +88,11 @@ chaos:
 	@scripts/ensure-postgres.sh "$${TEST_DATABASE_URL:-}"
 	go test -count=1 -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) -v ./proof/chaos -chaos.duration=$(DURATION) -chaos.nodes=$(NODES) -chaos.logs=$(CHAOS_LOGS) -chaos.lanes=$(LANES)
 
-lint: lint-api
+lint: lint-api lint-go
+
+# lint-go: gofmt and go vet under every build tag (.ci/run runs it before
+# make test, which runs lint-api itself).
+lint-go:
 	@unformatted=$$(gofmt -l .); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
